@@ -1,0 +1,36 @@
+"""trl-rm-env: train Bradley-Terry reward models on ranked preferences and use them as GRPO rewards (TRL plugin).
+
+Public names are imported lazily, so `import trl_rm_env` (and the CLI) does not pay for torch/transformers until a
+name that needs them is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "DataValidationError": "trl_rm_env.data.schema",
+    "validate_rank_record": "trl_rm_env.data.schema",
+    "load_rank_dataset": "trl_rm_env.data.loaders",
+    "load_rank_records": "trl_rm_env.data.loaders",
+    "RankedRewardConfig": "trl_rm_env.trainer.config",
+    "RankedRewardTrainer": "trl_rm_env.trainer.trainer",
+    "DataCollatorForRankedPreference": "trl_rm_env.trainer.collator",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trl_rm_env' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
