@@ -19,6 +19,8 @@ _EXPORTS = {
     "RankedRewardConfig": "trl_rm_env.trainer.config",
     "RankedRewardTrainer": "trl_rm_env.trainer.trainer",
     "DataCollatorForRankedPreference": "trl_rm_env.trainer.collator",
+    "RewardModelEnvironment": "trl_rm_env.environment",
+    "RewardScorer": "trl_rm_env.scoring.scorer",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -84,3 +84,33 @@ def encode_conversation(
             text += eos
         return encode_text(tokenizer, text)
     return encode_text(tokenizer, render_conversation(tokenizer, [*context, *completion], **template_kwargs))
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def context_token_ids(tokenizer: PreTrainedTokenizerBase, context: str | Sequence[Message], **template_kwargs) -> list[int]:
+    """Token ids of the context alone (plain text, or messages rendered without a generation prompt)."""
+    if isinstance(context, str):
+        return encode_text(tokenizer, context)
+    return encode_text(tokenizer, render_conversation(tokenizer, context, **template_kwargs))
+
+
+def left_truncate(ids: list[int], context_length: int, max_length: int, bos_token_id: int | None) -> list[int] | None:
+    """Cut tokens from the left of the context so `ids` fits in `max_length`; None if the completion alone is too long.
+
+    A leading BOS token is kept. Only the first `context_length` tokens (the context) may be cut.
+    """
+    if len(ids) <= max_length:
+        return ids
+    keep = int(bos_token_id is not None and ids[:1] == [bos_token_id])
+    cut = len(ids) - max_length
+    if cut > context_length - keep:
+        return None
+    return ids[:keep] + ids[keep + cut :]

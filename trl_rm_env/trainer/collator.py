@@ -16,24 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.data.data_collator import DataCollatorMixin
 from trl.trainer.utils import pad
 
-from ..scoring.templating import encode_conversation
-
-
-def _common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-def context_token_ids(tokenizer: PreTrainedTokenizerBase, context: Any) -> list[int]:
-    """Token ids of the context alone (plain text, or messages rendered without a generation prompt)."""
-    if isinstance(context, str):
-        return list(tokenizer(context)["input_ids"])
-    from ..scoring.templating import render_conversation
-
-    return list(tokenizer(render_conversation(tokenizer, context))["input_ids"])
+from ..scoring.templating import common_prefix_length, context_token_ids, encode_conversation, left_truncate
 
 
 def tokenize_rank_record(
@@ -60,17 +43,19 @@ def tokenize_rank_record(
     ranks = [c["rank"] for c in record["completions"]]
     context_ids = context_token_ids(tokenizer, record["context"])
     # The context's tokens are the prefix every sequence shares with the context encoded alone.
-    context_length = min(_common_prefix_length(seq, context_ids) for seq in sequences)
+    context_length = min(common_prefix_length(seq, context_ids) for seq in sequences)
     status = "ok"
     longest = max(len(seq) for seq in sequences)
     if max_length is not None and longest > max_length:
         if truncation == "drop":
             return None, "dropped"
-        keep_bos = int(tokenizer.bos_token_id is not None and sequences[0][:1] == [tokenizer.bos_token_id])
+        # Every completion loses the same number of context tokens (as many as the longest needs), so the
+        # truncated records still share their context.
         cut = longest - max_length
-        if cut > context_length - keep_bos:  # only completion tokens would be left to cut
+        truncated = [left_truncate(seq, context_length, len(seq) - cut, tokenizer.bos_token_id) for seq in sequences]
+        if any(seq is None for seq in truncated):  # only completion tokens would be left to cut
             return None, "dropped"
-        sequences = [seq[:keep_bos] + seq[keep_bos + cut :] for seq in sequences]
+        sequences = truncated
         context_length -= cut
         status = "truncated"
     example: dict[str, Any] = {"completion_ids": sequences, "ranks": ranks, "context_length": context_length}

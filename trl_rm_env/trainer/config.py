@@ -32,9 +32,10 @@ class RankedRewardConfig(RewardConfig):
             checkpoint alone. Needs an `eval_dataset`.
 
     > [!NOTE]
-    > Defaults that differ from TRL's `RewardConfig`: `gradient_checkpointing=False` (reward models trained here are
-    > small enough on CPU that recomputation only costs time; set it back to `True` for large models) and
-    > `bf16=False` unless set (TRL turns bf16 on whenever fp16 is off, which fails on CPUs without bf16 support).
+    > Defaults that differ from TRL's `RewardConfig`: activation (gradient) checkpointing is off unless
+    > `activation_checkpointing: true` is set (TRL turns it on, and its `gradient_checkpointing=True` default trips
+    > transformers 5's deprecation warning on every run), and `bf16` is on only on CUDA devices that support it (TRL
+    > turns it on whenever fp16 is off, which makes CPU runs slow and inexact).
     """
 
     truncation: str = field(
@@ -60,9 +61,9 @@ class RankedRewardConfig(RewardConfig):
             "`reward_std`, `reward_stats`) when training ends."
         },
     )
-    gradient_checkpointing: bool = field(
-        default=False,
-        metadata={"help": "Trade compute for memory by recomputing activations in the backward pass."},
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers 5); off unless set."},
     )
     bf16: bool | None = field(
         default=None,

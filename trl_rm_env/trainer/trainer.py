@@ -29,7 +29,8 @@ from trl import RewardTrainer
 from trl.trainer.utils import global_then_local_main_first
 
 from ..data.schema import DataValidationError, validate_rank_record, validate_records
-from .collator import DataCollatorForRankedPreference, _common_prefix_length, tokenize_rank_record
+from ..scoring.templating import common_prefix_length
+from .collator import DataCollatorForRankedPreference, tokenize_rank_record
 from .config import RankedRewardConfig
 from .loss import STAT_COLUMNS, ranked_bradley_terry_loss, record_statistics, summarize_statistics
 
@@ -128,7 +129,7 @@ class RankedRewardTrainer(RewardTrainer):
 
             def to_ranked(example):
                 ids = [example["chosen_ids"], example["rejected_ids"]]
-                out = {"completion_ids": ids, "ranks": [0, 1], "context_length": _common_prefix_length(*ids)}
+                out = {"completion_ids": ids, "ranks": [0, 1], "context_length": common_prefix_length(*ids)}
                 return out
 
             return dataset.map(to_ranked, remove_columns=["chosen_ids", "rejected_ids"])

@@ -1,0 +1,77 @@
+"""Train a Bradley-Terry reward model on ranked preference data.
+
+    accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml          # offline, CPU, ~1 min
+    accelerate launch recipes/train_rm.py --config recipes/configs/rm.yaml               # Qwen3-0.6B on HelpSteer3
+    accelerate launch --config_file accelerate_configs/zero3.yaml recipes/train_rm.py --config recipes/configs/rm.yaml
+
+YAML gives the defaults, command-line flags override them (`--learning_rate 5e-5`, `--eval_data a=x.jsonl b=y.jsonl`).
+Order: set up model and data; train; evaluate every validation set; save a plain
+`AutoModelForSequenceClassification` checkpoint (LoRA adapters merged) with its tokenizer and reward statistics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_rm_env.data.arguments import RankedDataArguments
+from trl_rm_env.trainer import RankedRewardConfig, RankedRewardTrainer
+from trl_rm_env.trainer.saving import format_metrics_table, save_reward_model
+
+
+def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, model_args: ModelConfig) -> dict:
+    from accelerate import PartialState
+
+    # --- model -----------------------------------------------------------------------------------------------
+    model_path = model_args.model_name_or_path
+    if data_args.build_tiny_model and not os.path.exists(model_path):
+        with PartialState().main_process_first():  # one process builds, the others wait and then load it
+            if not os.path.exists(model_path):
+                from trl_rm_env.testing import make_tiny
+
+                make_tiny(os.path.dirname(os.path.normpath(model_path)) or ".")
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
+
+    # --- data ------------------------------------------------------------------------------------------------
+    train_dataset, eval_datasets = data_args.load(on_invalid=training_args.on_invalid)
+    if not eval_datasets:
+        training_args.eval_strategy = "no"
+
+    # --- train -----------------------------------------------------------------------------------------------
+    trainer = RankedRewardTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_datasets or None,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+    # --- evaluate and save -----------------------------------------------------------------------------------
+    metrics = trainer.evaluate() if eval_datasets else {}
+    save_reward_model(trainer, training_args.output_dir)
+    if eval_datasets:
+        trainer.accelerator.print(format_metrics_table(metrics, list(eval_datasets)))
+    trainer.accelerator.print(f"Reward model saved to {training_args.output_dir}")
+    trainer.end()
+    return metrics
+
+
+def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+    dataclass_types = (RankedDataArguments, RankedRewardConfig, ModelConfig)
+    if subparsers is not None:
+        return subparsers.add_parser("train-rm", help="Train a reward model", dataclass_types=dataclass_types)
+    return TrlParser(dataclass_types)
+
+
+if __name__ == "__main__":
+    data_args, training_args, model_args = make_parser().parse_args_and_config()
+    main(data_args, training_args, model_args)

@@ -1,0 +1,69 @@
+"""`RankedDataArguments`: the data section of the recipes' `TrlParser`, and loading the splits it names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datasets import Dataset
+
+
+@dataclass
+class RankedDataArguments:
+    """Where the training and validation data come from.
+
+    A *source* is a local `.jsonl`/`.json` file, `sample:<split>` (the data bundled with the package: `train`,
+    `in_domain`, `harder`), or a Hub dataset id with an optional `:split` (`nvidia/HelpSteer3:validation`).
+
+    Args:
+        train_data: Source of the training set.
+        eval_data: Named validation sets, each `name=source` (e.g. `in_domain=sample:in_domain`); every metric is
+            reported per name (`eval_<name>_accuracy`, ...). A source without a name is called `eval`.
+        data_format: `rank` (the rank schema), `binary` (prompt/chosen/rejected), `helpsteer3`, `tulu3`.
+        prompt_key: Prompt column of `binary` data.
+        chosen_key: Chosen column of `binary` data.
+        rejected_key: Rejected column of `binary` data.
+        hub_config: Dataset configuration name for Hub sources (e.g. `preference` for HelpSteer3).
+        build_tiny_model: If the model path does not exist, build the tiny offline models there first
+            (`trl-rm-env make-tiny`); for the offline quickstart.
+    """
+
+    train_data: str = field(default="sample:train", metadata={"help": "Training data source."})
+    eval_data: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Validation sets as name=source (repeatable), e.g. in_domain=sample:in_domain."},
+    )
+    data_format: str = field(
+        default="rank",
+        metadata={"help": "Format of the sources.", "choices": ["rank", "binary", "helpsteer3", "tulu3"]},
+    )
+    prompt_key: str = field(default="prompt", metadata={"help": "Prompt column of binary data."})
+    chosen_key: str = field(default="chosen", metadata={"help": "Chosen column of binary data."})
+    rejected_key: str = field(default="rejected", metadata={"help": "Rejected column of binary data."})
+    hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    build_tiny_model: bool = field(
+        default=False,
+        metadata={"help": "Build the tiny offline models at the model path if it does not exist (quickstart)."},
+    )
+
+    def load(self, on_invalid: str = "raise") -> tuple[Dataset, dict[str, Dataset]]:
+        """Load the training set and the named validation sets as rank-schema `Dataset`s."""
+        from .loaders import load_rank_dataset, parse_data_spec
+
+        kwargs = dict(
+            data_format=self.data_format,
+            on_invalid=on_invalid,
+            prompt_key=self.prompt_key,
+            chosen_key=self.chosen_key,
+            rejected_key=self.rejected_key,
+            hub_config=self.hub_config,
+        )
+        _, source, split = parse_data_spec(self.train_data)
+        train = load_rank_dataset(source, split=split, name="train", **kwargs)
+        evals: dict[str, Dataset] = {}
+        for spec in self.eval_data:
+            name, source, split = parse_data_spec(spec)
+            name = name or "eval"
+            if name in evals:
+                raise ValueError(f"eval_data names must be unique; {name!r} is given twice in {self.eval_data}.")
+            evals[name] = load_rank_dataset(source, split=split, name=name, **kwargs)
+        return train, evals

@@ -1,0 +1,324 @@
+"""`RewardModelEnvironment`: a reward model as the reward function of TRL's `GRPOTrainer`.
+
+    from trl import GRPOTrainer
+    from trl_rm_env import RewardModelEnvironment
+
+    reward = RewardModelEnvironment("Skywork/Skywork-Reward-V2-Qwen3-0.6B", max_tokens_per_batch=16384)
+    trainer = GRPOTrainer(model=..., reward_funcs=[reward], args=..., train_dataset=...)
+
+It is a plain callable with TRL's reward signature `(prompts, completions, completion_ids=None, **kwargs)`, and a
+stable `__name__` (TRL logs `rewards/<name>/mean`). Unlike passing the model to `GRPOTrainer` directly, it renders
+each conversation with the RM's *own* chat template (policy and RM tokenizers may differ), strips a duplicated BOS
+as the Skywork-Reward-V2 card does, scores in bounded micro-batches (no OOM on large generation batches),
+left-truncates over-long contexts, and logs `reward_model_env/*` metrics. Scores equal one-at-a-time scoring with
+the plain model (fp32, within 1e-4).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .scoring.scorer import RewardScorer, as_pairs
+
+logger = logging.getLogger(__name__)
+
+PRECISIONS = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+}
+NORMALIZATIONS = ("none", "running", "checkpoint")
+
+# NeMo RL `env.reward_model` keys that describe Ray/Megatron resources: accepted and ignored under Accelerate.
+_NEMO_IGNORED_KEYS = {
+    "enabled",
+    "resources",
+    "dtensor_cfg",
+    "logprob_batch_size",
+    "max_grad_norm",
+    "offload_optimizer_for_logprob",
+    "generation",
+    "megatron_cfg",
+    "make_sequence_length_divisible_by",
+}
+_OUR_KEYS = {
+    "max_tokens_per_batch",
+    "truncation",
+    "overlength_reward",
+    "nonfinite_reward",
+    "empty_completion_reward",
+    "strip_reasoning",
+    "normalization",
+    "clip",
+    "name",
+    "device",
+    "show_progress",
+}
+
+
+def _check_content(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        return
+    if isinstance(value, list):
+        for j, message in enumerate(value):
+            if not isinstance(message, Mapping) or "content" not in message:
+                raise TypeError(f"{where}[{j}] must be a message with 'role' and 'content', got {message!r:.80}")
+            if not isinstance(message["content"], str):
+                raise TypeError(
+                    f"{where}[{j}].content must be a string, got {type(message['content']).__name__}. "
+                    "Multimodal content is not supported by text reward models."
+                )
+        return
+    raise TypeError(f"{where} must be a string or a list of messages, got {type(value).__name__}")
+
+
+def _is_empty(completion: Any) -> bool:
+    if isinstance(completion, str):
+        return not completion.strip()
+    return all(not m["content"].strip() for m in completion)
+
+
+class RewardModelEnvironment:
+    """A reward model wrapped as a GRPO reward function (TRL's reward-function signature).
+
+    Args:
+        model: A Hub id or local path of a `*ForSequenceClassification` checkpoint, or a loaded model.
+        tokenizer: The RM's tokenizer, or a path/id to load it from. Defaults to the model's own.
+        batch_size: Sequences per forward pass (default 32 unless `max_tokens_per_batch` is set).
+        max_tokens_per_batch: Token budget per forward pass (padding included); bounds memory whatever the batch.
+        max_length: Longest sequence the RM reads (default: its `max_position_embeddings`).
+        truncation: `"left"` cuts over-long contexts from the left (never the completion); `"fallback"` gives
+            over-long items `overlength_reward`.
+        overlength_reward: Reward for items that cannot fit in `max_length`; None raises an error instead.
+        nonfinite_reward: Reward used if the RM returns NaN/inf; None raises an error.
+        empty_completion_reward: Reward for empty or whitespace-only completions. None (default) scores them with
+            the RM like any other answer (an empty assistant turn); their count is logged as
+            `reward_model_env/num_empty`.
+        strip_reasoning: Remove `<think>...</think>` from completions before scoring.
+        precision: `fp32` (default), `bf16` or `fp16` for a model loaded here. Rewards are always returned as fp32.
+        normalization: `none`; `running` (running mean/std of all rewards so far); `checkpoint` (the
+            `reward_mean`/`reward_std` that `RankedRewardTrainer` saved into the model config).
+        clip: If set, rewards (after normalization) are clipped to `[-clip, clip]`.
+        name: The reward function's `__name__`: TRL logs `rewards/<name>/mean`. Our own metrics are logged under
+            `reward_model_env/*`.
+        device: Where the RM runs. Default: the device of the current Accelerate process (the policy's device).
+        model_init_kwargs: Extra `from_pretrained` keyword arguments for a model loaded here.
+        trust_remote_code: Allow custom model code from the Hub (off by default).
+        show_progress: Progress bar over batches. None: only in `score()` on long lists, never inside training.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel,
+        tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+        *,
+        batch_size: int | None = None,
+        max_tokens_per_batch: int | None = None,
+        max_length: int | None = None,
+        truncation: str = "left",
+        overlength_reward: float | None = None,
+        nonfinite_reward: float | None = None,
+        empty_completion_reward: float | None = None,
+        strip_reasoning: bool = False,
+        precision: str = "fp32",
+        normalization: str = "none",
+        clip: float | None = None,
+        name: str = "reward_model_env",
+        device: str | torch.device | None = None,
+        model_init_kwargs: dict[str, Any] | None = None,
+        trust_remote_code: bool = False,
+        show_progress: bool | None = None,
+    ):
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be > 0, got {clip}")
+        if device is None:
+            from accelerate import PartialState
+
+            device = PartialState().device
+        if isinstance(model, (str, os.PathLike)):
+            model_path = str(model)
+            kwargs = {"dtype": PRECISIONS[precision], "trust_remote_code": trust_remote_code, **(model_init_kwargs or {})}
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, **kwargs)
+            if tokenizer is None:
+                tokenizer = model_path
+        if tokenizer is None:
+            tokenizer = model.config._name_or_path
+        if isinstance(tokenizer, (str, os.PathLike)):
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), trust_remote_code=trust_remote_code)
+        model.requires_grad_(False)  # the RM is never trained here
+        model.eval().to(device)
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.__name__ = name
+        self.name = name
+        self.empty_completion_reward = empty_completion_reward
+        self.normalization = normalization
+        self.clip = clip
+        self.show_progress = show_progress
+        self.scorer = RewardScorer(
+            model,
+            tokenizer,
+            batch_size=batch_size,
+            max_tokens_per_batch=max_tokens_per_batch,
+            max_length=max_length,
+            truncation=truncation,
+            overlength_reward=overlength_reward,
+            nonfinite_reward=nonfinite_reward,
+            strip_reasoning=strip_reasoning,
+            show_progress=show_progress,
+        )
+        self._count, self._mean, self._m2 = 0, 0.0, 0.0  # running statistics (Welford)
+        if normalization == "checkpoint":
+            mean, std = getattr(model.config, "reward_mean", None), getattr(model.config, "reward_std", None)
+            if mean is None or std is None:
+                raise ValueError(
+                    "normalization='checkpoint' needs `reward_mean` and `reward_std` in the model config; "
+                    "RankedRewardTrainer writes them when it trains with validation sets. Use 'running' instead."
+                )
+            self._checkpoint_stats = (float(mean), float(std))
+
+    # ------------------------------------------------------------------ construction from NeMo RL config
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], **overrides) -> RewardModelEnvironment:
+        """Build from a NeMo RL `env.reward_model` block (plus any of our own keyword arguments).
+
+        Mapped: `model_name` (or `checkpoint_path` when set), `tokenizer.name` (and `tokenizer.chat_template`),
+        `precision`, `batch_size`, `max_model_len` -> `max_length`, `dynamic_batching.enabled` with
+        `logprob_mb_tokens`/`train_mb_tokens` -> `max_tokens_per_batch`, `reward_model_cfg.reward_model_type`
+        (`bradley_terry`). Ray/Megatron resource keys (`resources`, `dtensor_cfg`, ...) are ignored. Any other key
+        raises a `ValueError` listing the supported ones.
+        """
+        config = dict(config)
+        supported = {"model_name", "checkpoint_path", "tokenizer", "precision", "batch_size", "max_model_len",
+                     "dynamic_batching", "sequence_packing", "reward_model_cfg", "model_init_kwargs",
+                     "trust_remote_code", "max_length"} | _NEMO_IGNORED_KEYS | _OUR_KEYS
+        unknown = sorted(set(config) - supported)
+        if unknown:
+            raise ValueError(f"Unsupported reward_model config key(s) {unknown}. Supported: {sorted(supported)}.")
+        if "model_name" not in config and "checkpoint_path" not in config:
+            raise ValueError("The reward_model config needs `model_name` (a Hub id or a local path).")
+        rm_cfg = config.get("reward_model_cfg") or {}
+        rm_type = rm_cfg.get("reward_model_type", "bradley_terry")
+        if rm_type != "bradley_terry":
+            raise ValueError(f"reward_model_cfg.reward_model_type={rm_type!r} is not supported; use 'bradley_terry'.")
+        if config.get("sequence_packing", {}) and config["sequence_packing"].get("enabled"):
+            logger.warning("sequence_packing is ignored: scoring uses token-budget batching (`max_tokens_per_batch`).")
+        kwargs: dict[str, Any] = {}
+        tokenizer_cfg = config.get("tokenizer") or {}
+        if isinstance(tokenizer_cfg, str):
+            tokenizer_cfg = {"name": tokenizer_cfg}
+        if config.get("precision"):
+            kwargs["precision"] = str(config["precision"])
+        if config.get("batch_size") is not None:
+            kwargs["batch_size"] = int(config["batch_size"])
+        if config.get("max_model_len") or config.get("max_length"):
+            kwargs["max_length"] = int(config.get("max_length") or config["max_model_len"])
+        dyn = config.get("dynamic_batching") or {}
+        if dyn.get("enabled"):
+            budget = dyn.get("logprob_mb_tokens") or dyn.get("train_mb_tokens")
+            if not budget:
+                raise ValueError("dynamic_batching.enabled needs `logprob_mb_tokens` (tokens per micro-batch).")
+            kwargs["max_tokens_per_batch"] = int(budget)
+        for key in _OUR_KEYS | {"model_init_kwargs", "trust_remote_code"}:
+            if key in config:
+                kwargs[key] = config[key]
+        kwargs.update(overrides)
+        model = config.get("checkpoint_path") or config["model_name"]
+        tokenizer = tokenizer_cfg.get("name") or model
+        env = cls(model, tokenizer, **kwargs)
+        if tokenizer_cfg.get("chat_template"):
+            env.tokenizer.chat_template = tokenizer_cfg["chat_template"]
+        return env
+
+    # ------------------------------------------------------------------ scoring
+    def score(self, conversations: Sequence[Any]) -> torch.Tensor:
+        """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs.
+
+        No normalization, clipping or metrics: this is for offline use and evaluation.
+        """
+        contexts, completions = as_pairs(conversations)
+        return self.scorer.score(contexts, completions)
+
+    def __call__(
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        """TRL reward function: one float reward per `(prompt, completion)`."""
+        if len(prompts) != len(completions):
+            raise ValueError(
+                f"{self.name}: got {len(prompts)} prompts but {len(completions)} completions; there must be one "
+                "prompt per completion (TRL repeats each prompt num_generations times)."
+            )
+        for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+            _check_content(prompt, f"prompts[{i}]")
+            _check_content(completion, f"completions[{i}]")
+            if isinstance(prompt, str) != isinstance(completion, str):
+                raise TypeError(
+                    f"prompts[{i}] and completions[{i}] must both be text or both be message lists, got "
+                    f"{type(prompt).__name__} and {type(completion).__name__}."
+                )
+        empty = [i for i, c in enumerate(completions) if _is_empty(c)]
+        rewards = torch.empty(len(prompts), dtype=torch.float32)
+        to_score = [i for i in range(len(prompts)) if self.empty_completion_reward is None or i not in set(empty)]
+        if to_score:
+            rewards[torch.tensor(to_score)] = self.scorer.score(
+                [prompts[i] for i in to_score], [completions[i] for i in to_score], progress=bool(self.show_progress)
+            )
+        if self.empty_completion_reward is not None and empty:
+            rewards[torch.tensor(empty)] = float(self.empty_completion_reward)
+        raw = rewards.clone()
+        rewards = self._normalize(rewards)
+        if self.clip is not None:
+            rewards = rewards.clamp(-self.clip, self.clip)
+        self._log(kwargs.get("log_metric"), raw, rewards, len(empty))
+        return rewards.tolist()
+
+    # ------------------------------------------------------------------ normalization and metrics
+    def _normalize(self, rewards: torch.Tensor) -> torch.Tensor:
+        if self.normalization == "none" or rewards.numel() == 0:
+            return rewards
+        if self.normalization == "checkpoint":
+            mean, std = self._checkpoint_stats
+        else:
+            for value in rewards.double().tolist():  # Welford's update, all rewards seen so far
+                self._count += 1
+                delta = value - self._mean
+                self._mean += delta / self._count
+                self._m2 += delta * (value - self._mean)
+            mean = self._mean
+            std = math.sqrt(self._m2 / self._count) if self._count > 1 else 1.0
+        return (rewards - mean) / max(std, 1e-6)
+
+    def _log(self, log_metric: Callable[[str, float], None] | None, raw: torch.Tensor, rewards: torch.Tensor, empty: int):
+        if log_metric is None or rewards.numel() == 0:
+            return
+        prefix = "reward_model_env"
+        log_metric(f"{prefix}/num_samples", float(rewards.numel()))
+        log_metric(f"{prefix}/mean_reward", rewards.mean().item())
+        log_metric(f"{prefix}/std_reward", rewards.std(unbiased=False).item())
+        log_metric(f"{prefix}/min_reward", rewards.min().item())
+        log_metric(f"{prefix}/max_reward", rewards.max().item())
+        log_metric(f"{prefix}/num_empty", float(empty))
+        if self.normalization != "none":
+            log_metric(f"{prefix}/raw_mean_reward", raw.mean().item())
+
+    def __repr__(self) -> str:
+        return f"RewardModelEnvironment(name={self.name!r}, model={self.model.config._name_or_path!r})"

@@ -1,0 +1,93 @@
+"""`RewardModelArguments`: the reward-model and prompt-data section of the GRPO recipe's `TrlParser`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from datasets import Dataset
+
+
+@dataclass
+class RewardModelArguments:
+    """Which reward model scores GRPO completions, how, and which prompts the policy answers.
+
+    Args:
+        reward_model: Hub id or local path of a `*ForSequenceClassification` reward model.
+        reward_tokenizer: Tokenizer of the RM (defaults to the RM's own; its chat template renders every sample).
+        reward_batch_size: Sequences per RM forward pass.
+        reward_max_tokens_per_batch: Token budget per RM forward pass (padding included).
+        reward_max_length: Longest sequence the RM reads; longer contexts are left-truncated.
+        reward_precision: fp32, bf16 or fp16.
+        reward_normalization: none, running or checkpoint.
+        reward_clip: Clip (normalized) rewards to [-clip, clip].
+        strip_reasoning: Drop `<think>...</think>` from completions before scoring.
+        reward_name: The reward function's name (TRL logs `rewards/<name>/mean`).
+        prompt_data: Prompt source: a Hub dataset id (`:split` optional), a local file, or a rank-schema source
+            (`sample:train`), whose contexts become the prompts.
+        prompt_column: Column holding the prompt (string or messages) for Hub/local prompt datasets.
+        build_tiny_model: Build the tiny offline models when the policy or RM path is missing (quickstart).
+    """
+
+    reward_model: str = field(default="Skywork/Skywork-Reward-V2-Qwen3-0.6B", metadata={"help": "RM id or path."})
+    reward_tokenizer: str | None = field(default=None, metadata={"help": "RM tokenizer (default: the RM's)."})
+    reward_batch_size: int | None = field(default=None, metadata={"help": "Sequences per RM forward pass."})
+    reward_max_tokens_per_batch: int | None = field(default=None, metadata={"help": "Tokens per RM forward pass."})
+    reward_max_length: int | None = field(default=None, metadata={"help": "Longest sequence the RM reads."})
+    reward_precision: str = field(default="fp32", metadata={"help": "fp32, bf16 or fp16."})
+    reward_normalization: str = field(default="none", metadata={"help": "none, running or checkpoint."})
+    reward_clip: float | None = field(default=None, metadata={"help": "Clip rewards to [-clip, clip]."})
+    strip_reasoning: bool = field(default=False, metadata={"help": "Drop <think>...</think> before scoring."})
+    reward_name: str = field(default="reward_model_env", metadata={"help": "Name of the reward function."})
+    prompt_data: str = field(default="sample:train", metadata={"help": "Prompt dataset source."})
+    prompt_column: str = field(default="prompt", metadata={"help": "Prompt column of a prompt dataset."})
+    build_tiny_model: bool = field(default=False, metadata={"help": "Build tiny offline models if paths are missing."})
+
+    def environment_kwargs(self) -> dict:
+        """Keyword arguments for `RewardModelEnvironment` (besides the model)."""
+        return dict(
+            tokenizer=self.reward_tokenizer,
+            batch_size=self.reward_batch_size,
+            max_tokens_per_batch=self.reward_max_tokens_per_batch,
+            max_length=self.reward_max_length,
+            precision=self.reward_precision,
+            normalization=self.reward_normalization,
+            clip=self.reward_clip,
+            strip_reasoning=self.strip_reasoning,
+            name=self.reward_name,
+        )
+
+    def load_prompts(self) -> Dataset:
+        """A dataset with a `prompt` column (messages or text), as `GRPOTrainer` expects."""
+        from .data.loaders import load_rank_records, parse_data_spec
+
+        _, source, split = parse_data_spec(self.prompt_data)
+        if source.startswith("sample:") or source.endswith((".jsonl", ".json")) and self._is_rank_file(source):
+            records, _ = load_rank_records(source, split=split)
+            seen, prompts = set(), []
+            for record in records:
+                key = repr(record["context"])
+                if key not in seen:
+                    seen.add(key)
+                    prompts.append({"prompt": record["context"]})
+            return Dataset.from_list(prompts)
+        from datasets import load_dataset
+
+        if source.endswith((".jsonl", ".json")):
+            dataset = load_dataset("json", data_files=source, split="train")
+        else:
+            dataset = load_dataset(source, split=split or "train")
+        if self.prompt_column not in dataset.column_names:
+            raise ValueError(
+                f"Prompt dataset {self.prompt_data!r} has no column {self.prompt_column!r} (columns: "
+                f"{dataset.column_names}); set --prompt_column."
+            )
+        if self.prompt_column != "prompt":
+            dataset = dataset.rename_column(self.prompt_column, "prompt")
+        return dataset
+
+    @staticmethod
+    def _is_rank_file(path: str) -> bool:
+
+        with open(path, encoding="utf-8") as f:
+            first = f.readline() if path.endswith(".jsonl") else f.read(1 << 16)
+        return '"completions"' in first and '"context"' in first

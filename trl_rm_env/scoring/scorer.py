@@ -1,0 +1,258 @@
+"""`RewardScorer`: exact, memory-bounded scoring of (context, completion) pairs with a sequence-classification RM.
+
+Data path: `(context, completion)` -> token ids with the RM's own chat template (`templating.py`) -> over-length
+handling -> micro-batches, longest first, capped by `batch_size` rows or `max_tokens_per_batch` padded tokens ->
+`model(input_ids, attention_mask).logits[:, 0]` -> fp32 scores in input order.
+
+Exactness: right padding with an attention mask leaves every real token's computation unchanged in a causal model,
+and the classifier reads the last non-pad token, so each score equals scoring that example alone (fp32: < 1e-4,
+proved by the parity tests).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .templating import (
+    Message,
+    common_prefix_length,
+    context_token_ids,
+    encode_conversation,
+    left_truncate,
+)
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_OPEN_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
+
+
+def strip_reasoning_text(text: str) -> str:
+    """Drop `<think>...</think>` blocks; an unclosed `<think>` drops the rest of the text (no answer came)."""
+    return _OPEN_THINK.sub("", _THINK_BLOCK.sub("", text))
+
+
+def _strip_completion(completion: str | Sequence[Message]) -> str | list[Message]:
+    if isinstance(completion, str):
+        return strip_reasoning_text(completion)
+    return [
+        {**m, "content": strip_reasoning_text(m["content"])} if m.get("role") == "assistant" else dict(m)
+        for m in completion
+    ]
+
+
+@dataclass
+class EncodedBatch:
+    """What was scored: token ids per item, how many context tokens each has, and which items were handled."""
+
+    ids: list[list[int] | None]
+    context_lengths: list[int]
+    truncated: list[int] = field(default_factory=list)  # indices left-truncated
+    overlength: list[int] = field(default_factory=list)  # indices given the over-length fallback
+
+
+class RewardScorer:
+    """Score conversations with a sequence-classification reward model, exactly and in bounded memory.
+
+    Args:
+        model: A `*ForSequenceClassification` model (`num_labels >= 1`; column `label_index` is the reward).
+        tokenizer: The reward model's tokenizer; its chat template renders every conversation.
+        batch_size: At most this many sequences per forward pass (default 32 when `max_tokens_per_batch` is unset).
+        max_tokens_per_batch: At most this many tokens per forward pass, padding included (`rows * longest`).
+            Items are sorted longest first, so batches of similar length pack tightly.
+        max_length: Longest sequence the model gets. Defaults to the model's `max_position_embeddings`.
+        truncation: For a sequence over `max_length`: `"left"` cuts the context from the left (a leading BOS is
+            kept; the completion is never cut), `"fallback"` gives it `overlength_reward` instead of a score.
+        overlength_reward: The reward for sequences that cannot be scored within `max_length` (with `"left"`, the
+            ones whose completion alone is too long). None raises an error instead.
+        nonfinite_reward: The reward used when the model returns NaN/inf. None raises an error naming the items.
+        strip_reasoning: Remove `<think>...</think>` from completions before scoring.
+        label_index: Which output column is the reward (0 for Bradley-Terry models).
+        show_progress: Show a progress bar over batches (`None`: only for more than 8 batches).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        batch_size: int | None = None,
+        max_tokens_per_batch: int | None = None,
+        max_length: int | None = None,
+        truncation: str = "left",
+        overlength_reward: float | None = None,
+        nonfinite_reward: float | None = None,
+        strip_reasoning: bool = False,
+        label_index: int = 0,
+        show_progress: bool | None = None,
+    ):
+        if truncation not in ("left", "fallback"):
+            raise ValueError(f"truncation must be 'left' or 'fallback', got {truncation!r}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.batch_size = batch_size if batch_size is not None else (None if max_tokens_per_batch else 32)
+        config_max = getattr(model.config, "max_position_embeddings", None)
+        self.max_length = max_length or config_max
+        if max_tokens_per_batch is not None and self.max_length is not None and max_tokens_per_batch < self.max_length:
+            # A single sequence must always fit in one batch.
+            self.max_length = max_tokens_per_batch
+        self.truncation = truncation
+        self.overlength_reward = overlength_reward
+        self.nonfinite_reward = nonfinite_reward
+        self.strip_reasoning = strip_reasoning
+        self.label_index = label_index
+        self.show_progress = show_progress
+        self.last_batch_shapes: list[tuple[int, int]] = []  # (rows, length) of each forward pass of the last call
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+
+    # ------------------------------------------------------------------ encoding
+    def encode(
+        self, contexts: Sequence[str | Sequence[Message]], completions: Sequence[str | Sequence[Message]]
+    ) -> EncodedBatch:
+        """Token ids for each `(context, completion)`, with over-length handling applied."""
+        if len(contexts) != len(completions):
+            raise ValueError(f"Got {len(contexts)} contexts but {len(completions)} completions; they must match.")
+        ids: list[list[int] | None] = []
+        context_lengths: list[int] = []
+        out = EncodedBatch(ids, context_lengths)
+        cache: dict[int, list[int]] = {}  # context ids, keyed by the context object (GRPO repeats each prompt)
+        for i, (context, completion) in enumerate(zip(contexts, completions)):
+            if self.strip_reasoning:
+                completion = _strip_completion(completion)
+            seq = encode_conversation(self.tokenizer, context, completion)
+            key = id(context)
+            if key not in cache:
+                cache[key] = context_token_ids(self.tokenizer, context)
+            context_length = common_prefix_length(seq, cache[key])
+            if self.max_length is not None and len(seq) > self.max_length:
+                cut = left_truncate(seq, context_length, self.max_length, self.tokenizer.bos_token_id)
+                if self.truncation == "left" and cut is not None:
+                    context_length -= len(seq) - len(cut)
+                    seq = cut
+                    out.truncated.append(i)
+                elif self.overlength_reward is not None:
+                    seq = None
+                    out.overlength.append(i)
+                else:
+                    raise ValueError(
+                        f"Item {i} is {len(seq)} tokens, over max_length={self.max_length}"
+                        + (" even after cutting its whole context" if self.truncation == "left" else "")
+                        + ". Set `overlength_reward` to give such items a fixed reward, or raise max_length."
+                    )
+            ids.append(seq)
+            context_lengths.append(context_length)
+        return out
+
+    # ------------------------------------------------------------------ batching
+    def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Group item indices into micro-batches: longest first, within `batch_size` rows and the token budget."""
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        batches: list[list[int]] = []
+        current: list[int] = []
+        for i in order:
+            rows = len(current) + 1
+            longest = lengths[current[0]] if current else lengths[i]
+            too_many_rows = self.batch_size is not None and rows > self.batch_size
+            over_budget = self.max_tokens_per_batch is not None and rows * longest > self.max_tokens_per_batch
+            if current and (too_many_rows or over_budget):
+                batches.append(current)
+                current = []
+            current.append(i)
+        if current:
+            batches.append(current)
+        return batches
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @torch.inference_mode()
+    def score_ids(self, sequences: Sequence[Sequence[int]], progress: bool | None = None) -> torch.Tensor:
+        """Scores (fp32, CPU, input order) of already-encoded sequences. `progress` overrides `show_progress`."""
+        scores = torch.empty(len(sequences), dtype=torch.float32)
+        batches = self.plan_batches([len(s) for s in sequences])
+        self.last_batch_shapes = []
+        pad_id = self.tokenizer.pad_token_id
+        if progress is None:
+            progress = self.show_progress if self.show_progress is not None else len(batches) > 8
+        iterator = batches
+        if progress:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(batches, desc="Scoring", unit="batch")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for batch in iterator:
+                length = max(len(sequences[i]) for i in batch)
+                input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+                attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
+                for row, i in enumerate(batch):
+                    input_ids[row, : len(sequences[i])] = torch.as_tensor(sequences[i])
+                    attention_mask[row, : len(sequences[i])] = 1
+                self.last_batch_shapes.append((len(batch), length))
+                logits = self.model(
+                    input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=False
+                ).logits
+                scores[torch.tensor(batch)] = logits[:, self.label_index].float().cpu()
+        finally:
+            self.model.train(was_training)
+        return scores
+
+    def score(
+        self,
+        contexts: Sequence[str | Sequence[Message]],
+        completions: Sequence[str | Sequence[Message]],
+        progress: bool | None = None,
+    ) -> torch.Tensor:
+        """Scores (fp32, input order) of `(context, completion)` pairs, with fallbacks applied."""
+        encoded = self.encode(contexts, completions)
+        present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
+        scores = torch.full((len(encoded.ids),), float("nan"), dtype=torch.float32)
+        if present:
+            scores[torch.tensor(present)] = self.score_ids([encoded.ids[i] for i in present], progress)
+        if encoded.overlength:
+            scores[torch.tensor(encoded.overlength)] = float(self.overlength_reward)
+        bad = [i for i in present if not torch.isfinite(scores[i])]
+        if bad:
+            if self.nonfinite_reward is None:
+                raise FloatingPointError(
+                    f"The reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}. "
+                    "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
+                )
+            scores[torch.tensor(bad)] = float(self.nonfinite_reward)
+        return scores
+
+
+def split_conversation(conversation: Sequence[Message]) -> tuple[list[Message], list[Message]]:
+    """Split a full conversation into `(context, completion)`: the completion is the trailing assistant turn(s)."""
+    messages = list(conversation)
+    end = len(messages)
+    while end > 0 and messages[end - 1].get("role") == "assistant":
+        end -= 1
+    if end == len(messages):
+        raise ValueError("The conversation does not end with an assistant message, so there is nothing to score.")
+    return messages[:end], messages[end:]
+
+
+def as_pairs(conversations: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+    """Accept full conversations (message lists) or `(context, completion)` pairs; return two lists."""
+    contexts, completions = [], []
+    for item in conversations:
+        if isinstance(item, tuple) and len(item) == 2:
+            context, completion = item
+        else:
+            context, completion = split_conversation(item)
+        contexts.append(context)
+        completions.append(completion)
+    return contexts, completions
