@@ -35,7 +35,12 @@ class DataValidationError(ValueError):
         where = source if row is None else f"{source}, {row_label} {row}"
         if field:
             where += f", field {field!r}"
+        self.row_label = row_label
         super().__init__(f"{where}: {reason}")
+
+    def __reduce__(self):
+        # Keep the structured fields when the error crosses a process boundary (Dataset.map(num_proc>1), workers).
+        return (type(self), (self.source, self.row, self.field, self.reason, self.row_label))
 
 
 def _type_name(value: Any) -> str:

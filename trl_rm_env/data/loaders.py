@@ -1,0 +1,340 @@
+"""Loading rank-schema data from files, the bundled sample, memory or the Hub.
+
+The data path reads in one direction: a source gives raw rows; a converter (when `data_format` is not "rank")
+turns each row into a rank record; `validate_rank_record` checks and normalises it; the kept records become a
+`datasets.Dataset`. Bad rows either stop the load (`on_invalid="raise"`, the error names source, line/row and
+field) or are skipped and counted (`on_invalid="skip"`), and the counts are logged once per source::
+
+    from trl_rm_env.data import load_rank_dataset, parse_data_spec
+
+    train = load_rank_dataset("sample:train")
+    hs3 = load_rank_dataset("nvidia/HelpSteer3", hub_config="preference", data_format="helpsteer3")
+    name, source, split = parse_data_spec("eval=org/data:test")  # ("eval", "org/data", "test")
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from datasets import Dataset, load_dataset
+
+from trl_rm_env.data.converters import CONVERTERS, TIE_RULES
+from trl_rm_env.data.schema import DataValidationError, OnInvalid, validate_rank_record
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_DIR = Path(__file__).parent / "sample"
+SAMPLE_PREFIX = "sample:"
+_BINARY_KEY_DEFAULTS = {"prompt_key": "prompt", "chosen_key": "chosen", "rejected_key": "rejected"}
+
+# A raw row is `(row number, parsed object)`; a line that failed to parse carries its DataValidationError instead,
+# so that the on_invalid policy treats it like any other bad row.
+RawRows = Iterable[tuple[int, Any]]
+
+
+@dataclass
+class LoadReport:
+    """What `load_rank_records` kept, skipped (invalid) and dropped (ties), with the skip reasons."""
+
+    source: str
+    kept: int = 0
+    skipped: int = 0
+    ties: int = 0
+    reasons: Counter = field(default_factory=Counter)
+    first_errors: list[str] = field(default_factory=list)
+    tie_rule: str = "no preference"
+
+    def log(self) -> None:
+        """Log the ties and the skipped rows, once each."""
+        if self.ties:
+            logger.info("%s: dropped %d tied row(s) (%s)", self.source, self.ties, self.tie_rule)
+        if self.skipped:
+            summary = ", ".join(f"{reason} ({n})" for reason, n in self.reasons.most_common())
+            logger.warning(
+                "%s: skipped %d invalid row(s) of %d: %s. First: %s",
+                self.source,
+                self.skipped,
+                self.kept + self.skipped + self.ties,
+                summary,
+                "; ".join(self.first_errors),
+            )
+
+
+# --- data specs ---
+
+
+def parse_data_spec(spec: str) -> tuple[str | None, str, str | None]:
+    """Parse the recipe's string form of a data source into `(name, source, split)`.
+
+    Forms: `"source"`, `"source:split"`, `"name=source"`, `"name=source:split"`. The name (a label such as
+    `train` or `eval_hs3`) is the part before the first `=` when that part has no `/` or `:`. The split is the part
+    after the last `:`, except that a source starting with `sample:` is the bundled data (`sample:train` stays the
+    source, with no split) and URLs (`://`) keep their colons. Local paths such as `data/x.jsonl` have no colon.
+    Windows paths (`C:\\...`) are not supported.
+
+    Examples:
+        `"data/x.jsonl"` -> `(None, "data/x.jsonl", None)`; `"sample:train"` -> `(None, "sample:train", None)`;
+        `"org/ds:test"` -> `(None, "org/ds", "test")`; `"eval=org/ds:test"` -> `("eval", "org/ds", "test")`.
+
+    Args:
+        spec: The string to parse.
+
+    Returns:
+        `(name or None, source, split or None)`.
+
+    Raises:
+        ValueError: an empty spec, name, source or split.
+    """
+    text = spec.strip()
+    name = None
+    head, sep, rest = text.partition("=")
+    if sep and "/" not in head and ":" not in head:
+        name, text = head.strip(), rest.strip()
+        if not name:
+            raise ValueError(f"data spec {spec!r}: empty name before '='; use 'name=source' or just 'source'")
+    split = None
+    if ":" in text and not text.startswith(SAMPLE_PREFIX) and "://" not in text:
+        text, _, split = text.rpartition(":")
+        if not split:
+            raise ValueError(f"data spec {spec!r}: empty split after ':'; use 'source:split' or just 'source'")
+    if not text:
+        raise ValueError(f"data spec {spec!r}: no source; use 'source', 'source:split' or 'name=source:split'")
+    return name, text, split
+
+
+# --- sources: each yields (row number, parsed row) ---
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """One JSON value per line, 1-based line numbers; blank lines skipped; bad JSON yields a DataValidationError."""
+    with path.open(encoding="utf-8") as f:
+        for line_num, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield line_num, json.loads(line)
+            except json.JSONDecodeError as err:
+                yield line_num, DataValidationError(str(path), line_num, None, f"invalid JSON: {err}", "line")
+
+
+def _read_json(path: Path) -> list[tuple[int, Any]]:
+    """A JSON list of rows, or an object with a single list value (`{"data": [...]}`); 0-based row numbers."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataValidationError(
+            str(path), None, None, f"invalid JSON: {err} (for one object per line, name the file .jsonl)"
+        ) from err
+    if isinstance(data, dict):
+        lists = [key for key, value in data.items() if isinstance(value, list)]
+        if len(lists) != 1:
+            raise DataValidationError(
+                str(path),
+                None,
+                None,
+                f"a .json file must hold a list of rows or an object with one list value, got an object with "
+                f"{len(lists)} list values (keys: {sorted(data)})",
+            )
+        data = data[lists[0]]
+    if not isinstance(data, list):
+        raise DataValidationError(
+            str(path), None, None, f"a .json file must hold a list of rows, got {type(data).__name__}"
+        )
+    return list(enumerate(data))
+
+
+def _sample_path(split: str) -> Path:
+    path = SAMPLE_DIR / f"{split}.jsonl"
+    if not path.is_file():
+        available = sorted(p.stem for p in SAMPLE_DIR.glob("*.jsonl"))
+        raise FileNotFoundError(f"no bundled sample split {split!r}; available: {', '.join(available)}")
+    return path
+
+
+def _open_source(
+    source: str | Dataset | list[dict[str, Any]], split: str | None, hub_config: str | None, name: str | None
+) -> tuple[str, RawRows, str]:
+    """Resolve `source` into `(name used in errors, raw rows, row label)`."""
+    if isinstance(source, Dataset | list):
+        return name or "<dataset>", enumerate(source), "row"
+    if not isinstance(source, str):
+        raise TypeError(
+            f"source must be a path, 'sample:<split>', a Hub id, a Dataset or a list of dicts, got {source!r}"
+        )
+    if source.startswith(SAMPLE_PREFIX) or (source == "sample" and split):
+        path = _sample_path(source[len(SAMPLE_PREFIX) :] if source != "sample" else split)
+        return str(path), _read_jsonl(path), "line"
+    path = Path(source)
+    if path.suffix in (".jsonl", ".json"):
+        if split is not None:
+            raise ValueError(f"{source}: split={split!r} applies to Hub datasets only; a local file is one split")
+        if not path.is_file():
+            raise FileNotFoundError(f"data file not found: {source}")
+        if path.suffix == ".jsonl":
+            return source, _read_jsonl(path), "line"
+        return source, _read_json(path), "row"
+    if path.exists():
+        raise ValueError(f"{source}: unsupported local data file; use .jsonl (one object per line) or .json")
+    # A Hub dataset id, optionally with an inline split: "org/name:split".
+    repo_id, inline_split = source, None
+    if ":" in source:
+        repo_id, _, inline_split = source.rpartition(":")
+        if split is not None and split != inline_split:
+            raise ValueError(f"{source}: inline split {inline_split!r} conflicts with split={split!r}")
+    split = inline_split or split or "train"
+    dataset = load_dataset(repo_id, name=hub_config, split=split)
+    label = f"{repo_id}[{hub_config}]" if hub_config else repo_id
+    return f"{label}:{split}", enumerate(dataset), "row"
+
+
+# --- records ---
+
+
+def _converter_for(data_format: str, key_options: dict[str, str]) -> Any:
+    """The converter for `data_format` (None for "rank"), with the key options it accepts bound."""
+    changed = {k: v for k, v in key_options.items() if v != _BINARY_KEY_DEFAULTS[k]}
+    if data_format == "rank":
+        if changed:
+            raise ValueError(f"{', '.join(changed)} only apply when converting, e.g. data_format='binary'")
+        return None
+    if data_format not in CONVERTERS:
+        raise ValueError(f"unknown data_format {data_format!r}; choose 'rank' or one of {sorted(CONVERTERS)}")
+    converter = CONVERTERS[data_format]
+    accepted = inspect.signature(converter).parameters
+    unsupported = [k for k in changed if k not in accepted]
+    if unsupported:
+        raise ValueError(f"data_format={data_format!r} does not take {', '.join(unsupported)}")
+    bound = {k: v for k, v in key_options.items() if k in accepted}
+    return lambda row, source, row_num, row_label: converter(row, source, row_num, row_label, **bound)
+
+
+def load_rank_records(
+    source: str | Dataset | list[dict[str, Any]],
+    *,
+    split: str | None = None,
+    data_format: str = "rank",
+    on_invalid: OnInvalid = "raise",
+    prompt_key: str = "prompt",
+    chosen_key: str = "chosen",
+    rejected_key: str = "rejected",
+    hub_config: str | None = None,
+    name: str | None = None,
+) -> tuple[list[dict[str, Any]], LoadReport]:
+    """Load, convert and validate rows from `source` into normalised rank records.
+
+    Args:
+        source: A local `.jsonl` (one object per line, errors cite 1-based lines) or `.json` file (a list, or an
+            object with one list value; errors cite 0-based rows), `"sample:<split>"` for the bundled data in
+            `trl_rm_env/data/sample/`, a `datasets.Dataset` or list of dicts, or else a Hub dataset id, optionally
+            with an inline split (`"org/name:split"`).
+        split: Hub split (default "train"); not allowed for local files.
+        data_format: "rank" for rank-schema rows, or a key of `CONVERTERS` ("binary", "helpsteer3", "tulu3", ...).
+        on_invalid: "raise" stops at the first bad row; "skip" drops bad rows and logs their count and reasons once.
+        prompt_key: Prompt column, for `data_format="binary"`.
+        chosen_key: Preferred-response column, for `data_format="binary"`.
+        rejected_key: Other-response column, for `data_format="binary"`.
+        hub_config: Hub dataset configuration (`name=` of `datasets.load_dataset`), e.g. "preference".
+        name: Name used in errors for an in-memory source (default "<dataset>").
+
+    Returns:
+        The valid records and a `LoadReport` with `source, kept, skipped, ties, reasons`.
+
+    Raises:
+        DataValidationError: with `on_invalid="raise"`, the first bad row, naming source, line/row and field.
+        FileNotFoundError: a missing local file or bundled split.
+        ValueError: a bad option, or no valid record at all.
+    """
+    if on_invalid not in ("raise", "skip"):
+        raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+    key_options = {"prompt_key": prompt_key, "chosen_key": chosen_key, "rejected_key": rejected_key}
+    converter = _converter_for(data_format, key_options)
+    source_name, rows, row_label = _open_source(source, split, hub_config, name)
+    report = LoadReport(source_name, tie_rule=TIE_RULES.get(data_format, "no preference"))
+    records = []
+    for row_num, row in rows:
+        try:
+            if isinstance(row, DataValidationError):
+                raise row
+            if converter is not None:
+                row = converter(row, source_name, row_num, row_label)
+                if row is None:
+                    report.ties += 1
+                    continue
+            records.append(validate_rank_record(row, source_name, row_num, row_label))
+        except DataValidationError as err:
+            if on_invalid == "raise":
+                raise
+            report.skipped += 1
+            report.reasons[err.reason] += 1
+            if len(report.first_errors) < 3:
+                report.first_errors.append(str(err))
+    report.kept = len(records)
+    report.log()
+    if not records:
+        raise ValueError(
+            f"{source_name}: no valid records (skipped {report.skipped} invalid, dropped {report.ties} tied); "
+            f"check data_format={data_format!r} and the file contents"
+        )
+    return records, report
+
+
+def _to_dataset(records: list[dict[str, Any]], source: str) -> Dataset:
+    """Records -> Dataset, with every metadata key any record has (missing values become None)."""
+    plain = [isinstance(r["context"], str) for r in records]
+    if any(plain) and not all(plain):
+        raise ValueError(
+            f"{source}: mixes plain-text records (context is a string) with conversational ones (lists of "
+            "messages); use one form per dataset"
+        )
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    try:
+        return Dataset.from_dict({key: [r.get(key) for r in records] for key in columns})
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        raise ValueError(f"{source}: records do not fit one table ({err}); a metadata key must have one type") from err
+
+
+def load_rank_dataset(
+    source: str | Dataset | list[dict[str, Any]],
+    *,
+    split: str | None = None,
+    data_format: str = "rank",
+    on_invalid: OnInvalid = "raise",
+    prompt_key: str = "prompt",
+    chosen_key: str = "chosen",
+    rejected_key: str = "rejected",
+    hub_config: str | None = None,
+    name: str | None = None,
+) -> Dataset:
+    """Load `source` as a `datasets.Dataset` of rank records (columns `context`, `completions`, metadata).
+
+    Same arguments as `load_rank_records`, which does the work; call that one to get the `LoadReport` counts.
+
+    Returns:
+        A Dataset with one row per valid record.
+
+    Raises:
+        DataValidationError: with `on_invalid="raise"`, the first bad row, naming source, line/row and field.
+        FileNotFoundError: a missing local file or bundled split.
+        ValueError: a bad option, no valid record, or records that cannot form one table (plain text mixed with
+            messages, or a metadata key with different types).
+    """
+    records, report = load_rank_records(
+        source,
+        split=split,
+        data_format=data_format,
+        on_invalid=on_invalid,
+        prompt_key=prompt_key,
+        chosen_key=chosen_key,
+        rejected_key=rejected_key,
+        hub_config=hub_config,
+        name=name,
+    )
+    return _to_dataset(records, report.source)
