@@ -127,6 +127,10 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
         trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra),
                                       train_dataset=Dataset.from_list(records), processing_class=tokenizer,
                                       callbacks=[timer])
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for callback in (PrinterCallback, ProgressCallback):  # keep the table the only thing on stdout
+        trainer.remove_callback(callback)
     hook = trainer.model.register_forward_pre_hook(count, with_kwargs=True)
     n_records = len(trainer.train_dataset)
     trainer.train()

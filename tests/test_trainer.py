@@ -364,3 +364,23 @@ def test_reward_stats_saved_and_reload_reproduces_accuracy(tmp_path, tiny_tokeni
     all_scores = torch.tensor(all_scores, dtype=torch.float64)
     assert saved["reward_mean"] == pytest.approx(all_scores.mean().item(), abs=1e-4)
     assert saved["reward_std"] == pytest.approx(all_scores.std(unbiased=False).item(), abs=1e-4)
+
+
+def test_resume_from_checkpoint_reaches_the_same_metrics(tmp_path, tiny_tokenizer, train_small, in_domain):
+    sets = {"in_domain": in_domain.select(range(30))}
+    common = dict(max_steps=20, save_strategy="steps", save_steps=10, logging_steps=5)
+    full = make_trainer(tmp_path / "full", tiny_tokenizer, train=train_small, eval_dataset=sets, **common)
+    full.train()
+    expected = full.evaluate()
+    # "Stop" after the first checkpoint: a fresh trainer (fresh random model) resumes from checkpoint-10.
+    checkpoint = tmp_path / "full" / "out" / "checkpoint-10"
+    assert (checkpoint / "model.safetensors").exists() and (checkpoint / "optimizer.pt").exists()
+    resumed = make_trainer(tmp_path / "resumed", tiny_tokenizer, train=train_small, eval_dataset=sets, seed=7,
+                           **common)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    got = resumed.evaluate()
+    assert resumed.state.global_step == 20
+    for key in ("eval_in_domain_loss", "eval_in_domain_accuracy", "eval_in_domain_margin"):
+        assert got[key] == pytest.approx(expected[key], abs=1e-4), key
+    losses = lambda t: [h["loss"] for h in t.state.log_history if "loss" in h and h["step"] > 10]  # noqa: E731
+    assert losses(resumed) == pytest.approx(losses(full), abs=1e-4)

@@ -80,7 +80,8 @@ def plan_rows(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]
 
 
 def shared_prefix_mask(record_ids: torch.Tensor, segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The additive attention mask `(R, 1, L, L)` for rows built by `DataCollatorForSharedPrefix`.
+    """The attention mask `(R, 1, L, L)` for rows built by `DataCollatorForSharedPrefix`: additive in `dtype`, or
+    boolean (True = attend) when `dtype` is `torch.bool`.
 
     Query q may attend to key k when both belong to the same record, k is not after q, and k is in the shared
     prefix or in q's own completion. Padding (record id -1) attends only to itself, so no softmax row is empty.
@@ -91,6 +92,8 @@ def shared_prefix_mask(record_ids: torch.Tensor, segment_ids: torch.Tensor, dtyp
     visible = (segment_ids[:, None, :] == 0) | (segment_ids[:, :, None] == segment_ids[:, None, :])
     allowed = same_record & causal & visible & (record_ids[:, None, :] >= 0)
     allowed |= torch.eye(length, dtype=torch.bool, device=record_ids.device)
+    if dtype == torch.bool:  # SDPA takes a boolean mask (True = attend) as-is: no float copy
+        return allowed[:, None]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=record_ids.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]
@@ -183,7 +186,10 @@ def shared_prefix_scores(
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
     try:
-        mask = shared_prefix_mask(inputs["record_ids"], inputs["segment_ids"], dtype)
+        config = getattr(getattr(model, "module", model), "config", None)  # through DDP / DeepSpeed wrappers
+        attention = getattr(config, "_attn_implementation", None)
+        mask_dtype = torch.bool if attention == "sdpa" else dtype
+        mask = shared_prefix_mask(inputs["record_ids"], inputs["segment_ids"], mask_dtype)
         outputs = model(
             input_ids=inputs["input_ids"],
             attention_mask=mask,
