@@ -26,7 +26,11 @@ def load_recipe(name: str):
 
 
 def recipe_for(config: Path) -> str:
-    return "grpo_rm" if config.name.startswith("grpo") else "train_rm"
+    if config.name.startswith("grpo"):
+        return "grpo_rm"
+    if config.name.startswith("rm_regression"):
+        return "train_regression_rm"
+    return "train_rm"
 
 
 def test_there_are_configs_for_both_recipes():

@@ -3,7 +3,8 @@
     trl-rm-env make-tiny OUTDIR            # tiny offline reward model + policy (tests, quickstart)
     trl-rm-env validate FILE [--format F]  # check a data file against the rank schema, report every bad row
     trl-rm-env eval --model M --data FILE[:name] ... [--format F] [--output results.json]
-                                           # pairwise accuracy per set, RewardBench v1 sections
+                                           # pairwise accuracy per set, RewardBench v1 sections;
+                                           # per-attribute RMSE/MAE/Pearson for a regression RM
     trl-rm-env serve --model M [--port 8000]  # HTTP scoring server, vLLM's POST /pooling shape
 """
 
@@ -61,16 +62,43 @@ def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from .data.loaders import load_rank_records
-    from .evaluation import evaluate_reward_model, format_results_table, load_reward_scorer
+    from transformers import AutoConfig
 
+    from .data.loaders import load_rank_records
+    from .data.regression import REGRESSION_FORMATS, load_regression_records
+    from .evaluation import (
+        evaluate_regression_model,
+        evaluate_reward_model,
+        format_regression_results_table,
+        format_results_table,
+        is_regression_model,
+        load_reward_scorer,
+    )
+
+    # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
+    regression = is_regression_model(AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code))
+    data_format = args.format
+    if regression:
+        data_format = "regression" if data_format == "rank" else data_format
+        if data_format not in REGRESSION_FORMATS:
+            raise SystemExit(
+                f"{args.model} is a regression reward model; --format must be one of {list(REGRESSION_FORMATS)}"
+            )
+    elif data_format in REGRESSION_FORMATS:
+        raise SystemExit(f"--format {data_format} is for regression reward models; {args.model} is not one")
     datasets, skipped, ties = {}, {}, {}
     for spec in args.data:
-        name, source, split = _eval_data_spec(spec, args.format)
+        name, source, split = _eval_data_spec(spec, data_format)
         if name in datasets:
             raise SystemExit(f"two data sets are named {name!r}; name them with FILE:name")
-        records, report = load_rank_records(source, split=split, data_format=args.format, on_invalid=args.on_invalid)
-        datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
+        if regression:
+            records, report = load_regression_records(
+                source, split=split, data_format=data_format, on_invalid=args.on_invalid
+            )
+            datasets[name], skipped[name] = records, report.skipped
+        else:
+            records, report = load_rank_records(source, split=split, data_format=data_format, on_invalid=args.on_invalid)
+            datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
     scorer = load_reward_scorer(
         args.model,
         batch_size=args.batch_size,
@@ -80,10 +108,13 @@ def _eval(args: argparse.Namespace) -> int:
         device=args.device,
         trust_remote_code=args.trust_remote_code,
     )
-    results = evaluate_reward_model(scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress)
+    if regression:
+        results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
+    else:
+        results = evaluate_reward_model(scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress)
     results["model"] = args.model
-    results["format"] = args.format
-    print(format_results_table(results))
+    results["format"] = data_format
+    print(format_regression_results_table(results) if regression else format_results_table(results))
     if args.output:
         output = Path(args.output)
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="Pairwise accuracy and margin of a reward model per data set, with RewardBench v1 sections.",
         description="Score every record; report per-set accuracy (better completion strictly above worse, over every "
         "strictly ordered pair), mean margin and counts, and RewardBench v1 section scores for sets named after its "
-        "subsets (llmbar-natural, mt-bench-hard, ...). The same numbers for any --batch-size or --max-tokens.",
+        "subsets (llmbar-natural, mt-bench-hard, ...). A regression reward model (RegressionRewardTrainer) is evaluated "
+        "on regression records instead: RMSE, MAE and Pearson r per set and attribute. The same numbers for any "
+        "--batch-size or --max-tokens.",
     )
     _add_model_options(p)
     p.add_argument(
@@ -168,7 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Data sets: FILE (named after the file), FILE:name, name=SOURCE[:split], or a Hub id[:split]. LLMBar "
         "files (natural.json, adversarial-neighbor.json, ...) are named after their RewardBench subsets.",
     )
-    p.add_argument("--format", default="rank", help="rank, binary, llmbar, pandalm, hh, helpsteer3, tulu3.")
+    p.add_argument(
+        "--format",
+        default="rank",
+        help="rank, binary, llmbar, pandalm, hh, helpsteer3, tulu3; for a regression RM: regression (the default "
+        "then) or helpsteer2.",
+    )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch-size", type=int, default=None, help="Sequences per forward pass (default 32).")
     size.add_argument("--max-tokens", type=int, default=None, help="Token budget per forward pass, padding included.")

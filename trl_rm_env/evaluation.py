@@ -318,3 +318,109 @@ def format_results_table(results: Mapping[str, Any]) -> str:
         elif len(sections) < len(REWARDBENCH_SUBSET_MAPPING):
             lines.append("(overall Score needs all four sections)")
     return "\n".join(lines)
+
+
+# --- regression reward models ---
+
+
+def is_regression_model(config: Any) -> bool:
+    """Whether a model config is a regression reward model (saved by `RegressionRewardTrainer`)."""
+    from trl_rm_env.trainer.regression import REWARD_MODEL_TYPE
+
+    return getattr(config, "reward_model_type", None) == REWARD_MODEL_TYPE
+
+
+def evaluate_regression_model(
+    model_or_scorer: RewardScorer | str | os.PathLike,
+    datasets: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    skipped: Mapping[str, int] | None = None,
+    progress: bool = True,
+    **scorer_kwargs: Any,
+) -> dict[str, Any]:
+    """Per-set, per-attribute RMSE, MAE and Pearson r of a regression reward model on regression records.
+
+    Every record is scored once in one batched `RewardScorer` call; the metrics are those the trainer logs
+    (`summarize_regression_statistics`): attribute values missing from a record are left out, and attributes in the
+    data that the model does not predict are ignored (listed under `"ignored_attributes"`).
+
+    Args:
+        model_or_scorer: A `RewardScorer` over a regression RM, or a model path or Hub id (loaded with
+            `load_reward_scorer(**scorer_kwargs)`).
+        datasets: Set name -> validated regression records (`load_regression_records` output).
+        skipped: Set name -> rows skipped as invalid while loading, copied into the results.
+        progress: Show a progress bar over scoring batches.
+
+    Returns:
+        `{"type": "regression", "attributes": [...], "sets": {name: {"records", "skipped", "unscored", "loss",
+        "<attr>_rmse", "<attr>_mae", "<attr>_pearson", "<attr>_count"}}, "ignored_attributes": [...]}`.
+
+    Raises:
+        ValueError: no set given, or a model that is not a regression reward model.
+    """
+    from trl_rm_env.data.regression import attribute_matrix, attribute_names
+    from trl_rm_env.trainer.regression import regression_statistics, summarize_regression_statistics
+
+    if not datasets:
+        raise ValueError("no data set to evaluate; pass {name: records}")
+    scorer = model_or_scorer
+    if isinstance(model_or_scorer, str | os.PathLike):
+        scorer = load_reward_scorer(model_or_scorer, **scorer_kwargs)
+    elif scorer_kwargs:
+        raise ValueError(f"{sorted(scorer_kwargs)} only apply when model_or_scorer is a path or Hub id")
+    config = scorer.model.config
+    if not is_regression_model(config):
+        raise ValueError(
+            f"{config._name_or_path!r} is not a regression reward model (config.reward_model_type is "
+            f"{getattr(config, 'reward_model_type', None)!r}); use evaluate_reward_model for preference data."
+        )
+    attributes = [config.id2label[i] for i in range(config.num_labels)]
+    contexts = [r["context"] for records in datasets.values() for r in records]
+    completions = [r["completion"] for records in datasets.values() for r in records]
+    scorer.score(contexts, completions, progress=progress)
+    outputs = scorer.last_outputs  # (N, K); NaN rows: not scored (over max_length with no fallback)
+    if outputs is None:
+        raise ValueError("the scorer kept no per-attribute outputs; build it with prefix_sharing=False")
+    results: dict[str, Any] = {"type": "regression", "attributes": attributes, "sets": {}}
+    ignored: set[str] = set()
+    offset = 0
+    for name, records in datasets.items():
+        ignored |= set(attribute_names(records)) - set(attributes)
+        predictions = outputs[offset : offset + len(records)]
+        targets = torch.tensor(attribute_matrix(records, attributes), dtype=torch.float64).reshape(len(records), -1)
+        unscored = torch.isnan(predictions).any(dim=1)
+        targets[unscored] = float("nan")  # an unscored record counts for nothing
+        stats = regression_statistics(torch.nan_to_num(predictions), targets)
+        metrics: dict[str, Any] = {
+            "records": len(records),
+            "skipped": int((skipped or {}).get(name, 0)),
+            "unscored": int(unscored.sum()),
+        }
+        metrics.update(summarize_regression_statistics(stats, attributes))
+        for k, attribute in enumerate(attributes):
+            metrics[f"{attribute}_count"] = int(stats[:, k, 0].sum().item())
+        results["sets"][name] = metrics
+        offset += len(records)
+    results["ignored_attributes"] = sorted(ignored)
+    return results
+
+
+def format_regression_results_table(results: Mapping[str, Any]) -> str:
+    """`evaluate_regression_model` results as a plain-text table: one row per set and attribute."""
+    sets, attributes = results["sets"], results["attributes"]
+    header = ["set", "attribute", "count", "rmse", "mae", "pearson"]
+    rows = []
+    for name, m in sets.items():
+        for attribute in attributes:
+            values = [m[f"{attribute}_{metric}"] for metric in ("rmse", "mae", "pearson")]
+            cells = ["n/a" if v != v else f"{v:.4f}" for v in values]
+            rows.append([name, attribute, str(m[f"{attribute}_count"]), *cells])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for name, m in sets.items():
+        if m["skipped"] or m["unscored"]:
+            lines.append(f"{name}: {m['skipped']} invalid row(s) skipped, {m['unscored']} record(s) not scored")
+    if results.get("ignored_attributes"):
+        lines.append(f"not predicted by the model, ignored: {', '.join(results['ignored_attributes'])}")
+    return "\n".join(lines)

@@ -48,15 +48,18 @@ CHATML_TEMPLATE = (
 # The same template with the BOS token written by the template itself (as Llama 3 templates do).
 CHATML_BOS_TEMPLATE = "{{ bos_token }}" + CHATML_TEMPLATE
 
+TOKENIZER_CORPUS_FILES = ("corpus.txt", "harder.jsonl", "in_domain.jsonl", "train.jsonl")  # sorted, as before
 DEFAULT_VOCAB_SIZE = 1024  # the bundled text saturates below this: about 700 tokens in practice
 
 
 def tokenizer_corpus() -> list[str]:
     """Lines of the bundled text the tiny tokenizer is trained on (deterministic, shipped with the package)."""
     lines: list[str] = []
-    for name in sorted(os.listdir(SAMPLE_DIR)):
-        if name.endswith((".txt", ".jsonl")):
-            lines.extend((SAMPLE_DIR / name).read_text(encoding="utf-8").splitlines())
+    # A fixed list: adding a sample file must not silently change every tiny tokenizer (and every test's ids).
+    for name in TOKENIZER_CORPUS_FILES:
+        path = SAMPLE_DIR / name
+        if path.exists():
+            lines.extend(path.read_text(encoding="utf-8").splitlines())
     if not lines:
         raise FileNotFoundError(f"No bundled text found in {SAMPLE_DIR}; the package data is missing.")
     return lines

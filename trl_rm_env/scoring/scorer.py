@@ -117,6 +117,7 @@ class RewardScorer:
         show_progress: bool | None = None,
         template_kwargs: dict[str, Any] | None = None,
         prefix_sharing: bool = False,
+        output_weights: Sequence[float] | None = None,
     ):
         if truncation not in ("left", "fallback"):
             raise ValueError(f"truncation must be 'left' or 'fallback', got {truncation!r}")
@@ -136,6 +137,16 @@ class RewardScorer:
         self.nonfinite_reward = nonfinite_reward
         self.strip_reasoning = strip_reasoning
         self.label_index = label_index
+        # A regression RM: the reward is `outputs @ output_weights` (every output, not column `label_index`).
+        self.output_weights = None if output_weights is None else torch.tensor(output_weights, dtype=torch.float32)
+        if self.output_weights is not None and self.output_weights.numel() != model.config.num_labels:
+            raise ValueError(
+                f"output_weights has {self.output_weights.numel()} values for {model.config.num_labels} outputs"
+            )
+        if self.output_weights is not None and prefix_sharing:
+            logger.warning("prefix_sharing reads one output column; a weighted regression RM is scored without it.")
+            prefix_sharing = False
+        self.last_outputs: torch.Tensor | None = None  # (N, num_labels) of the last `score` call; NaN: not scored
         self.show_progress = show_progress
         self.template_kwargs = dict(template_kwargs or {})
         self.prefix_sharing = prefix_sharing and _supports_prefix_sharing(model)
@@ -209,7 +220,7 @@ class RewardScorer:
     @torch.inference_mode()
     def score_ids(self, sequences: Sequence[Sequence[int]], progress: bool | None = None) -> torch.Tensor:
         """Scores (fp32, CPU, input order) of already-encoded sequences. `progress` overrides `show_progress`."""
-        scores = torch.empty(len(sequences), dtype=torch.float32)
+        outputs = torch.empty(len(sequences), self.model.config.num_labels, dtype=torch.float32)
         batches = self.plan_batches([len(s) for s in sequences])
         self.last_batch_shapes = []
         pad_id = self.tokenizer.pad_token_id
@@ -234,10 +245,13 @@ class RewardScorer:
                 logits = self.model(
                     input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=False
                 ).logits
-                scores[torch.tensor(batch)] = logits[:, self.label_index].float().cpu()
+                outputs[torch.tensor(batch)] = logits.float().cpu()
         finally:
             self.model.train(was_training)
-        return scores
+        self._last_id_outputs = outputs
+        if self.output_weights is not None:
+            return outputs @ self.output_weights
+        return outputs[:, self.label_index].clone()
 
     @torch.inference_mode()
     def score_ids_shared(
@@ -308,6 +322,7 @@ class RewardScorer:
     ) -> torch.Tensor:
         """Scores (fp32, input order) of `(context, completion)` pairs, with fallbacks applied."""
         encoded = self.encode(contexts, completions)
+        self.last_outputs = None
         present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
         scores = torch.full((len(encoded.ids),), float("nan"), dtype=torch.float32)
         if present:
@@ -317,6 +332,8 @@ class RewardScorer:
                 scores[torch.tensor(present)] = self.score_ids_shared(ids, context_lengths, progress)
             else:
                 scores[torch.tensor(present)] = self.score_ids(ids, progress)
+                self.last_outputs = torch.full((len(encoded.ids), self._last_id_outputs.shape[1]), float("nan"))
+                self.last_outputs[torch.tensor(present)] = self._last_id_outputs
         if encoded.overlength:
             scores[torch.tensor(encoded.overlength)] = float(self.overlength_reward)
         bad = [i for i in present if not torch.isfinite(scores[i])]

@@ -1,0 +1,99 @@
+"""Train a regression reward model: one output per attribute (HelpSteer2-style), masked MSE.
+
+    accelerate launch recipes/train_regression_rm.py --config recipes/configs/rm_regression_tiny.yaml   # offline CPU
+    accelerate launch recipes/train_regression_rm.py --config recipes/configs/rm_regression.yaml        # Qwen3-0.6B
+
+YAML gives the defaults, command-line flags override them (`--attributes helpfulness correctness`,
+`--eval_data a=x.jsonl b=y.jsonl`). Order: load the data (the attribute names decide the model's outputs); set up the
+model; train; evaluate every validation set; save a plain `AutoModelForSequenceClassification` checkpoint (LoRA
+adapters merged) whose config names the attributes (`id2label`, `reward_model_type: regression`); print per set and
+attribute the RMSE, MAE and Pearson r next to the RMSE of always predicting the training mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from trl import ModelConfig, TrlParser, get_peft_config
+
+from trl_rm_env.data.regression import RegressionDataArguments, dataset_attributes, mean_baseline_rmse
+from trl_rm_env.trainer.regression import (
+    RegressionRewardConfig,
+    RegressionRewardTrainer,
+    format_regression_table,
+)
+from trl_rm_env.trainer.saving import check_distributed_setup, save_reward_model
+
+
+def build_tiny_regression_model(path: str, num_labels: int) -> None:
+    """Save a tiny random Qwen3 sequence classifier with `num_labels` outputs and its tokenizer at `path`."""
+    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_reward_model(tokenizer, num_labels=num_labels).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+
+
+def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
+    from accelerate import PartialState
+
+    # --- data ------------------------------------------------------------------------------------------------
+    train_dataset, eval_datasets = data_args.load(training_args.attributes, on_invalid=training_args.on_invalid)
+    attributes = training_args.attributes or dataset_attributes(train_dataset)
+    if not eval_datasets:
+        training_args.eval_strategy = "no"
+
+    # --- model -----------------------------------------------------------------------------------------------
+    model_path = model_args.model_name_or_path
+    if data_args.build_tiny_model and not os.path.exists(model_path):
+        with PartialState().main_process_first():  # one process builds, the others wait and then load it
+            if not os.path.exists(model_path):
+                build_tiny_regression_model(model_path, num_labels=len(attributes))
+    model_init_kwargs = dict(
+        revision=model_args.model_revision,
+        attn_implementation=model_args.attn_implementation,
+        dtype=model_args.dtype,
+    )
+    model_init_kwargs.update(training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
+
+    # --- train -----------------------------------------------------------------------------------------------
+    trainer = RegressionRewardTrainer(
+        model=model_path,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_datasets or None,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+
+    # --- evaluate and save -----------------------------------------------------------------------------------
+    metrics = trainer.evaluate() if eval_datasets else {}
+    save_reward_model(trainer, training_args.output_dir)
+    if eval_datasets:
+        trainer.save_metrics("eval", metrics)  # eval_results.json, per-set, per-attribute names
+    trainer.save_state()  # trainer_state.json: the full log history
+    if eval_datasets:
+        baseline = mean_baseline_rmse(train_dataset, eval_datasets, trainer.attributes)
+        trainer.accelerator.print(format_regression_table(metrics, list(eval_datasets), trainer.attributes, baseline))
+    trainer.accelerator.print(
+        f"Regression reward model ({', '.join(trainer.attributes)}) saved to {training_args.output_dir}"
+    )
+    trainer.end()
+    return metrics
+
+
+def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+    dataclass_types = (RegressionDataArguments, RegressionRewardConfig, ModelConfig)
+    if subparsers is not None:
+        return subparsers.add_parser(
+            "train-regression-rm", help="Train a regression reward model", dataclass_types=dataclass_types
+        )
+    return TrlParser(dataclass_types)
+
+
+if __name__ == "__main__":
+    data_args, training_args, model_args = make_parser().parse_args_and_config()
+    main(data_args, training_args, model_args)

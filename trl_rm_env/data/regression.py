@@ -1,0 +1,448 @@
+"""Regression reward data: one response rated on several numeric attributes (HelpSteer2-style).
+
+One record::
+
+    {"context": [{"role": "user", "content": "What is 2 + 3?"}],
+     "completion": [{"role": "assistant", "content": "2 + 3 = 5. The answer is 5."}],
+     "attributes": {"helpfulness": 4, "correctness": 4, "verbosity": 2}}
+
+`context` and `completion` are lists of messages, or both plain strings (TRL's "standard" format). `attributes`
+maps a name to a number (int or float; not a bool, NaN or infinity). An attribute may be missing or `null` (it is
+then masked out of the loss), but a record needs at least one. Other keys are kept as metadata. A regression reward
+model predicts every attribute; a weighted sum of them becomes the reward (`attribute_weights`, see
+`docs/regression.md`).
+
+Sources and the `on_invalid` policy are the ones of the rank loaders (`loaders.py`, whose helpers are reused here)::
+
+    from trl_rm_env.data.regression import load_regression_dataset
+
+    train = load_regression_dataset("sample:train")                      # bundled regression_train.jsonl
+    hs2 = load_regression_dataset("nvidia/HelpSteer2", split="validation", data_format="helpsteer2")
+
+Errors name source, line/row and field, e.g.::
+
+    data/train.jsonl, line 7, field 'attributes.helpfulness': must be a number, got str '3'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from datasets import Dataset
+
+from trl_rm_env.data.converters import _require
+from trl_rm_env.data.loaders import (
+    SAMPLE_DIR,
+    SAMPLE_PREFIX,
+    LoadReport,
+    _open_source,
+    _to_dataset,
+    parse_data_spec,
+)
+from trl_rm_env.data.schema import DataValidationError, OnInvalid, validate_messages
+
+SAMPLE_REGRESSION_PREFIX = "regression_"
+HELPSTEER2_ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
+"""The five attribute columns of nvidia/HelpSteer2 (each 0-4, higher is more)."""
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+# --- one record ---
+
+
+def validate_regression_record(
+    record: Any,
+    source: str = "<records>",
+    row: int | None = None,
+    row_label: str = "line",
+    attributes: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Validate one regression record and return it normalised.
+
+    Args:
+        record: The parsed record.
+        source: Where it came from (a file path or a dataset name), used in errors.
+        row: Its line (files, 1-based) or row (datasets, 0-based) number, used in errors.
+        row_label: "line" or "row", the word used in errors.
+        attributes: The allowed attribute names; None allows any name.
+
+    Returns:
+        `{"context": ..., "completion": ..., "attributes": {name: float}, **metadata}`: messages keep only `role` and
+        `content`; `attributes` holds the present values only, as floats (a `null` value counts as missing).
+
+    Raises:
+        DataValidationError: naming source, row and field, for: a record that is not an object, a missing
+            `context`/`completion`/`attributes`, a malformed message, an empty completion, `attributes` that is not an
+            object, a value that is not a finite number (bools and numeric strings are not numbers), an attribute
+            not in `attributes`, or no attribute value at all.
+    """
+
+    def fail(field_name: str | None, reason: str) -> DataValidationError:
+        return DataValidationError(source, row, field_name, reason, row_label)
+
+    if not isinstance(record, Mapping):
+        raise fail(None, f"a record must be a JSON object, got {_type_name(record)}")
+    for key in ("context", "completion", "attributes"):
+        if key not in record:
+            raise fail(
+                key,
+                f"missing required field {key!r} (a regression record has 'context', 'completion' and 'attributes')",
+            )
+    context, completion = record["context"], record["completion"]
+    if isinstance(context, str):
+        if not isinstance(completion, str):
+            raise fail(
+                "completion",
+                f"context is plain text, so the completion must be a string too, got {_type_name(completion)}",
+            )
+        if not completion.strip():
+            raise fail("completion", "empty completion")
+    else:
+        context = validate_messages(context, "context", source, row, row_label)
+        completion = validate_messages(completion, "completion", source, row, row_label)
+        if not completion or all(not m["content"].strip() for m in completion):
+            raise fail("completion", "empty completion")
+
+    values = record["attributes"]
+    if not isinstance(values, Mapping):
+        raise fail("attributes", f"must be an object mapping attribute names to numbers, got {_type_name(values)}")
+    allowed = None if attributes is None else set(attributes)
+    present: dict[str, float] = {}
+    for name, value in values.items():
+        where = f"attributes.{name}"
+        if value is None:  # not rated: masked out of the loss
+            continue
+        if allowed is not None and name not in allowed:
+            raise fail(
+                where,
+                f"unknown attribute {name!r}; the configured attributes are {list(attributes)} "
+                "(add it to `attributes`, or drop it from the data)",
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fail(where, f"must be a number, got {_type_name(value)} {value!r}")
+        if not math.isfinite(value):
+            raise fail(
+                where,
+                f"must be a finite number, got {value!r} (leave the attribute out, or null, when it has no value)",
+            )
+        present[str(name)] = float(value)
+    if not present:
+        raise fail("attributes", "no attribute value: a record needs at least one (missing ones are masked out)")
+    metadata = {k: v for k, v in record.items() if k not in ("context", "completion", "attributes")}
+    return {"context": context, "completion": completion, "attributes": present, **metadata}
+
+
+# --- nvidia/HelpSteer2 ---
+
+_HELPSTEER2_TURN = re.compile(r"\n?<extra_id_1>(User|Assistant)\n?")
+
+
+def helpsteer2_prompt_to_messages(prompt: str) -> list[dict[str, str]]:
+    """Split a HelpSteer2 prompt into messages.
+
+    Multi-turn prompts (about 29% of HelpSteer2) hold every earlier turn, separated by `<extra_id_1>User` and
+    `<extra_id_1>Assistant` lines (the dataset card's format); the text before the first separator is the first
+    user turn.
+    """
+    parts = _HELPSTEER2_TURN.split(prompt)
+    messages = [{"role": "user", "content": parts[0]}]
+    for role, content in zip(parts[1::2], parts[2::2]):
+        messages.append({"role": role.lower(), "content": content})
+    return messages
+
+
+def helpsteer2_to_regression(
+    row: Any,
+    source: str,
+    row_num: int | None,
+    row_label: str = "row",
+    attributes: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Turn a nvidia/HelpSteer2 row into a regression record.
+
+    The prompt becomes the context (split into turns, see `helpsteer2_prompt_to_messages`), the response the
+    assistant completion, and the attribute columns the `attributes`. With `attributes` set, exactly those columns
+    are read (each must exist); otherwise whichever of the five HelpSteer2 columns the row has.
+
+    Args:
+        row: `{"prompt": str, "response": str, "helpfulness": int, "correctness": int, "coherence": int,
+            "complexity": int, "verbosity": int}`.
+        source: Where it came from, used in errors.
+        row_num: Its line or row number, used in errors.
+        row_label: "line" or "row", the word used in errors.
+        attributes: The attribute columns to read; None reads the HelpSteer2 five that are present.
+
+    Returns:
+        `{"context": [messages], "completion": [assistant message], "attributes": {name: value}}`, for
+        `validate_regression_record` to check (the values are checked there).
+
+    Raises:
+        DataValidationError: a missing `prompt`/`response` or requested attribute column, or a non-string
+            prompt/response.
+    """
+    columns = tuple(attributes) if attributes is not None else ()
+    _require(row, ("prompt", "response", *columns), source, row_num, row_label)
+    for key in ("prompt", "response"):
+        if not isinstance(row[key], str):
+            raise DataValidationError(source, row_num, key, f"must be a string, got {_type_name(row[key])}", row_label)
+    names = columns or tuple(name for name in HELPSTEER2_ATTRIBUTES if name in row)
+    return {
+        "context": helpsteer2_prompt_to_messages(row["prompt"]),
+        "completion": [{"role": "assistant", "content": row["response"]}],
+        "attributes": {name: row[name] for name in names},
+    }
+
+
+REGRESSION_CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {"helpsteer2": helpsteer2_to_regression}
+"""`data_format` name -> converter to regression records ("regression" is the native format)."""
+REGRESSION_FORMATS = ("regression", *REGRESSION_CONVERTERS)
+
+
+# --- loading ---
+
+
+def _regression_source(source: Any, split: str | None) -> tuple[Any, str | None]:
+    """Map `sample:<split>` to the bundled `regression_<split>.jsonl` (`sample:train` -> `regression_train`)."""
+    if not isinstance(source, str) or not (source.startswith(SAMPLE_PREFIX) or (source == "sample" and split)):
+        return source, split
+    name = source[len(SAMPLE_PREFIX) :] if source != "sample" else split
+    if not name.startswith(SAMPLE_REGRESSION_PREFIX):
+        name = SAMPLE_REGRESSION_PREFIX + name
+    if not (SAMPLE_DIR / f"{name}.jsonl").is_file():
+        available = sorted(p.stem[len(SAMPLE_REGRESSION_PREFIX) :] for p in SAMPLE_DIR.glob("regression_*.jsonl"))
+        raise FileNotFoundError(
+            f"no bundled regression split {name[len(SAMPLE_REGRESSION_PREFIX) :]!r}; available: {', '.join(available)}"
+        )
+    return SAMPLE_PREFIX + name, None
+
+
+def load_regression_records(
+    source: str | Dataset | list[dict[str, Any]],
+    *,
+    split: str | None = None,
+    data_format: str = "regression",
+    on_invalid: OnInvalid = "raise",
+    attributes: Sequence[str] | None = None,
+    hub_config: str | None = None,
+    name: str | None = None,
+) -> tuple[list[dict[str, Any]], LoadReport]:
+    """Load, convert and validate rows from `source` into normalised regression records.
+
+    Args:
+        source: A local `.jsonl` (errors cite 1-based lines) or `.json` file (errors cite 0-based rows),
+            `"sample:<split>"` for the bundled regression splits (`train`, `in_domain`, `harder`; the files
+            `trl_rm_env/data/sample/regression_<split>.jsonl`), a `datasets.Dataset` or list of dicts, or else a Hub
+            dataset id, optionally with an inline split (`"nvidia/HelpSteer2:validation"`).
+        split: Hub split (default "train"); not allowed for local files.
+        data_format: "regression" for records as in the module docstring, or "helpsteer2" for nvidia/HelpSteer2
+            rows.
+        on_invalid: "raise" stops at the first bad row; "skip" drops bad rows and logs their count and reasons once.
+        attributes: The allowed attribute names (others are an error); None allows any.
+        hub_config: Hub dataset configuration (`name=` of `datasets.load_dataset`).
+        name: Name used in errors for an in-memory source (default "<dataset>").
+
+    Returns:
+        The valid records and a `LoadReport` (`source`, `kept`, `skipped`, `reasons`).
+
+    Raises:
+        DataValidationError: with `on_invalid="raise"`, the first bad row, naming source, line/row and field.
+        FileNotFoundError: a missing local file or bundled split.
+        ValueError: a bad option, or no valid record at all.
+    """
+    if on_invalid not in ("raise", "skip"):
+        raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+    if data_format not in REGRESSION_FORMATS:
+        raise ValueError(f"unknown regression data_format {data_format!r}; choose one of {list(REGRESSION_FORMATS)}")
+    converter = REGRESSION_CONVERTERS.get(data_format)
+    source, split = _regression_source(source, split)
+    source_name, rows, row_label = _open_source(source, split, hub_config, name)
+    report = LoadReport(source_name)
+    records = []
+    for row_num, row in rows:
+        try:
+            if isinstance(row, DataValidationError):
+                raise row
+            if converter is not None:
+                row = converter(row, source_name, row_num, row_label, attributes=attributes)
+            records.append(validate_regression_record(row, source_name, row_num, row_label, attributes))
+        except DataValidationError as err:
+            if on_invalid == "raise":
+                raise
+            report.skipped += 1
+            report.reasons[err.reason] += 1
+            if len(report.first_errors) < 3:
+                report.first_errors.append(str(err))
+    report.kept = len(records)
+    report.log()
+    if not records:
+        raise ValueError(
+            f"{source_name}: no valid records (skipped {report.skipped} invalid); check "
+            f"data_format={data_format!r} and the file contents"
+        )
+    return records, report
+
+
+def attribute_names(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every attribute name with a value in `records`, in order of first appearance."""
+    names: dict[str, None] = {}
+    for record in records:
+        for key, value in record["attributes"].items():
+            if value is not None:
+                names.setdefault(key, None)
+    return list(names)
+
+
+def load_regression_dataset(
+    source: str | Dataset | list[dict[str, Any]],
+    *,
+    split: str | None = None,
+    data_format: str = "regression",
+    on_invalid: OnInvalid = "raise",
+    attributes: Sequence[str] | None = None,
+    hub_config: str | None = None,
+    name: str | None = None,
+) -> Dataset:
+    """Load `source` as a `datasets.Dataset` of regression records (`context`, `completion`, `attributes`, metadata).
+
+    Same arguments as `load_regression_records`, which does the work. The `attributes` column holds every attribute
+    name (the `attributes` argument, else all names found, in order of first appearance) in every row; a missing
+    value is `None`.
+
+    Raises:
+        DataValidationError: with `on_invalid="raise"`, the first bad row, naming source, line/row and field.
+        FileNotFoundError: a missing local file or bundled split.
+        ValueError: a bad option, no valid record, or records that cannot form one table.
+    """
+    records, report = load_regression_records(
+        source,
+        split=split,
+        data_format=data_format,
+        on_invalid=on_invalid,
+        attributes=attributes,
+        hub_config=hub_config,
+        name=name,
+    )
+    names = list(attributes) if attributes is not None else attribute_names(records)
+    rows = [{**r, "attributes": {n: r["attributes"].get(n) for n in names}} for r in records]
+    return _to_dataset(rows, report.source)
+
+
+def dataset_attributes(dataset: Dataset | Iterable[Mapping[str, Any]]) -> list[str]:
+    """The attribute names of a regression dataset (raw HelpSteer2 rows: the HelpSteer2 columns it has).
+
+    Read from the `attributes` column's features when it is a struct (as `load_regression_dataset` makes it), else
+    from the values present in the rows.
+
+    Raises:
+        ValueError: no attribute can be found.
+    """
+    features = getattr(dataset, "features", None)
+    columns = list(getattr(dataset, "column_names", None) or [])
+    if features is not None and isinstance(features.get("attributes"), dict):
+        names = list(features["attributes"])
+    elif "attributes" in columns or not columns:
+        names = attribute_names(r for r in dataset if isinstance(r.get("attributes"), Mapping))
+    else:
+        names = [c for c in HELPSTEER2_ATTRIBUTES if c in columns]
+    if not names:
+        raise ValueError(f"cannot find attribute names in a dataset with columns {columns}; set `attributes`")
+    return names
+
+
+def attribute_matrix(dataset: Iterable[Mapping[str, Any]], attributes: Sequence[str]) -> list[list[float]]:
+    """The `attributes` values of each record of a regression dataset, NaN where missing. Shape `(N, K)`."""
+    rows = []
+    for record in dataset:
+        values = record["attributes"]
+        rows.append([float("nan") if values.get(n) is None else float(values[n]) for n in attributes])
+    return rows
+
+
+def mean_baseline_rmse(
+    train: Iterable[Mapping[str, Any]], evals: Mapping[str, Iterable[Mapping[str, Any]]], attributes: Sequence[str]
+) -> dict[str, float]:
+    """RMSE of always predicting the training mean of each attribute: `{f"{name}_{attr}": rmse}` per set.
+
+    The yardstick of a regression RM: a model that learned nothing beyond the average scores this.
+    """
+    train_rows = attribute_matrix(train, attributes)
+    means = []
+    for k in range(len(attributes)):
+        values = [row[k] for row in train_rows if not math.isnan(row[k])]
+        means.append(sum(values) / len(values) if values else math.nan)
+    out = {}
+    for name, dataset in evals.items():
+        rows = attribute_matrix(dataset, attributes)
+        for k, attr in enumerate(attributes):
+            errors = [(row[k] - means[k]) ** 2 for row in rows if not math.isnan(row[k])]
+            out[f"{name}_{attr}"] = math.sqrt(sum(errors) / len(errors)) if errors else math.nan
+    return out
+
+
+# --- recipe arguments ---
+
+
+@dataclass
+class RegressionDataArguments:
+    """Where the training and validation data of a regression reward model come from.
+
+    A *source* is a local `.jsonl`/`.json` file, `sample:<split>` (the regression data bundled with the package:
+    `train`, `in_domain`, `harder`), or a Hub dataset id with an optional `:split` (`nvidia/HelpSteer2:validation`).
+    The attribute names are `RegressionRewardConfig.attributes` (None: every name found in the training data).
+
+    Args:
+        train_data: Source of the training set.
+        eval_data: Named validation sets, each `name=source`; every metric is reported per name and attribute
+            (`eval_<name>_<attribute>_rmse`, ...). A source without a name is called `eval`.
+        data_format: `regression` (records with `context`, `completion`, `attributes`) or `helpsteer2`.
+        hub_config: Dataset configuration name for Hub sources.
+        build_tiny_model: If the model path does not exist, build a tiny offline regression model there first (one
+            output per attribute); for the offline quickstart.
+    """
+
+    train_data: str = field(default="sample:train", metadata={"help": "Training data source."})
+    eval_data: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Validation sets as name=source (repeatable), e.g. in_domain=sample:in_domain."},
+    )
+    data_format: str = field(
+        default="regression", metadata={"help": "Format of the sources.", "choices": list(REGRESSION_FORMATS)}
+    )
+    hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    build_tiny_model: bool = field(
+        default=False,
+        metadata={"help": "Build a tiny offline regression model at the model path if it does not exist."},
+    )
+
+    def load(
+        self, attributes: Sequence[str] | None = None, on_invalid: OnInvalid = "raise"
+    ) -> tuple[Dataset, dict[str, Dataset]]:
+        """Load the training set and the named validation sets as regression `Dataset`s.
+
+        Args:
+            attributes: The attribute names; None takes those of the training set (and holds the validation sets to
+                them, so an attribute only a validation set has is an error).
+            on_invalid: "raise" or "skip" bad rows.
+
+        Returns:
+            `(train, {name: eval_set})`.
+        """
+        kwargs = dict(data_format=self.data_format, on_invalid=on_invalid, hub_config=self.hub_config)
+        _, source, split = parse_data_spec(self.train_data)
+        train = load_regression_dataset(source, split=split, name="train", attributes=attributes, **kwargs)
+        attributes = list(attributes) if attributes is not None else dataset_attributes(train)
+        evals: dict[str, Dataset] = {}
+        for spec in self.eval_data:
+            name, source, split = parse_data_spec(spec)
+            name = name or "eval"
+            if name in evals:
+                raise ValueError(f"eval_data names must be unique; {name!r} is given twice in {self.eval_data}.")
+            evals[name] = load_regression_dataset(source, split=split, name=name, attributes=attributes, **kwargs)
+        return train, evals
