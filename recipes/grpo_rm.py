@@ -30,7 +30,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
                 from trl_rm_env.testing import make_tiny
 
                 make_tiny(os.path.dirname(os.path.normpath(policy_path)) or ".")
-        if not os.path.exists(rm_args.reward_model):  # the quickstart RM was not trained: use the untrained one
+        if not rm_args.reward_remote_url and not os.path.exists(rm_args.reward_model):  # the quickstart RM was not trained: use the untrained one
             fallback = os.path.join(os.path.dirname(os.path.normpath(policy_path)), "reward_model")
             PartialState().print(f"{rm_args.reward_model} not found; using the untrained tiny RM {fallback}")
             rm_args.reward_model = fallback

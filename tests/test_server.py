@@ -268,3 +268,61 @@ def test_model_failure_is_a_json_500(tiny_rm, tiny_tokenizer):
     for status, body in replies:
         assert status == 500 and "NaN/inf" in body["error"]["message"], body
     assert health_status == 200
+
+
+# ---------------------------------------------------------------------------------------------------- remote environment
+
+
+def test_remote_environment_equals_local_environment(servers, tiny_dir):
+    from trl.trainer.utils import is_async_callable
+
+    from trl_rm_env import RemoteRewardModelEnvironment, RewardModelEnvironment
+
+    pairs = conversations(12)
+    prompts, completions = [c for c, _ in pairs], [r for _, r in pairs]
+    completions[3] = [{"role": "assistant", "content": "<think>only thinking</think>"}]
+    completions[5] = [{"role": "assistant", "content": "<think>hmm</think> The answer is 7."}]
+    options = dict(strip_reasoning=True, empty_completion_reward=-5.0, name="remote_rm")
+    remote = RewardModelEnvironment(remote_url=[servers["main"], servers["main"] + "/"], **options)
+    assert isinstance(remote, RemoteRewardModelEnvironment) and remote.__name__ == "remote_rm"
+    assert is_async_callable(remote)  # TRL runs it concurrently with the other reward functions
+    local = RewardModelEnvironment(str(tiny_dir / "reward_model"), device="cpu", **options)
+    logged_remote, logged_local = {}, {}
+    got = asyncio.run(remote(prompts, completions, log_metric=logged_remote.__setitem__))
+    want = local(prompts, completions, log_metric=logged_local.__setitem__)
+    assert got == pytest.approx(want, abs=1e-4)
+    assert got[3] == -5.0
+    assert logged_remote.keys() == logged_local.keys()
+    for key in logged_local:
+        assert logged_remote[key] == pytest.approx(logged_local[key], abs=1e-4), key
+    scores = asyncio.run(remote.score([[*c, *r] for c, r in pairs[:4]]))
+    assert scores.dtype.is_floating_point and scores.tolist() == pytest.approx(local.score(pairs[:4]).tolist(), abs=1e-4)
+
+
+def test_remote_environment_errors(servers):
+    from trl_rm_env import RewardModelEnvironment
+
+    dead = RewardModelEnvironment(remote_url="http://127.0.0.1:9", retries=1, backoff=0.01, timeout=2)
+    with pytest.raises(RemoteScoringError, match=r"127\.0\.0\.1:9"):
+        asyncio.run(dead(*zip(*conversations(1))))
+    with pytest.raises(ValueError, match="there must be one prompt per completion"):
+        asyncio.run(dead([conversations(1)[0][0]], []))
+    with pytest.raises(ValueError, match="normalization must be 'none' or 'running'"):
+        RewardModelEnvironment(remote_url=servers["main"], normalization="checkpoint")
+
+
+def test_grpo_trainer_with_a_remote_reward(servers, tiny_dir, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from trl_rm_env import RewardModelEnvironment
+
+    reward = RewardModelEnvironment(remote_url=servers["main"], name="served_rm")
+    prompts = Dataset.from_list([{"prompt": c} for c, _ in conversations(4)])
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=6, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
+                      save_strategy="no")
+    trainer = GRPOTrainer(model=str(tiny_dir / "policy"), reward_funcs=[reward], args=args, train_dataset=prompts)
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert "rewards/served_rm/mean" in logged and logged["reward_model_env/num_samples"] == 4.0

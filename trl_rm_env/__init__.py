@@ -20,6 +20,11 @@ _EXPORTS = {
     "RankedRewardTrainer": "trl_rm_env.trainer.trainer",
     "DataCollatorForRankedPreference": "trl_rm_env.trainer.collator",
     "RewardModelEnvironment": "trl_rm_env.environment",
+    "RemoteRewardModelEnvironment": "trl_rm_env.environment",
+    "RegressionRewardConfig": "trl_rm_env.trainer.regression",
+    "RegressionRewardTrainer": "trl_rm_env.trainer.regression",
+    "load_regression_dataset": "trl_rm_env.data.regression",
+    "load_regression_records": "trl_rm_env.data.regression",
     "RewardScorer": "trl_rm_env.scoring.scorer",
 }
 

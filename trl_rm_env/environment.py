@@ -65,6 +65,7 @@ _OUR_KEYS = {
     "device",
     "show_progress",
     "prefix_sharing",
+    "attribute_weights",
 }
 
 
@@ -143,7 +144,15 @@ class RewardModelEnvironment:
         prefix_sharing: Score the completions of a GRPO group in one row each: the shared prompt's tokens once,
             every completion after it under a block mask (same scores as scoring each alone; the prompt goes through
             the RM once instead of G times). Needs eager or SDPA attention; falls back with a warning otherwise.
+        remote_url: Score on reward-model servers instead (`trl-rm-env serve`, or vLLM `--runner pooling`): one
+            URL or a list. `RewardModelEnvironment(remote_url=...)` then builds a `RemoteRewardModelEnvironment`
+            (async `__call__`, retries, the same metrics); `model` is the model name sent to the server.
     """
+
+    def __new__(cls, *args: Any, remote_url: str | Sequence[str] | None = None, **kwargs: Any):
+        if cls is RewardModelEnvironment and remote_url is not None:
+            return RemoteRewardModelEnvironment.__new__(RemoteRewardModelEnvironment)
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -167,7 +176,11 @@ class RewardModelEnvironment:
         trust_remote_code: bool = False,
         show_progress: bool | None = None,
         prefix_sharing: bool = False,
+        remote_url: str | Sequence[str] | None = None,
+        attribute_weights: Mapping[str, float] | Sequence[float] | None = None,
     ):
+        if remote_url is not None:
+            raise TypeError(f"{type(self).__name__} scores locally; use RemoteRewardModelEnvironment for remote_url.")
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
         if normalization not in NORMALIZATIONS:
@@ -191,12 +204,18 @@ class RewardModelEnvironment:
         model.requires_grad_(False)  # the RM is never trained here
         model.eval().to(device)
 
+        from .trainer.regression import regression_reward_weights
+
+        # A regression RM (RegressionRewardTrainer) predicts several attributes: the reward is their weighted sum.
+        resolved = regression_reward_weights(model.config, attribute_weights)
+        self.attributes, self.attribute_weights = resolved if resolved is not None else ([], None)
         self.model = model
         self.tokenizer = tokenizer
         self._zero3 = _is_zero3_partitioned(model)
         self.__name__ = name
         self.name = name
         self.empty_completion_reward = empty_completion_reward
+        self.strip_reasoning = strip_reasoning
         self.normalization = normalization
         self.clip = clip
         self.show_progress = show_progress
@@ -212,6 +231,7 @@ class RewardModelEnvironment:
             strip_reasoning=strip_reasoning,
             show_progress=show_progress,
             prefix_sharing=prefix_sharing,
+            output_weights=self.attribute_weights,
         )
         self._count, self._mean, self._m2 = 0, 0.0, 0.0  # running statistics (Welford)
         if normalization == "checkpoint":
@@ -247,8 +267,10 @@ class RewardModelEnvironment:
             raise ValueError("The reward_model config needs `model_name` (a Hub id or a local path).")
         rm_cfg = config.get("reward_model_cfg") or {}
         rm_type = rm_cfg.get("reward_model_type", "bradley_terry")
-        if rm_type != "bradley_terry":
-            raise ValueError(f"reward_model_cfg.reward_model_type={rm_type!r} is not supported; use 'bradley_terry'.")
+        if rm_type not in ("bradley_terry", "regression"):
+            raise ValueError(
+                f"reward_model_cfg.reward_model_type={rm_type!r} is not supported; use 'bradley_terry' or 'regression'."
+            )
         if config.get("sequence_packing", {}) and config["sequence_packing"].get("enabled"):
             logger.warning("sequence_packing is ignored: scoring uses token-budget batching (`max_tokens_per_batch`).")
         kwargs: dict[str, Any] = {}
@@ -313,6 +335,19 @@ class RewardModelEnvironment:
         **kwargs: Any,
     ) -> list[float]:
         """TRL reward function: one float reward per `(prompt, completion)`."""
+        empty = self._check_inputs(prompts, completions)
+        rewards = torch.empty(len(prompts), dtype=torch.float32)
+        to_score = self._to_score(len(prompts), empty)
+        with self._full_weights():  # entered on every rank, even one with nothing to score (a ZeRO-3 collective)
+            if to_score:
+                rewards[torch.tensor(to_score)] = self.scorer.score(
+                    [prompts[i] for i in to_score], [completions[i] for i in to_score], progress=bool(self.show_progress)
+                )
+        return self._finish(rewards, empty, kwargs.get("log_metric"))
+
+    # ------------------------------------------------------------------ shared by local and remote scoring
+    def _check_inputs(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[int]:
+        """Validate TRL's inputs; return the indices of empty completions."""
         if len(prompts) != len(completions):
             raise ValueError(
                 f"{self.name}: got {len(prompts)} prompts but {len(completions)} completions; there must be one "
@@ -327,22 +362,22 @@ class RewardModelEnvironment:
                     f"{type(prompt).__name__} and {type(completion).__name__}."
                 )
         # With strip_reasoning, a completion that is all `<think>` (or cut off mid-thought) has no answer: empty.
-        strip = self.scorer.strip_reasoning
-        empty = [i for i, c in enumerate(completions) if _is_empty(_strip_completion(c) if strip else c)]
-        rewards = torch.empty(len(prompts), dtype=torch.float32)
-        to_score = [i for i in range(len(prompts)) if self.empty_completion_reward is None or i not in set(empty)]
-        with self._full_weights():  # entered on every rank, even one with nothing to score (a ZeRO-3 collective)
-            if to_score:
-                rewards[torch.tensor(to_score)] = self.scorer.score(
-                    [prompts[i] for i in to_score], [completions[i] for i in to_score], progress=bool(self.show_progress)
-                )
+        strip = self.strip_reasoning
+        return [i for i, c in enumerate(completions) if _is_empty(_strip_completion(c) if strip else c)]
+
+    def _to_score(self, n: int, empty: list[int]) -> list[int]:
+        skip = set(empty) if self.empty_completion_reward is not None else set()
+        return [i for i in range(n) if i not in skip]
+
+    def _finish(self, rewards: torch.Tensor, empty: list[int], log_metric) -> list[float]:
+        """Fallback for empty completions, normalization, clipping, metrics."""
         if self.empty_completion_reward is not None and empty:
             rewards[torch.tensor(empty)] = float(self.empty_completion_reward)
         raw = rewards.clone()
         rewards = self._normalize(rewards)
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
-        self._log(kwargs.get("log_metric"), raw, rewards, len(empty))
+        self._log(log_metric, raw, rewards, len(empty))
         return rewards.tolist()
 
     # ------------------------------------------------------------------ normalization and metrics
@@ -371,8 +406,108 @@ class RewardModelEnvironment:
         log_metric(f"{prefix}/min_reward", rewards.min().item())
         log_metric(f"{prefix}/max_reward", rewards.max().item())
         log_metric(f"{prefix}/num_empty", float(empty))
+        attributes = getattr(self, "attributes", None)
+        outputs = self.scorer.last_outputs if attributes else None
+        if attributes and outputs is not None:  # regression RM: mean of each predicted attribute
+            for k, attribute in enumerate(attributes):
+                column = outputs[:, k][~torch.isnan(outputs[:, k])]
+                if column.numel():
+                    log_metric(f"{prefix}/{attribute}_mean", column.mean().item())
         if self.normalization != "none":
             log_metric(f"{prefix}/raw_mean_reward", raw.mean().item())
 
     def __repr__(self) -> str:
         return f"RewardModelEnvironment(name={self.name!r}, model={self.model.config._name_or_path!r})"
+
+
+class RemoteRewardModelEnvironment(RewardModelEnvironment):
+    """A `RewardModelEnvironment` whose reward model runs behind HTTP servers with vLLM's `POST /pooling` API.
+
+    Built by `RewardModelEnvironment(remote_url=...)` (or directly). The server is `trl-rm-env serve`, or vLLM
+    started with `--runner pooling` on a `*ForSequenceClassification` model; requests ask for raw logits
+    (`use_activation: false`), so rewards are the Bradley-Terry scores the local environment returns. Conversations
+    are sent as messages and rendered by the server with the RM's chat template; plain-text prompts are sent as
+    `prompt + completion` text (the server adds no EOS, unlike local scoring of plain text).
+
+    `__call__` is async: TRL's `GRPOTrainer` runs async reward functions concurrently with the others. Requests are
+    spread over the URLs, retried with exponential backoff on 502/503/504, timeouts and connection errors (never on
+    other 4xx), and a server that stays down raises an error naming its URL.
+
+    Args:
+        remote_url: One URL or several (`http://host:port`).
+        model: The model name sent with each request (None: the server's own).
+        timeout, retries, backoff, max_concurrency: Client settings (see `trl_rm_env.serving.RemoteScorer`).
+        empty_completion_reward, strip_reasoning, clip, name: As for `RewardModelEnvironment`.
+        normalization: `none` or `running` (`checkpoint` needs the model config, which a remote RM does not give).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: Any = None,
+        *,
+        remote_url: str | Sequence[str],
+        timeout: float = 60.0,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_concurrency: int = 64,
+        empty_completion_reward: float | None = None,
+        strip_reasoning: bool = False,
+        normalization: str = "none",
+        clip: float | None = None,
+        name: str = "reward_model_env",
+        **unused: Any,
+    ):
+        from .serving.client import RemoteScorer
+
+        local_only = sorted(k for k, v in unused.items() if v not in (None, False))
+        if local_only:
+            logger.warning("%s: options %s apply to local scoring and are ignored with remote_url.", name, local_only)
+        if normalization not in ("none", "running"):
+            raise ValueError(f"normalization must be 'none' or 'running' with remote_url, got {normalization!r}")
+        if clip is not None and clip <= 0:
+            raise ValueError(f"clip must be > 0, got {clip}")
+        if tokenizer is not None:
+            logger.warning("%s: the tokenizer is ignored with remote_url; the server renders with its own.", name)
+        self.client = RemoteScorer(
+            remote_url, model=model, timeout=timeout, retries=retries, backoff=backoff, max_concurrency=max_concurrency
+        )
+        self.model = None
+        self.remote_url = self.client.urls
+        self.__name__ = name
+        self.name = name
+        self.empty_completion_reward = empty_completion_reward
+        self.strip_reasoning = strip_reasoning
+        self.normalization = normalization
+        self.clip = clip
+        self._count, self._mean, self._m2 = 0, 0.0, 0.0
+
+    async def score(self, conversations: Sequence[Any]) -> torch.Tensor:  # type: ignore[override]
+        """Raw scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs."""
+        contexts, completions = as_pairs(conversations)
+        return torch.tensor(await self.client.score(list(zip(contexts, completions))), dtype=torch.float32)
+
+    async def __call__(  # type: ignore[override]
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        """TRL reward function (async): one float reward per `(prompt, completion)`."""
+        empty = self._check_inputs(prompts, completions)
+        rewards = torch.empty(len(prompts), dtype=torch.float32)
+        to_score = self._to_score(len(prompts), empty)
+        if to_score:
+            pairs = [
+                (prompts[i], _strip_completion(completions[i]) if self.strip_reasoning else completions[i])
+                for i in to_score
+            ]
+            rewards[torch.tensor(to_score)] = torch.tensor(await self.client.score(pairs), dtype=torch.float32)
+        return self._finish(rewards, empty, kwargs.get("log_metric"))
+
+    def __repr__(self) -> str:
+        return f"RemoteRewardModelEnvironment(name={self.name!r}, remote_url={self.remote_url!r})"

@@ -23,6 +23,8 @@ class RewardModelArguments:
         strip_reasoning: Drop `<think>...</think>` from completions before scoring.
         reward_prefix_sharing: Score the completions of each GRPO group against one shared prompt (prefix sharing;
             exact, faster when prompts are long).
+        reward_remote_url: Score on reward-model servers at these URLs instead of loading the RM here;
+            `reward_model` is then the model name sent to the server (`trl-rm-env serve`: the path it serves).
         reward_name: The reward function's name (TRL logs `rewards/<name>/mean`).
         prompt_data: Prompt source: a Hub dataset id (`:split` optional), a local file, or a rank-schema source
             (`sample:train`), whose contexts become the prompts.
@@ -42,6 +44,10 @@ class RewardModelArguments:
     reward_prefix_sharing: bool = field(
         default=False, metadata={"help": "Score each GRPO group's completions against one shared prompt (exact)."}
     )
+    reward_remote_url: list[str] | None = field(
+        default=None,
+        metadata={"help": "Score on RM servers (trl-rm-env serve, or vLLM --runner pooling) at these URLs."},
+    )
     reward_name: str = field(default="reward_model_env", metadata={"help": "Name of the reward function."})
     prompt_data: str = field(default="sample:train", metadata={"help": "Prompt dataset source."})
     prompt_column: str = field(default="prompt", metadata={"help": "Prompt column of a prompt dataset."})
@@ -49,6 +55,14 @@ class RewardModelArguments:
 
     def environment_kwargs(self) -> dict:
         """Keyword arguments for `RewardModelEnvironment` (besides the model)."""
+        if self.reward_remote_url:
+            return dict(
+                remote_url=list(self.reward_remote_url),
+                normalization=self.reward_normalization,
+                clip=self.reward_clip,
+                strip_reasoning=self.strip_reasoning,
+                name=self.reward_name,
+            )
         return dict(
             tokenizer=self.reward_tokenizer,
             batch_size=self.reward_batch_size,
