@@ -200,3 +200,32 @@ def test_group_shared_scoring_through_the_environment(tiny_rm, tiny_tokenizer):
     shared = RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu", prefix_sharing=True)
     plain = RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu")
     assert shared(prompts, completions) == pytest.approx(plain(prompts, completions), abs=1e-4)
+
+
+def test_cost_model_of_the_tiny_config(tiny_rm, tiny_tokenizer):
+    from trl_rm_env import RewardScorer
+
+    # hidden 128, 4 heads x 32, 2 KV heads, MLP 256: 2 * (128*128 + 2*128*64 + 128*128 + 3*128*256) / (4 * 128)
+    assert RewardScorer(tiny_rm, tiny_tokenizer)._linear_to_attention_cost() == 576.0
+
+
+@pytest.mark.parametrize(
+    "prompt_words, completion_words, rows", [(1, 80, 6), (120, 1, 1)], ids=["long-completions", "long-prompt"]
+)
+def test_group_rows_follow_the_cost_model_and_stay_exact(tiny_rm, tiny_tokenizer, prompt_words, completion_words, rows):
+    """Long completions behind a short prompt: one row each (one shared row would be quadratic); else one row."""
+    from trl_rm_env import RewardScorer
+    from trl_rm_env.scoring.templating import encode_conversation
+
+    prompts = [[{"role": "user", "content": " ".join(["add two and 3"] * prompt_words)}]] * 6
+    completions = [
+        [{"role": "assistant", "content": " ".join([f"the answer is {k}"] * completion_words)}] for k in range(6)
+    ]
+    with torch.no_grad():
+        reference = torch.tensor([
+            tiny_rm(input_ids=torch.tensor([encode_conversation(tiny_tokenizer, p, c)])).logits[0, 0].item()
+            for p, c in zip(prompts, completions)
+        ])
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, prefix_sharing=True)
+    torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
+    assert sum(r for r, _ in scorer.last_batch_shapes) == rows

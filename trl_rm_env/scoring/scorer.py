@@ -12,6 +12,7 @@ proved by the parity tests).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -261,7 +262,10 @@ class RewardScorer:
 
         Sequences are grouped by their first `context_length` tokens (exact token equality). Within a group the
         shared prefix is the longest one all its sequences have; the group is split into chunks whose row
-        (prefix + the completions' own tokens) fits the token budget.
+        (prefix + the completions' own tokens) fits the token budget. A chunk also stops growing when one more
+        completion would cost more compute than a new row repeating the prefix: a row of L tokens costs about
+        `L * linear + L**2 * attention` (the block mask is dense), so long completions behind a short prompt get
+        rows of a few completions, or one each (the plain layout), rather than one quadratic row.
         """
         from .prefix_sharing import DataCollatorForSharedPrefix, shared_prefix_length, shared_prefix_scores
 
@@ -269,13 +273,18 @@ class RewardScorer:
         for i, (seq, n) in enumerate(zip(sequences, context_lengths)):
             groups.setdefault(tuple(seq[:n]), []).append(i)
         budget = self.max_tokens_per_batch
+        ratio = self._linear_to_attention_cost()
         chunks: list[list[int]] = []  # item indices sharing one row
         for members in groups.values():
             prefix = shared_prefix_length([sequences[i] for i in members])
             current, used = [], prefix
             for i in sorted(members, key=lambda i: -len(sequences[i])):
                 own = len(sequences[i]) - prefix
-                if current and budget is not None and used + own > budget:
+                over_budget = budget is not None and used + own > budget
+                # Compute (in attention-pair units) of adding `own` tokens to this row vs a new row prefix + own.
+                grow = own * ratio + (used + own) ** 2 - used**2
+                fresh = (prefix + own) * ratio + (prefix + own) ** 2
+                if current and (over_budget or grow > fresh):
                     chunks.append(current)
                     current, used = [], prefix
                 current.append(i)
@@ -313,6 +322,24 @@ class RewardScorer:
         finally:
             self.model.train(was_training)
         return scores
+
+    def _linear_to_attention_cost(self) -> float:
+        """FLOPs per token in a decoder layer's projections over FLOPs per (query, key) pair of its attention.
+
+        From the config of a standard decoder (`hidden_size`, `intermediate_size`, heads, `head_dim`; gated MLP);
+        infinity (always share) when the config does not say.
+        """
+        config = getattr(self.model, "config", None)
+        hidden = getattr(config, "hidden_size", None)
+        heads = getattr(config, "num_attention_heads", None)
+        if not hidden or not heads:
+            return math.inf
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        ffn = getattr(config, "intermediate_size", None) or 4 * hidden
+        q, kv = heads * head_dim, kv_heads * head_dim
+        linear = 2 * (hidden * q + 2 * hidden * kv + q * hidden + 3 * hidden * ffn)
+        return linear / (4 * q)  # QK^T and attention-weighted V: 2 FLOPs each per pair and channel
 
     def score(
         self,
