@@ -10,6 +10,8 @@ in a subprocess (2 CPU processes, gloo) and checks what a user gets:
   computed by scoring each validation completion one at a time with the reloaded model. The validation sets are
   sized so that 2 processes x `per_device_eval_batch_size` divides neither (the last batches are padded with
   repeated records): a record counted twice or lost shows up as a wrong `num_pairs` or accuracy;
+- every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs);
+- under ZeRO-3 the environment's RM is sharded (half the parameters per process) and scores exactly;
 - grpo_rm under DDP and ZeRO-3 trains with the reward model as its reward function. Under ZeRO-3 the RM that
   `RewardModelEnvironment` loads is sharded by `zero.Init`; its first-step rewards must equal the DDP run's.
 
@@ -70,14 +72,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(config: str, script: str, *args: str, timeout: int = TIMEOUT) -> str:
-    """`accelerate launch --config_file accelerate_configs/<config> recipes/<script> args...`; returns its output."""
+def launch(config: str, script: str, *args: str, timeout: int = TIMEOUT, processes: int | None = None) -> str:
+    """`accelerate launch --config_file accelerate_configs/<config> <script> args...`; returns its output.
+
+    `script` is relative to the repository root; `processes` overrides the config's `num_processes`.
+    """
     port = _free_port()
     cmd = [
         sys.executable, "-m", "accelerate.commands.launch",
         "--config_file", str(ACCELERATE_CONFIGS / config),
         "--main_process_port", str(port),
-        f"recipes/{script}", *args,
+        *(["--num_processes", str(processes)] if processes else []),
+        script, *args,
     ]  # fmt: skip
     env = {
         k: v
@@ -144,9 +150,11 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def train_rm(config: str, tiny: Path, data: dict[str, Path], output_dir: Path) -> str:
+def train_rm(
+    config: str, tiny: Path, data: dict[str, Path], output_dir: Path, processes: int | None = None, batch: int = 16
+) -> str:
     return launch(
-        config, "train_rm.py",
+        config, "recipes/train_rm.py",
         "--config", "recipes/configs/rm_tiny.yaml",
         "--model_name_or_path", str(tiny / "reward_model"),
         "--output_dir", str(output_dir),
@@ -155,12 +163,38 @@ def train_rm(config: str, tiny: Path, data: dict[str, Path], output_dir: Path) -
         "--max_steps", str(MAX_STEPS),
         "--eval_strategy", "no",  # the recipe still evaluates every set after training
         "--per_device_eval_batch_size", str(PER_DEVICE_EVAL_BATCH),
-        "--logging_steps", "5",
+        "--per_device_train_batch_size", str(batch),
+        "--logging_steps", "1",
         "--disable_tqdm", "true",
+        processes=processes,
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def single_process_losses(tiny, data, tmp_path_factory) -> list[float]:
+    """Per-step training losses of one process with the 2-process runs' global batch (1 x 32 = 2 x 16)."""
+    output_dir = tmp_path_factory.mktemp("rm-one-process")
+    train_rm("ddp_cpu.yaml", tiny, data, output_dir, processes=1, batch=32)
+    return step_losses(output_dir)
+
+
 # ---------------------------------------------------------------------------------------------------- checks
+def step_losses(output_dir: Path) -> list[float]:
+    """The training loss logged at each step (logging_steps=1), from trainer_state.json."""
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    losses = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    assert [step for step, _ in losses] == list(range(1, MAX_STEPS + 1))
+    return [loss for _, loss in losses]
+
+
+def check_same_losses_as_one_process(output_dir: Path, reference: list[float]) -> None:
+    """Step k's loss equals one process's with the same global batch: same records per step, gradients averaged
+    so that each step is the mean over every pair of the global batch (processes hold different pair counts)."""
+    losses = step_losses(output_dir)
+    assert losses == pytest.approx(reference, rel=1e-4, abs=1e-5), list(zip(losses, reference))
+    assert len(set(losses)) > 1  # the model trained: the loss moved
+
+
 def score_one_at_a_time(model, tokenizer, path: Path) -> dict[str, float]:
     """The per-set metrics recomputed from scratch: every completion scored alone (no padding, no batching)."""
     from trl_rm_env.data.loaders import load_rank_records
@@ -239,7 +273,7 @@ def check_saved_reward_model(output_dir: Path, tiny: Path, data: dict[str, Path]
 
 
 # ---------------------------------------------------------------------------------------------------- train_rm
-def test_train_rm_ddp_cpu(tiny, data, tmp_path):
+def test_train_rm_ddp_cpu(tiny, data, tmp_path, single_process_losses):
     output = train_rm("ddp_cpu.yaml", tiny, data, tmp_path / "rm")
     assert distributed_line(output).startswith("Distributed: MULTI_CPU x2")
     # The recipe prints one row per validation set, and saves the metrics and the log history.
@@ -250,15 +284,17 @@ def test_train_rm_ddp_cpu(tiny, data, tmp_path):
     logged = {key for entry in state["log_history"] for key in entry}
     assert {"eval_in_domain_accuracy", "eval_harder_accuracy", "loss", "accuracy"} <= logged
     check_saved_reward_model(tmp_path / "rm", tiny, data)
+    check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
 
 
 @needs_deepspeed
 @pytest.mark.parametrize("config", ["zero2_cpu.yaml", "zero3_cpu.yaml"])
-def test_train_rm_deepspeed_cpu(config, tiny, data, tmp_path):
+def test_train_rm_deepspeed_cpu(config, tiny, data, tmp_path, single_process_losses):
     output = train_rm(config, tiny, data, tmp_path / "rm")
     assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
     assert not list((tmp_path / "rm").glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
     check_saved_reward_model(tmp_path / "rm", tiny, data)
+    check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
 
 
 @pytest.mark.xfail(
@@ -279,7 +315,7 @@ def test_train_rm_fsdp2_cpu(tiny, data, tmp_path):
 # ---------------------------------------------------------------------------------------------------- grpo_rm
 def grpo_rm(config: str, tiny: Path, output_dir: Path) -> tuple[str, list[dict]]:
     output = launch(
-        config, "grpo_rm.py",
+        config, "recipes/grpo_rm.py",
         "--config", "recipes/configs/grpo_rm_tiny.yaml",
         "--model_name_or_path", str(tiny / "policy"),
         "--reward_model", str(tiny / "reward_model"),
@@ -325,3 +361,71 @@ def test_grpo_rm_zero3_cpu(tiny, tmp_path, grpo_ddp):
     _, ddp_steps = grpo_ddp
     assert steps[0]["rewards/tiny_rm/mean"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/mean"], abs=1e-4)
     assert steps[0]["rewards/tiny_rm/std"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/std"], abs=1e-4)
+
+
+@needs_deepspeed
+def test_zero3_reward_model_is_sharded_and_scores_exactly(tiny, tmp_path):
+    """Under ZeRO-3 each rank holds about half of the RM's parameters, and the rewards every rank gets for its own
+    completions (uneven shares) equal the plain model's scores one at a time."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from trl_rm_env.scoring.templating import encode_conversation
+
+    records = [json.loads(line) for line in (SAMPLE / "in_domain.jsonl").read_text().splitlines()[:4]]
+    items = [(r["context"], c["completion"]) for r in records for c in r["completions"]][:11]  # 6 and 5 per rank
+    (tmp_path / "items.json").write_text(json.dumps(items))
+    launch(
+        "zero3_cpu.yaml", "tests/scripts/zero3_reward_scores.py",
+        str(tiny / "reward_model"), str(tmp_path / "items.json"), str(tmp_path / "out.json"),
+    )  # fmt: skip
+    ranks = json.loads((tmp_path / "out.json").read_text())
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny / "reward_model", dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny / "reward_model")
+    total = sum(p.numel() for p in model.parameters())
+    with torch.no_grad():
+        reference = [
+            model(input_ids=torch.tensor([encode_conversation(tokenizer, p, c)])).logits[0, 0].item() for p, c in items
+        ]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        assert r["zero3"] and r["total"] == total
+        assert r["local"] <= total / 2 + 1024, r  # a half partition (DeepSpeed pads each parameter's shard)
+        assert r["visible_after_call"] == 0, r  # nothing stays gathered after scoring
+        assert r["indices"] == list(range(r["rank"], len(items), 2))
+        assert r["rewards"] == pytest.approx([reference[i] for i in r["indices"]], abs=1e-4)
+    assert sum(r["local"] for r in ranks) >= total
+
+
+# ---------------------------------------------------------------------------------------------------- regression
+def train_regression_rm(tmp: Path, output_dir: Path, processes: int, batch: int) -> list[float]:
+    sample = {}
+    for split, n in (("train", 2 * 16 * MAX_STEPS), ("in_domain", 37)):
+        sample[split] = tmp / f"regression_{split}.jsonl"
+        if not sample[split].exists():
+            lines = (SAMPLE / f"regression_{split}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+            sample[split].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    launch(
+        "ddp_cpu.yaml", "recipes/train_regression_rm.py",
+        "--config", "recipes/configs/rm_regression_tiny.yaml",
+        "--model_name_or_path", str(tmp / "regression-model"),  # built by the first run (build_tiny_model: true)
+        "--output_dir", str(output_dir),
+        "--train_data", str(sample["train"]),
+        "--eval_data", f"in_domain={sample['in_domain']}",
+        "--max_steps", str(MAX_STEPS),
+        "--eval_strategy", "no",
+        "--per_device_train_batch_size", str(batch),
+        "--logging_steps", "1",
+        "--disable_tqdm", "true",
+        processes=processes,
+    )  # fmt: skip
+    return step_losses(output_dir)
+
+
+def test_train_regression_rm_ddp_cpu_matches_one_process(tmp_path):
+    """Regression records carry different numbers of rated values: the 2-process MSE per step is the global batch's."""
+    single = train_regression_rm(tmp_path, tmp_path / "one", processes=1, batch=32)
+    double = train_regression_rm(tmp_path, tmp_path / "two", processes=2, batch=16)
+    assert double == pytest.approx(single, rel=1e-4, abs=1e-5), list(zip(double, single))
+    assert len(set(single)) > 1
+

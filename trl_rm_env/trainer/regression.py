@@ -550,6 +550,12 @@ class RegressionRewardTrainer(RankedRewardTrainer):
             self._total_train_tokens += num_tokens // self._tp_size
             self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
             self._train_stats = stats if self._train_stats is None else self._train_stats + stats
+            present = stats[:, 0].sum().item()  # rated values in the global batch
+            if self.accelerator.num_processes > 1 and present > 0:
+                # Gradients are averaged over processes: weight each process's MSE by its share of the rated values,
+                # so a step is the MSE over the global batch (as on one process with the same global batch).
+                local = (~torch.isnan(targets)).sum().item()
+                loss = loss * (local * self.accelerator.num_processes / present)
         else:
             self._regression_eval_stats.append(stats)
         return (loss, outputs) if return_outputs else loss

@@ -261,6 +261,7 @@ class RankedRewardTrainer(RewardTrainer):
             scores, ranks, record_index, margin, self.args.center_rewards_coefficient
         )
         num_records = int(record_index.max().item()) + 1
+        loss = pairwise.loss
         if mode == "train":
             num_tokens = self.accelerator.gather_for_metrics(token_count).sum().item()
             self._total_train_tokens += num_tokens // self._tp_size
@@ -279,10 +280,15 @@ class RankedRewardTrainer(RewardTrainer):
                 self._metrics["train"]["accuracy"].append(summary["accuracy"])
                 self._metrics["train"]["margin"].append(summary["margin"])
                 self._metrics["train"]["num_pairs"].append(summary["num_pairs"])
+            if self.accelerator.num_processes > 1 and summary["num_pairs"] > 0:
+                # DDP and DeepSpeed average gradients over processes. Weighting each process's mean by its share of
+                # the pairs makes the step the mean over every pair of the global batch, as on one process with
+                # the same global batch (processes hold different numbers of pairs with ranked records).
+                loss = loss * (pairwise.better.numel() * self.accelerator.num_processes / summary["num_pairs"])
         else:
             stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
             self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
-        return (pairwise.loss, outputs) if return_outputs else pairwise.loss
+        return (loss, outputs) if return_outputs else loss
 
     # ------------------------------------------------------------------ evaluation
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):

@@ -1,0 +1,52 @@
+"""Launched by tests/test_distributed.py with a ZeRO-3 accelerate config and 2 processes.
+
+    accelerate launch --config_file accelerate_configs/zero3_cpu.yaml tests/scripts/zero3_reward_scores.py \
+        MODEL_DIR ITEMS_JSON OUT_JSON
+
+Builds `RewardModelEnvironment(MODEL_DIR)` the way recipes/grpo_rm.py does (after the training arguments, so
+`from_pretrained` runs under `zero.Init`), records how many parameter elements each rank holds, and scores a
+different, unevenly sized share of ITEMS_JSON (`[[prompt, completion], ...]`) on each rank: items i with
+`i % world_size == rank`. Rank 0 writes every rank's numbers to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+
+import torch.distributed as dist
+from accelerate import PartialState
+from transformers import TrainingArguments
+
+from trl_rm_env import RewardModelEnvironment
+
+
+def main(model_dir: str, items_path: str, out_path: str) -> None:
+    # As in the recipes: the training arguments switch on the accelerate config's ZeRO-3. transformers holds that
+    # config through a weak reference, so the arguments must stay alive while the RM is created.
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none")  # noqa: F841
+    state = PartialState()
+    env = RewardModelEnvironment(model_dir, device=state.device, batch_size=3)
+    params = list(env.model.parameters())
+    record = {
+        "rank": state.process_index,
+        "zero3": env._zero3,
+        "total": sum(getattr(p, "ds_numel", p.numel()) for p in params),
+        "local": sum(p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in params),
+    }
+    items = json.loads(open(items_path, encoding="utf-8").read())
+    mine = [i for i in range(len(items)) if i % state.num_processes == state.process_index]
+    record["indices"] = mine
+    record["rewards"] = env([items[i][0] for i in mine], [items[i][1] for i in mine])
+    # Outside the scoring call the weights are partitioned again: no full copy stays on the rank.
+    record["visible_after_call"] = sum(p.numel() for p in params)
+    gathered = [None] * state.num_processes
+    dist.all_gather_object(gathered, record)
+    if state.is_main_process:
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump(gathered, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
