@@ -18,9 +18,8 @@ import gzip
 import inspect
 import json
 import logging
-from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from datasets import Dataset, load_dataset
 
 from trl_rm_env.data.converters import CONVERTERS, TIE_RULES
 from trl_rm_env.data.real_formats import REAL_FORMAT_CONVERTERS, REAL_FORMAT_TIE_RULES
-from trl_rm_env.data.schema import DataValidationError, OnInvalid, validate_rank_record
+from trl_rm_env.data.schema import DataValidationError, OnInvalid, ValidationReport, validate_rank_record
 
 logger = logging.getLogger(__name__)
 
@@ -47,15 +46,10 @@ ALL_TIE_RULES = {**TIE_RULES, **REAL_FORMAT_TIE_RULES}
 
 
 @dataclass
-class LoadReport:
+class LoadReport(ValidationReport):
     """What `load_rank_records` kept, skipped (invalid) and dropped (ties), with the skip reasons."""
 
-    source: str
-    kept: int = 0
-    skipped: int = 0
     ties: int = 0
-    reasons: Counter = field(default_factory=Counter)
-    first_errors: list[str] = field(default_factory=list)
     tie_rule: str = "no preference"
 
     def log(self) -> None:
@@ -291,10 +285,7 @@ def load_rank_records(
         except DataValidationError as err:
             if on_invalid == "raise":
                 raise
-            report.skipped += 1
-            report.reasons[err.reason] += 1
-            if len(report.first_errors) < 3:
-                report.first_errors.append(str(err))
+            report.add_invalid(err)
     report.kept = len(records)
     report.log()
     if not records:

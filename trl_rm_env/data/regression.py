@@ -275,10 +275,7 @@ def load_regression_records(
         except DataValidationError as err:
             if on_invalid == "raise":
                 raise
-            report.skipped += 1
-            report.reasons[err.reason] += 1
-            if len(report.first_errors) < 3:
-                report.first_errors.append(str(err))
+            report.add_invalid(err)
     report.kept = len(records)
     report.log()
     if not records:

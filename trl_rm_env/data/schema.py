@@ -148,6 +148,13 @@ class ValidationReport:
     reasons: Counter = field(default_factory=Counter)
     first_errors: list[str] = field(default_factory=list)
 
+    def add_invalid(self, err: DataValidationError) -> None:
+        """Count a skipped record, its reason, and keep the first few messages for the summary."""
+        self.skipped += 1
+        self.reasons[err.reason] += 1
+        if len(self.first_errors) < 3:
+            self.first_errors.append(str(err))
+
     def log(self) -> None:
         if self.skipped:
             summary = ", ".join(f"{reason} ({n})" for reason, n in self.reasons.most_common())
@@ -182,10 +189,7 @@ def validate_records(
         except DataValidationError as err:
             if on_invalid == "raise":
                 raise
-            report.skipped += 1
-            report.reasons[err.reason] += 1
-            if len(report.first_errors) < 3:
-                report.first_errors.append(str(err))
+            report.add_invalid(err)
     report.kept = len(kept)
     report.log()
     return kept, report

@@ -507,30 +507,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 out = out or {"input_ids": [], "targets": [math.nan] * len(self.attributes)}
                 return {**out, "status": status}
 
-            tokenized = base.map(
-                tokenize,
-                remove_columns=base.column_names,
-                num_proc=args.dataset_num_proc,
-                desc=f"Tokenizing {dataset_name} dataset",
-            )
-            counts = Counter(tokenized["status"])
-            self._data_counts[dataset_name] = counts
-            if counts["dropped"] or counts["truncated"]:
-                logger.warning(
-                    "%s: %d record(s) over max_length=%s: %d dropped, %d left-truncated (truncation=%r).",
-                    dataset_name,
-                    counts["dropped"] + counts["truncated"],
-                    args.max_length,
-                    counts["dropped"],
-                    counts["truncated"],
-                    args.truncation,
-                )
-            tokenized = tokenized.filter(lambda s: s != "dropped", input_columns="status").remove_columns("status")
-            if len(tokenized) == 0:
-                raise ValueError(
-                    f"Every record of dataset {dataset_name!r} is longer than max_length={args.max_length}; raise "
-                    "max_length or use truncation='left'."
-                )
+            tokenized = self._tokenize_dataset(base, tokenize, args, dataset_name)
         return tokenized
 
     def _set_signature_columns_if_needed(self):

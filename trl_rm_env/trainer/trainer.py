@@ -194,31 +194,38 @@ class RankedRewardTrainer(RewardTrainer):
                 out["status"] = status
                 return out
 
-            tokenized = base.map(
-                tokenize,
-                remove_columns=base.column_names,
-                num_proc=args.dataset_num_proc,
-                desc=f"Tokenizing {dataset_name} dataset",
+            tokenized = self._tokenize_dataset(base, tokenize, args, dataset_name)
+            if not has_margin:
+                tokenized = tokenized.remove_columns(["margin"])
+        return tokenized
+
+    def _tokenize_dataset(self, base: Dataset, tokenize, args: RankedRewardConfig, dataset_name: str) -> Dataset:
+        """Map `tokenize` (which adds a `status`: kept, truncated or dropped) over `base`; count and report the
+        over-long records, drop the dropped ones, and remove `status`."""
+        tokenized = base.map(
+            tokenize,
+            remove_columns=base.column_names,
+            num_proc=args.dataset_num_proc,
+            desc=f"Tokenizing {dataset_name} dataset",
+        )
+        counts = Counter(tokenized["status"])
+        self._data_counts[dataset_name] = counts
+        if counts["dropped"] or counts["truncated"]:
+            logger.warning(
+                "%s: %d record(s) over max_length=%s: %d dropped, %d left-truncated (truncation=%r).",
+                dataset_name,
+                counts["dropped"] + counts["truncated"],
+                args.max_length,
+                counts["dropped"],
+                counts["truncated"],
+                args.truncation,
             )
-            counts = Counter(tokenized["status"])
-            self._data_counts[dataset_name] = counts
-            if counts["dropped"] or counts["truncated"]:
-                logger.warning(
-                    "%s: %d record(s) over max_length=%s: %d dropped, %d left-truncated (truncation=%r).",
-                    dataset_name,
-                    counts["dropped"] + counts["truncated"],
-                    args.max_length,
-                    counts["dropped"],
-                    counts["truncated"],
-                    args.truncation,
-                )
-            tokenized = tokenized.filter(lambda s: s != "dropped", input_columns="status")
-            tokenized = tokenized.remove_columns(["status"] + ([] if has_margin else ["margin"]))
-            if len(tokenized) == 0:
-                raise ValueError(
-                    f"Every record of dataset {dataset_name!r} is longer than max_length={args.max_length}; raise "
-                    "max_length or use truncation='left'."
-                )
+        tokenized = tokenized.filter(lambda s: s != "dropped", input_columns="status").remove_columns("status")
+        if len(tokenized) == 0:
+            raise ValueError(
+                f"Every record of dataset {dataset_name!r} is longer than max_length={args.max_length}; raise "
+                "max_length or use truncation='left'."
+            )
         return tokenized
 
     def _prepare_iterable(self, dataset, processing_class, args, dataset_name, columns):
