@@ -15,12 +15,15 @@ import os
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 from trl_rm_env import RewardModelEnvironment
+from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
 from trl_rm_env.grpo_args import RewardModelArguments
 from trl_rm_env.trainer.saving import check_distributed_setup
 
 
 def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
     from accelerate import PartialState
+
+    enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
 
     # --- models ----------------------------------------------------------------------------------------------
     policy_path = model_args.model_name_or_path
@@ -56,6 +59,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     )
     trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the full log history (rewards/<name>/mean per step)
     trainer.accelerator.print(f"Policy saved to {training_args.output_dir}")

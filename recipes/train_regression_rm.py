@@ -18,6 +18,7 @@ import os
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_rm_env.data.regression import RegressionDataArguments, dataset_attributes, mean_baseline_rmse
+from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
 from trl_rm_env.trainer.regression import (
     RegressionRewardConfig,
     RegressionRewardTrainer,
@@ -37,6 +38,8 @@ def build_tiny_regression_model(path: str, num_labels: int) -> None:
 
 def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
     from accelerate import PartialState
+
+    enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
 
     # --- data ------------------------------------------------------------------------------------------------
     train_dataset, eval_datasets = data_args.load(training_args.attributes, on_invalid=training_args.on_invalid)
@@ -68,6 +71,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
     )
     trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
 
     # --- evaluate and save -----------------------------------------------------------------------------------
     metrics = trainer.evaluate() if eval_datasets else {}

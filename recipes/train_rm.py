@@ -17,12 +17,15 @@ import os
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from trl_rm_env.data.arguments import RankedDataArguments
+from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
 from trl_rm_env.trainer import RankedRewardConfig, RankedRewardTrainer
 from trl_rm_env.trainer.saving import check_distributed_setup, format_metrics_table, save_reward_model
 
 
 def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, model_args: ModelConfig) -> dict:
     from accelerate import PartialState
+
+    enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
 
     # --- model -----------------------------------------------------------------------------------------------
     model_path = model_args.model_name_or_path
@@ -55,6 +58,7 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
     )
     trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
 
     # --- evaluate and save -----------------------------------------------------------------------------------
     metrics = trainer.evaluate() if eval_datasets else {}

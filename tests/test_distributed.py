@@ -3,17 +3,17 @@
 Each test starts `python -m accelerate.commands.launch --config_file accelerate_configs/<x>_cpu.yaml recipes/...`
 in a subprocess (2 CPU processes, gloo) and checks what a user gets:
 
-- train_rm under DDP, ZeRO-2, ZeRO-3 (and FSDP2, an expected failure: accelerate runs FSDP on GPUs only) saves a
-  plain Hugging Face checkpoint: `AutoModelForSequenceClassification.from_pretrained` loads every weight at full
+- train_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 (on CPU thanks to `enable_fsdp_on_cpu`) saves a plain Hugging Face checkpoint: `AutoModelForSequenceClassification.from_pretrained` loads every weight at full
   size, trained (not the initial weights), with `reward_mean`/`reward_std` in its config;
 - the saved per-set metrics (`eval_<name>_accuracy`, `_num_pairs`, `_loss`, reward moments) equal the same numbers
   computed by scoring each validation completion one at a time with the reloaded model. The validation sets are
   sized so that 2 processes x `per_device_eval_batch_size` divides neither (the last batches are padded with
   repeated records): a record counted twice or lost shows up as a wrong `num_pairs` or accuracy;
 - every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs);
-- under ZeRO-3 the environment's RM is sharded (half the parameters per process) and scores exactly;
-- grpo_rm under DDP and ZeRO-3 trains with the reward model as its reward function. Under ZeRO-3 the RM that
-  `RewardModelEnvironment` loads is sharded by `zero.Init`; its first-step rewards must equal the DDP run's.
+- under ZeRO-3 and FSDP2 the environment's RM is sharded (half the parameters per process) and scores exactly;
+- grpo_rm under DDP, ZeRO-3 and FSDP2 trains with the reward model as its reward function. The RM that
+  `RewardModelEnvironment` loads is sharded (ZeRO-3: by `zero.Init`; FSDP2: by `fully_shard`); its first-step
+  rewards must equal the DDP run's.
 
 Runs are short (10 training steps, 3 GRPO steps, small data); timings on 2 CPU cores are in docs/distributed.md.
 """
@@ -59,10 +59,6 @@ needs_deepspeed = pytest.mark.skipif(
     not _has_deepspeed() or shutil.which(os.environ.get("CXX", "c++")) is None,
     reason="needs deepspeed and a C++ compiler (DeepSpeed JIT-builds its CPU comm op)",
 )
-
-
-class ShardingNotActive(AssertionError):
-    """The run finished, but the sharding backend the accelerate config asked for was not in use."""
 
 
 # ---------------------------------------------------------------------------------------------------- launching
@@ -116,6 +112,13 @@ def launch(config: str, script: str, *args: str, timeout: int = TIMEOUT, process
         pytest.fail(f"{config} {script} ran over {timeout}s:\n{output[-6000:]}")
     assert proc.returncode == 0, f"{config} {script} exited with {proc.returncode}:\n{output[-6000:]}"
     return output
+
+
+def held_share(output: str) -> float:
+    """The share of the trained model's parameters held by process 0, from the recipe's log line."""
+    lines = [line for line in output.splitlines() if line.startswith("Model parameters held by this process: ")]
+    assert lines, "the recipe printed no 'Model parameters held' line"
+    return float(lines[0].split(": ")[1].split("%")[0]) / 100
 
 
 def distributed_line(output: str) -> str:
@@ -276,6 +279,7 @@ def check_saved_reward_model(output_dir: Path, tiny: Path, data: dict[str, Path]
 def test_train_rm_ddp_cpu(tiny, data, tmp_path, single_process_losses):
     output = train_rm("ddp_cpu.yaml", tiny, data, tmp_path / "rm")
     assert distributed_line(output).startswith("Distributed: MULTI_CPU x2")
+    assert held_share(output) == 1.0  # DDP: a full replica on every process
     # The recipe prints one row per validation set, and saves the metrics and the log history.
     rows = [line.split()[0] for line in output.splitlines() if line.startswith(("set ", "in_domain ", "harder "))]
     assert rows == ["set", "in_domain", "harder"], rows
@@ -292,24 +296,21 @@ def test_train_rm_ddp_cpu(tiny, data, tmp_path, single_process_losses):
 def test_train_rm_deepspeed_cpu(config, tiny, data, tmp_path, single_process_losses):
     output = train_rm(config, tiny, data, tmp_path / "rm")
     assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
+    # ZeRO-2 shards optimizer states and gradients only; ZeRO-3 also the parameters.
+    assert held_share(output) == 1.0 if config == "zero2_cpu.yaml" else held_share(output) < 0.55
     assert not list((tmp_path / "rm").glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
     check_saved_reward_model(tmp_path / "rm", tiny, data)
     check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ShardingNotActive,
-    reason="accelerate (<= 1.15) enables FSDP only for GPU-like process groups (AcceleratorState.__init__ in "
-    "accelerate/state.py checks MULTI_GPU/XPU/NPU/..., never MULTI_CPU): on CPU fsdp2_cpu.yaml trains as plain "
-    "DDP. torch's FSDP2 works on CPU/gloo (with that check extended to MULTI_CPU this run shards and passes).",
-)
-def test_train_rm_fsdp2_cpu(tiny, data, tmp_path):
+def test_train_rm_fsdp2_cpu(tiny, data, tmp_path, single_process_losses):
+    """accelerate alone would run fsdp2_cpu.yaml as DDP on CPU; the recipe's `enable_fsdp_on_cpu` makes it FSDP2:
+    the trained model is saved as a full state dict that loads in one process and scores exactly."""
     output = train_rm("fsdp2_cpu.yaml", tiny, data, tmp_path / "rm")
-    check_saved_reward_model(tmp_path / "rm", tiny, data)  # the run itself is correct (DDP)...
-    line = distributed_line(output)
-    if not line.startswith("Distributed: FSDP x2"):  # ...but nothing was sharded
-        raise ShardingNotActive(line)
+    assert distributed_line(output).startswith("Distributed: FSDP x2")
+    assert held_share(output) < 0.55  # FSDP2 shards: half of every parameter (rounded up) per process
+    check_saved_reward_model(tmp_path / "rm", tiny, data)
+    check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
 
 
 # ---------------------------------------------------------------------------------------------------- grpo_rm
@@ -357,16 +358,30 @@ def test_grpo_rm_zero3_cpu(tiny, tmp_path, grpo_ddp):
     prepares only reward *models*, so the environment must gather its weights itself to score."""
     output, steps = grpo_rm("zero3_cpu.yaml", tiny, tmp_path / "grpo")
     assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
+    assert held_share(output) < 0.55  # the policy is partitioned too
     # Same seed, same initial policy, same prompts: the first generation batch and its rewards are the DDP run's.
     _, ddp_steps = grpo_ddp
     assert steps[0]["rewards/tiny_rm/mean"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/mean"], abs=1e-4)
     assert steps[0]["rewards/tiny_rm/std"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/std"], abs=1e-4)
 
 
-@needs_deepspeed
-def test_zero3_reward_model_is_sharded_and_scores_exactly(tiny, tmp_path):
-    """Under ZeRO-3 each rank holds about half of the RM's parameters, and the rewards every rank gets for its own
-    completions (uneven shares) equal the plain model's scores one at a time."""
+def test_grpo_rm_fsdp2_cpu(tiny, tmp_path, grpo_ddp):
+    """The policy is FSDP2-sharded by accelerate, the RM by the environment (`fully_shard`): same first rewards."""
+    output, steps = grpo_rm("fsdp2_cpu.yaml", tiny, tmp_path / "grpo")
+    assert distributed_line(output).startswith("Distributed: FSDP x2")
+    assert held_share(output) < 0.55  # the policy is sharded too
+    _, ddp_steps = grpo_ddp
+    assert steps[0]["rewards/tiny_rm/mean"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/mean"], abs=1e-4)
+    assert steps[0]["rewards/tiny_rm/std"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/std"], abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    "config, sharding",
+    [pytest.param("zero3_cpu.yaml", "zero3", marks=needs_deepspeed), ("fsdp2_cpu.yaml", "fsdp2")],
+)
+def test_reward_model_is_sharded_and_scores_exactly(config, sharding, tiny, tmp_path):
+    """Under ZeRO-3 and FSDP2 each rank holds about half of the RM's parameters, before and after scoring, and the
+    rewards every rank gets for its own completions (uneven shares) equal the plain model's scores one at a time."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from trl_rm_env.scoring.templating import encode_conversation
@@ -375,7 +390,7 @@ def test_zero3_reward_model_is_sharded_and_scores_exactly(tiny, tmp_path):
     items = [(r["context"], c["completion"]) for r in records for c in r["completions"]][:11]  # 6 and 5 per rank
     (tmp_path / "items.json").write_text(json.dumps(items))
     launch(
-        "zero3_cpu.yaml", "tests/scripts/zero3_reward_scores.py",
+        config, "tests/scripts/sharded_reward_scores.py",
         str(tiny / "reward_model"), str(tmp_path / "items.json"), str(tmp_path / "out.json"),
     )  # fmt: skip
     ranks = json.loads((tmp_path / "out.json").read_text())
@@ -389,9 +404,10 @@ def test_zero3_reward_model_is_sharded_and_scores_exactly(tiny, tmp_path):
         ]
     assert [r["rank"] for r in ranks] == [0, 1]
     for r in ranks:
-        assert r["zero3"] and r["total"] == total
-        assert r["local"] <= total / 2 + 1024, r  # a half partition (DeepSpeed pads each parameter's shard)
-        assert r["visible_after_call"] == 0, r  # nothing stays gathered after scoring
+        assert r["sharding"] == sharding and r["total"] == total
+        assert r["local"] <= total / 2 + 1024, r  # a half partition (shards are padded or rounded per parameter)
+        assert r["local_after_call"] == r["local"], r  # nothing stays gathered after scoring
+        assert r["zero3_gathered_after_call"] == 0, r  # (ZeRO-3 frees the gathered copies: numel() is 0 again)
         assert r["indices"] == list(range(r["rank"], len(items), 2))
         assert r["rewards"] == pytest.approx([reference[i] for i in r["indices"]], abs=1e-4)
     assert sum(r["local"] for r in ranks) >= total

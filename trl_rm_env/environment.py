@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .distributed import FullWeights, fsdp_requested, fsdp_version, shard_reward_model
 from .scoring.scorer import RewardScorer, _strip_completion, as_pairs
 
 logger = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ _OUR_KEYS = {
     "show_progress",
     "prefix_sharing",
     "attribute_weights",
+    "fsdp_shard",
 }
 
 
@@ -89,6 +91,28 @@ def _is_zero3_partitioned(model: torch.nn.Module) -> bool:
     """True when DeepSpeed ZeRO-3 sharded the weights: `from_pretrained` runs under `zero.Init` whenever a ZeRO-3
     Accelerate config is active (after `TrainingArguments` is built), leaving each rank only its shard."""
     return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None) -> str:
+    """Shard the RM with FSDP2 when asked (or, for None, when the Accelerate config is FSDP v2 with several
+    processes); return how the weights are held: `zero3`, `fsdp2` or `none`."""
+    if _is_zero3_partitioned(model):
+        if fsdp_shard:
+            raise ValueError("fsdp_shard=True, but DeepSpeed ZeRO-3 already partitioned the reward model.")
+        return "zero3"
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if fsdp_shard is None:
+        fsdp_shard = fsdp_requested() and fsdp_version() == 2 and world_size > 1
+        if fsdp_requested() and fsdp_version() != 2 and world_size > 1:
+            logger.info("FSDP version 1 config: the reward model is replicated on every rank (FSDP2 shards it).")
+    if not fsdp_shard:
+        return "none"
+    if world_size == 1:
+        raise ValueError("fsdp_shard=True needs an initialized process group with more than one process.")
+    shard_reward_model(model)
+    return "fsdp2"
 
 
 # NeMo RL's `tokenizer.chat_template: null`: the contents of the messages, concatenated, no role markers.
@@ -144,6 +168,10 @@ class RewardModelEnvironment:
         prefix_sharing: Score the completions of a GRPO group in one row each: the shared prompt's tokens once,
             every completion after it under a block mask (same scores as scoring each alone; the prompt goes through
             the RM once instead of G times). Needs eager or SDPA attention; falls back with a warning otherwise.
+        fsdp_shard: Shard the RM across the processes with FSDP2 `fully_shard` (each rank keeps 1/world_size of
+            the weights between reward calls and gathers them for one call at a time). None (default): when the
+            Accelerate config is FSDP version 2 and several processes run. Under DeepSpeed ZeRO-3 the RM is
+            partitioned by `zero.Init` instead. `self.sharding` says which applies: `none`, `zero3` or `fsdp2`.
         remote_url: Score on reward-model servers instead (`trl-rm-env serve`, or vLLM `--runner pooling`): one
             URL or a list. `RewardModelEnvironment(remote_url=...)` then builds a `RemoteRewardModelEnvironment`
             (async `__call__`, retries, the same metrics); `model` is the model name sent to the server.
@@ -178,6 +206,7 @@ class RewardModelEnvironment:
         prefix_sharing: bool = False,
         remote_url: str | Sequence[str] | None = None,
         attribute_weights: Mapping[str, float] | Sequence[float] | None = None,
+        fsdp_shard: bool | None = None,
     ):
         if remote_url is not None:
             raise TypeError(f"{type(self).__name__} scores locally; use RemoteRewardModelEnvironment for remote_url.")
@@ -211,7 +240,7 @@ class RewardModelEnvironment:
         self.attributes, self.attribute_weights = resolved if resolved is not None else ([], None)
         self.model = model
         self.tokenizer = tokenizer
-        self._zero3 = _is_zero3_partitioned(model)
+        self.sharding = _shard_if_requested(model, fsdp_shard)
         self.__name__ = name
         self.name = name
         self.empty_completion_reward = empty_completion_reward
@@ -309,14 +338,16 @@ class RewardModelEnvironment:
 
     # ------------------------------------------------------------------ scoring
     def _full_weights(self):
-        """Under ZeRO-3 the RM's weights are sharded across ranks and nothing else gathers them (TRL prepares reward
-        *models* with DeepSpeed, not reward callables): gather them, read-only, for one scoring call. This is a
+        """Under ZeRO-3 or FSDP2 the RM's weights are sharded across ranks and nothing else gathers them (TRL
+        prepares reward *models*, not reward callables): gather them, read-only, for one scoring call. This is a
         collective: every rank must enter it the same number of times, as GRPO's reward calls do."""
-        if not self._zero3:
-            return contextlib.nullcontext()
-        import deepspeed
+        if self.sharding == "zero3":
+            import deepspeed
 
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
+            return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
+        if self.sharding == "fsdp2":
+            return FullWeights(self.model)
+        return contextlib.nullcontext()
 
     def score(self, conversations: Sequence[Any]) -> torch.Tensor:
         """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs.

@@ -74,6 +74,9 @@ def check_distributed_setup(accelerator) -> str:
                 "The Accelerate config asks for %s but this run uses %s: nothing is sharded.%s",
                 backend,
                 state.distributed_type.value,
-                " Accelerate runs FSDP on GPUs only." if backend == "FSDP" and state.device.type == "cpu" else "",
+                " On CPU accelerate runs FSDP only after `trl_rm_env.distributed.enable_fsdp_on_cpu()` (the recipes "
+                "call it first thing)."
+                if backend == "FSDP" and state.device.type == "cpu"
+                else "",
             )
     return f"Distributed: {state.distributed_type.value} x{state.num_processes} on {state.device}"

@@ -1,0 +1,162 @@
+"""FSDP2 for reward models: sharding a scoring-only RM with `fully_shard`, and FSDP on CPU process groups.
+
+Two pieces, both used by the recipes and usable from any TRL script:
+
+- `enable_fsdp_on_cpu()`: accelerate (checked up to 1.15) turns an FSDP config into FSDP only for accelerator
+  process groups (`AcceleratorState.__init__` lists MULTI_GPU, MULTI_XPU, MULTI_NPU, ... but never MULTI_CPU), so
+  `accelerate launch --config_file accelerate_configs/fsdp2_cpu.yaml` silently trains as plain DDP on CPU. torch's
+  FSDP2 itself works on CPU with gloo. This extends accelerate's check to MULTI_CPU, and only that.
+- `shard_reward_model` / `FullWeights`: the RM of `RewardModelEnvironment` under FSDP2 is sharded with
+  `fully_shard` (each transformer block, then the root), like the policy, and unsharded for one scoring call at a
+  time. TRL's GRPOTrainer only moves a reward *callable*'s model to the device: without this every rank would hold
+  a full replica.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_PATCHED = "_trl_rm_env_fsdp_on_cpu"
+
+
+def fsdp_requested() -> bool:
+    """True when the process was started by `accelerate launch` with an FSDP config (`ACCELERATE_USE_FSDP`)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def fsdp_version() -> int:
+    """The FSDP version the accelerate config asks for (`FSDP_VERSION`, accelerate's default 1)."""
+    return int(os.environ.get("FSDP_VERSION", "1"))
+
+
+def _has_accelerator() -> bool:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None and hasattr(accelerator, "is_available"):
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
+
+
+def enable_fsdp_on_cpu() -> bool:
+    """Let an FSDP accelerate config shard on a CPU-only (gloo) process group instead of falling back to DDP.
+
+    Call it before the first `Accelerator` is built (the recipes do it first thing). It does nothing, and returns
+    False, unless the process was launched with an FSDP config (`ACCELERATE_USE_FSDP=true`) on a machine without
+    any accelerator; otherwise it wraps `accelerate.state.AcceleratorState.__init__` so that a MULTI_CPU state
+    given an FSDP plugin becomes FSDP, exactly as accelerate does for MULTI_GPU. Everything else in accelerate's
+    FSDP path (`fully_shard`, FULL_STATE_DICT saving) is unchanged and runs on CPU tensors. Idempotent.
+    """
+    if not fsdp_requested() or _has_accelerator():
+        return False
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original = AcceleratorState.__init__
+    if getattr(original, _PATCHED, False):
+        return True
+
+    @functools.wraps(original)
+    def __init__(self, *args, fsdp_plugin=None, **kwargs):
+        original(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            if self._mixed_precision != "no":
+                fsdp_plugin.set_mixed_precision(self._mixed_precision)
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    setattr(__init__, _PATCHED, True)
+    AcceleratorState.__init__ = __init__
+    logger.info("FSDP enabled on CPU process groups (accelerate falls back to DDP there otherwise).")
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------- RM sharding
+def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+def is_fsdp2_sharded(model: torch.nn.Module) -> bool:
+    """True when `fully_shard` was applied to the model (its parameters are DTensor shards)."""
+    return bool(_fsdp_modules(model))
+
+
+def shard_reward_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
+    """Shard a scoring-only model across the default process group with FSDP2 `fully_shard`, in place.
+
+    Every block named in the model's `_no_split_modules` (its decoder layers) gets its own shard group, then the
+    root takes the rest (embeddings, final norm, score head), as accelerate's `TRANSFORMER_BASED_WRAP` does for the
+    policy. Parameters keep their dtype (no mixed-precision policy: the RM runs in the precision it was loaded in).
+    After this each rank holds 1/world_size of every parameter; `FullWeights(model)` unshards them for scoring.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    if is_fsdp2_sharded(model):
+        return model
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        logger.warning(
+            "%s names no transformer blocks (_no_split_modules): sharding it as one unit.", type(model).__name__
+        )
+    for block in blocks:
+        fully_shard(block, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    return model
+
+
+def held_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(parameter elements this rank owns, elements of the whole model).
+
+    A DeepSpeed ZeRO-3 parameter counts its partition (DeepSpeed may also keep a gathered copy cached between
+    steps, see its `stage3_max_reuse_distance`), an FSDP2 parameter its local shard (while unsharded FSDP2
+    registers plain full tensors instead, counted in full), any other parameter in full.
+    """
+    held = total = 0
+    for param in model.parameters():
+        if hasattr(param, "ds_tensor"):
+            held += param.ds_tensor.numel()
+            total += param.ds_numel
+        elif hasattr(param, "to_local"):
+            held += param.to_local().numel()
+            total += param.numel()
+        else:
+            held += param.numel()
+            total += param.numel()
+    return held, total
+
+
+def describe_sharding(model: torch.nn.Module) -> str:
+    """One log line: the share of the model's parameters this process owns, e.g. for 2 FSDP2 processes
+    `"Model parameters held by this process: 50.0% of 384,128"`."""
+    held, total = held_parameters(model)
+    return f"Model parameters held by this process: {held / max(total, 1):.1%} of {total:,}"
+
+
+class FullWeights:
+    """Context manager: the full weights of an FSDP2-sharded model for the duration of one scoring call.
+
+    On entry every shard group is all-gathered (a collective: every rank enters the same number of times, as the
+    GRPO reward calls do, whatever the number of forward passes each rank then runs on its own completions); on
+    exit the full copies are freed and each rank keeps its shard. Forward passes inside run without communication,
+    so ranks may score different amounts of data.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.modules = _fsdp_modules(model)
+
+    def __enter__(self) -> None:
+        handles = [module.unshard(async_op=True) for module in self.modules]
+        for handle in handles:
+            handle.wait()
+
+    def __exit__(self, *exc) -> None:
+        for module in self.modules:
+            module.reshard()
