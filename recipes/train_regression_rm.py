@@ -74,7 +74,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
     trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
 
     # --- evaluate and save -----------------------------------------------------------------------------------
-    metrics = trainer.evaluate() if eval_datasets else {}
+    metrics = trainer.final_evaluation() if eval_datasets else {}  # reuses train()'s evaluation at this step
     save_reward_model(trainer, training_args.output_dir)
     if eval_datasets:
         trainer.save_metrics("eval", metrics)  # eval_results.json, per-set, per-attribute names

@@ -384,3 +384,28 @@ def test_resume_from_checkpoint_reaches_the_same_metrics(tmp_path, tiny_tokenize
         assert got[key] == pytest.approx(expected[key], abs=1e-4), key
     losses = lambda t: [h["loss"] for h in t.state.log_history if "loss" in h and h["step"] > 10]  # noqa: E731
     assert losses(resumed) == pytest.approx(losses(full), abs=1e-4)
+
+
+def test_final_evaluation_reuses_the_evaluation_at_the_current_step(tmp_path, tiny_tokenizer, train_small, in_domain):
+    """With eval_strategy "no", `train()` evaluates once at the end (for the reward statistics); the recipes' final
+    metrics come from that evaluation, not a second pass over every validation set."""
+    sets = {"in_domain": in_domain.select(range(12)), "other": in_domain.select(range(12, 20))}
+    trainer = make_trainer(tmp_path, tiny_tokenizer, train=train_small, eval_dataset=sets, max_steps=2,
+                           eval_strategy="no")
+    passes = []
+    original = trainer.evaluation_loop
+    trainer.evaluation_loop = lambda *a, **k: passes.append(k.get("metric_key_prefix")) or original(*a, **k)
+    trainer.train()
+    assert passes == ["eval_in_domain", "eval_other"]  # the end-of-training evaluation, one pass per set
+    final = trainer.final_evaluation()
+    assert passes == ["eval_in_domain", "eval_other"]  # reused
+    again = trainer.evaluate()  # the same numbers as evaluating again...
+    timing = ("runtime", "per_second", "validation_time")
+    assert {k: v for k, v in final.items() if not k.endswith(timing)} == {
+        k: v for k, v in again.items() if not k.endswith(timing)
+    }
+    assert "eval_other_accuracy" in final
+    assert len(passes) == 4
+    trainer.state.global_step += 1  # ...and a stale evaluation (another step) is not reused
+    trainer.final_evaluation()
+    assert len(passes) == 6

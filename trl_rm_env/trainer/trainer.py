@@ -115,6 +115,7 @@ class RankedRewardTrainer(RewardTrainer):
         self._data_counts: dict[str, Counter] = {}
         self._eval_stats: list[torch.Tensor] = []
         self._last_eval_summary: dict[str, tuple[int, dict[str, float]]] = {}
+        self._last_full_evaluation: tuple[int, dict[str, float]] | None = None  # (global step, metrics)
         user_collator = data_collator
         super().__init__(model, args, data_collator, *a, **kwargs)
         self._prefix_sharing = self.args.prefix_sharing and self._check_prefix_sharing()
@@ -319,17 +320,34 @@ class RankedRewardTrainer(RewardTrainer):
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         sets = eval_dataset if eval_dataset is not None else self.eval_dataset
         if not isinstance(sets, dict):
-            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-        start = time.time()
-        metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
-        key = f"{metric_key_prefix}_total_validation_time"
-        metrics[key] = round(time.time() - start, 4)
-        self.log({key: metrics[key]})
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+        else:
+            start = time.time()
+            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            key = f"{metric_key_prefix}_total_validation_time"
+            metrics[key] = round(time.time() - start, 4)
+            self.log({key: metrics[key]})
+        if eval_dataset is None and metric_key_prefix == "eval":  # every validation set, as final_evaluation needs
+            self._last_full_evaluation = (self.state.global_step, dict(metrics))
         return metrics
+
+    def final_evaluation(self) -> dict[str, float]:
+        """The metrics of every validation set for the current weights, evaluating only when needed.
+
+        Reuses the evaluation that already ran at the current step (the last one of `eval_strategy`, or the one
+        `train()` runs to store the reward statistics); otherwise evaluates now. The recipes call this after
+        training, so that the validation sets are not evaluated twice.
+        """
+        cached = self._last_full_evaluation
+        if cached is not None and cached[0] == self.state.global_step:
+            return dict(cached[1])
+        return self.evaluate()
 
     # ------------------------------------------------------------------ reward statistics
     def train(self, *args, **kwargs):
         output = super().train(*args, **kwargs)
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            self._last_full_evaluation = None  # it measured the last weights, not the reloaded best ones
         if self.args.save_reward_stats and self.eval_dataset is not None:
             # With load_best_model_at_end the weights are now the best checkpoint's, not the ones evaluated last.
             reloaded = self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None
