@@ -154,7 +154,13 @@ def data(tmp_path_factory) -> dict[str, Path]:
 
 
 def train_rm(
-    config: str, tiny: Path, data: dict[str, Path], output_dir: Path, processes: int | None = None, batch: int = 16
+    config: str,
+    tiny: Path,
+    data: dict[str, Path],
+    output_dir: Path,
+    *extra: str,
+    processes: int | None = None,
+    batch: int = 16,
 ) -> str:
     return launch(
         config, "recipes/train_rm.py",
@@ -169,8 +175,25 @@ def train_rm(
         "--per_device_train_batch_size", str(batch),
         "--logging_steps", "1",
         "--disable_tqdm", "true",
+        *extra,
         processes=processes,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rm_runs(tiny, data, tmp_path_factory):
+    """`run(config) -> (output, output_dir)`: one 2-process train_rm run per config, shared by the tests of that
+    config. Each saves resume checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`)."""
+    runs: dict[str, tuple[str, Path]] = {}
+
+    def run(config: str) -> tuple[str, Path]:
+        if config not in runs:
+            output_dir = tmp_path_factory.mktemp(f"rm-{config.removesuffix('.yaml')}")
+            output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5")
+            runs[config] = (output, output_dir)
+        return runs[config]
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -276,41 +299,69 @@ def check_saved_reward_model(output_dir: Path, tiny: Path, data: dict[str, Path]
 
 
 # ---------------------------------------------------------------------------------------------------- train_rm
-def test_train_rm_ddp_cpu(tiny, data, tmp_path, single_process_losses):
-    output = train_rm("ddp_cpu.yaml", tiny, data, tmp_path / "rm")
+def test_train_rm_ddp_cpu(rm_runs, tiny, data, single_process_losses):
+    output, output_dir = rm_runs("ddp_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: MULTI_CPU x2")
     assert held_share(output) == 1.0  # DDP: a full replica on every process
     # The recipe prints one row per validation set, and saves the metrics and the log history.
     rows = [line.split()[0] for line in output.splitlines() if line.startswith(("set ", "in_domain ", "harder "))]
     assert rows == ["set", "in_domain", "harder"], rows
-    state = json.loads((tmp_path / "rm" / "trainer_state.json").read_text())
+    state = json.loads((output_dir / "trainer_state.json").read_text())
     assert state["global_step"] == MAX_STEPS
     logged = {key for entry in state["log_history"] for key in entry}
     assert {"eval_in_domain_accuracy", "eval_harder_accuracy", "loss", "accuracy"} <= logged
-    check_saved_reward_model(tmp_path / "rm", tiny, data)
-    check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
+    check_saved_reward_model(output_dir, tiny, data)
+    check_same_losses_as_one_process(output_dir, single_process_losses)
 
 
 @needs_deepspeed
 @pytest.mark.parametrize("config", ["zero2_cpu.yaml", "zero3_cpu.yaml"])
-def test_train_rm_deepspeed_cpu(config, tiny, data, tmp_path, single_process_losses):
-    output = train_rm(config, tiny, data, tmp_path / "rm")
+def test_train_rm_deepspeed_cpu(config, rm_runs, tiny, data, single_process_losses):
+    output, output_dir = rm_runs(config)
     assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
     # ZeRO-2 shards optimizer states and gradients only; ZeRO-3 also the parameters.
     assert held_share(output) == 1.0 if config == "zero2_cpu.yaml" else held_share(output) < 0.55
-    assert not list((tmp_path / "rm").glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
-    check_saved_reward_model(tmp_path / "rm", tiny, data)
-    check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
+    assert not list(output_dir.glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
+    check_saved_reward_model(output_dir, tiny, data)
+    check_same_losses_as_one_process(output_dir, single_process_losses)
 
 
-def test_train_rm_fsdp2_cpu(tiny, data, tmp_path, single_process_losses):
+def test_train_rm_fsdp2_cpu(rm_runs, tiny, data, single_process_losses):
     """accelerate alone would run fsdp2_cpu.yaml as DDP on CPU; the recipe's `enable_fsdp_on_cpu` makes it FSDP2:
     the trained model is saved as a full state dict that loads in one process and scores exactly."""
-    output = train_rm("fsdp2_cpu.yaml", tiny, data, tmp_path / "rm")
+    output, output_dir = rm_runs("fsdp2_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: FSDP x2")
     assert held_share(output) < 0.55  # FSDP2 shards: half of every parameter (rounded up) per process
-    check_saved_reward_model(tmp_path / "rm", tiny, data)
-    check_same_losses_as_one_process(tmp_path / "rm", single_process_losses)
+    check_saved_reward_model(output_dir, tiny, data)
+    check_same_losses_as_one_process(output_dir, single_process_losses)
+
+
+@pytest.mark.parametrize(
+    "config", ["ddp_cpu.yaml", pytest.param("zero3_cpu.yaml", marks=needs_deepspeed), "fsdp2_cpu.yaml"]
+)
+def test_resume_from_checkpoint_cpu(config, rm_runs, tiny, data, tmp_path):
+    """A 2-process run "stopped" after checkpoint-5 and resumed with `--resume_from_checkpoint` (model, optimizer,
+    scheduler, RNG and data position restored in the backend's own format) logs the uninterrupted run's losses at
+    steps 6-10 and ends with its evaluation metrics and saved weights."""
+    _, full_dir = rm_runs(config)
+    checkpoint = full_dir / "checkpoint-5"
+    assert checkpoint.is_dir(), sorted(p.name for p in full_dir.iterdir())
+    resumed_dir = tmp_path / "resumed"
+    train_rm(config, tiny, data, resumed_dir, "--resume_from_checkpoint", str(checkpoint))
+    full, resumed = step_losses(full_dir), step_losses(resumed_dir)  # steps 1-5 come from the checkpoint's state
+    assert resumed[5:] == pytest.approx(full[5:], rel=1e-4, abs=1e-5), list(zip(resumed, full))
+    full_metrics = json.loads((full_dir / "eval_results.json").read_text())
+    resumed_metrics = json.loads((resumed_dir / "eval_results.json").read_text())
+    for name in EVAL_SIZES:
+        for metric in ("accuracy", "loss", "margin", "num_pairs"):
+            key = f"eval_{name}_{metric}"
+            assert resumed_metrics[key] == pytest.approx(full_metrics[key], abs=1e-4), key
+    from safetensors.torch import load_file
+
+    full_weights, resumed_weights = load_file(full_dir / "model.safetensors"), load_file(resumed_dir / "model.safetensors")
+    assert full_weights.keys() == resumed_weights.keys()
+    for name, tensor in full_weights.items():
+        torch.testing.assert_close(resumed_weights[name], tensor, atol=1e-5, rtol=1e-4, msg=name)
 
 
 # ---------------------------------------------------------------------------------------------------- grpo_rm
@@ -352,24 +403,25 @@ def test_grpo_rm_ddp_cpu(grpo_ddp):
     assert distributed_line(output).startswith("Distributed: MULTI_CPU x2")
 
 
-@needs_deepspeed
-def test_grpo_rm_zero3_cpu(tiny, tmp_path, grpo_ddp):
-    """The RM is loaded after the ZeRO-3 TrainingArguments, so `from_pretrained` shards it (`zero.Init`); TRL
-    prepares only reward *models*, so the environment must gather its weights itself to score."""
-    output, steps = grpo_rm("zero3_cpu.yaml", tiny, tmp_path / "grpo")
-    assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
-    assert held_share(output) < 0.55  # the policy is partitioned too
+@pytest.mark.parametrize(
+    "config, backend",
+    [
+        pytest.param("zero2_cpu.yaml", "DEEPSPEED", marks=needs_deepspeed),
+        pytest.param("zero3_cpu.yaml", "DEEPSPEED", marks=needs_deepspeed),
+        ("fsdp2_cpu.yaml", "FSDP"),
+    ],
+)
+def test_grpo_rm_sharded_cpu(config, backend, tiny, tmp_path, grpo_ddp):
+    """ZeRO-2 keeps whole weights (the RM is a plain replica); under ZeRO-3 the RM is loaded after the training
+    arguments, so `from_pretrained` partitions it (`zero.Init`), and under FSDP2 the environment applies
+    `fully_shard`. TRL prepares only reward *models*, so the environment gathers the RM's weights itself to score."""
+    output, steps = grpo_rm(config, tiny, tmp_path / "grpo")
+    assert distributed_line(output).startswith(f"Distributed: {backend} x2")
+    if config == "zero2_cpu.yaml":
+        assert held_share(output) == 1.0
+    else:
+        assert held_share(output) < 0.55  # the policy is sharded too
     # Same seed, same initial policy, same prompts: the first generation batch and its rewards are the DDP run's.
-    _, ddp_steps = grpo_ddp
-    assert steps[0]["rewards/tiny_rm/mean"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/mean"], abs=1e-4)
-    assert steps[0]["rewards/tiny_rm/std"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/std"], abs=1e-4)
-
-
-def test_grpo_rm_fsdp2_cpu(tiny, tmp_path, grpo_ddp):
-    """The policy is FSDP2-sharded by accelerate, the RM by the environment (`fully_shard`): same first rewards."""
-    output, steps = grpo_rm("fsdp2_cpu.yaml", tiny, tmp_path / "grpo")
-    assert distributed_line(output).startswith("Distributed: FSDP x2")
-    assert held_share(output) < 0.55  # the policy is sharded too
     _, ddp_steps = grpo_ddp
     assert steps[0]["rewards/tiny_rm/mean"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/mean"], abs=1e-4)
     assert steps[0]["rewards/tiny_rm/std"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/std"], abs=1e-4)

@@ -100,6 +100,7 @@ def shard_reward_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
 
     if is_fsdp2_sharded(model):
         return model
+    _collect_garbage_at_exit()
     names = set(getattr(model, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
@@ -140,6 +141,18 @@ def describe_sharding(model: torch.nn.Module) -> str:
     return f"Model parameters held by this process: {held / max(total, 1):.1%} of {total:,}"
 
 
+@functools.cache
+def _collect_garbage_at_exit() -> None:
+    """Free unreachable FSDP2 state while the interpreter is still whole. A sharded model that is garbage at exit
+    (a trainer dropped at the end of `main`) lives in reference cycles that Python otherwise frees only during
+    interpreter finalization, where releasing the gloo objects it holds sometimes aborts the process ("terminate
+    called without an active exception") after all the work is done."""
+    import atexit
+    import gc
+
+    atexit.register(gc.collect)
+
+
 class FullWeights:
     """Context manager: the full weights of an FSDP2-sharded model for the duration of one scoring call.
 
@@ -153,9 +166,8 @@ class FullWeights:
         self.modules = _fsdp_modules(model)
 
     def __enter__(self) -> None:
-        handles = [module.unshard(async_op=True) for module in self.modules]
-        for handle in handles:
-            handle.wait()
+        for module in self.modules:
+            module.unshard()
 
     def __exit__(self, *exc) -> None:
         for module in self.modules:

@@ -44,6 +44,9 @@ def main(model_dir: str, items_path: str, out_path: str) -> None:
     if state.is_main_process:
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump(gathered, f)
+    # As `trainer.end()` in the recipes: without it gloo's threads (FSDP2's device mesh adds a group) can abort
+    # the interpreter at exit ("terminate called without an active exception").
+    state.destroy_process_group()
 
 
 if __name__ == "__main__":
