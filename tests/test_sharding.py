@@ -9,6 +9,7 @@ scores within 1e-4. The accelerate-launched runs of the recipes under fsdp2_cpu.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -43,9 +44,20 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, out_dir: str,
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
+        # A ZeRO-3 launch whose RM was loaded before the training arguments: replicated, and the user is told.
+        warnings = []
+        handler = logging.Handler()
+        handler.emit = lambda record: warnings.append(record.getMessage())
+        logging.getLogger("trl_rm_env.environment").addHandler(handler)
+        os.environ.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE="3")
+        replicated = RewardModelEnvironment(model_dir, device="cpu").sharding
+        del os.environ["ACCELERATE_USE_DEEPSPEED"], os.environ["ACCELERATE_DEEPSPEED_ZERO_STAGE"]
+        logging.getLogger("trl_rm_env.environment").removeHandler(handler)
+
         env = RewardModelEnvironment(model_dir, device="cpu", batch_size=2, fsdp_shard=True, prefix_sharing=prefix_sharing)
         local, total = held_parameters(env.model)
         record = {"sharding": env.sharding, "local": local, "total": total, "rewards": []}
+        record["zero3_unpartitioned"] = [replicated, any("not partitioned" in m for m in warnings)]
         for call in CALLS:
             mine = call[rank]
             record["rewards"].append(env([ITEMS[i][0] for i in mine], [ITEMS[i][1] for i in mine]))
@@ -88,6 +100,7 @@ def test_fsdp2_environment_is_sharded_and_scores_exactly(tiny_dir, tmp_path, pre
     for rank in (0, 1):
         record = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert record["sharding"] == "fsdp2" and record["total"] == total
+        assert record["zero3_unpartitioned"] == ["none", True]  # replicated under ZeRO-3, with a warning
         assert record["local"] <= total / 2 + 1024, record["local"]  # each rank holds half of every parameter
         assert record["local_after_calls"] == [record["local"]] * len(CALLS)  # resharded after every call
         for call, rewards in zip(CALLS, record["rewards"]):

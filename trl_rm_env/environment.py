@@ -103,6 +103,16 @@ def _shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None) -> str:
     import torch.distributed as dist
 
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    zero3_requested = (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
+    if zero3_requested and world_size > 1 and not fsdp_shard:
+        logger.warning(
+            "The Accelerate config is DeepSpeed ZeRO-3 but the reward model is not partitioned: it was loaded before "
+            "the training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig "
+            "first, then RewardModelEnvironment (as recipes/grpo_rm.py does), to partition it."
+        )
     if fsdp_shard is None:
         fsdp_shard = fsdp_requested() and fsdp_version() == 2 and world_size > 1
         if fsdp_requested() and fsdp_version() != 2 and world_size > 1:
