@@ -463,6 +463,51 @@ def test_environment_refuses_unknown_attribute_weights(regression_rm_dir, tiny_r
         RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu", attribute_weights=[1.0])
 
 
+def test_attribute_weights_from_the_command_line():
+    from trl_rm_env.grpo_args import RewardModelArguments
+    from trl_rm_env.trainer.regression import parse_attribute_weights
+
+    assert parse_attribute_weights(["helpfulness=1", " verbosity = -0.25"]) == {"helpfulness": 1.0, "verbosity": -0.25}
+    for bad in (["helpfulness"], ["=1"], ["helpfulness=high"]):
+        with pytest.raises(ValueError, match="--w entry .* must be name=<number>"):
+            parse_attribute_weights(bad, "--w")
+    with pytest.raises(ValueError, match="names 'verbosity' twice"):
+        parse_attribute_weights(["verbosity=1", "verbosity=2"])
+    args = RewardModelArguments(reward_model="rm", reward_attribute_weights=["verbosity=2"])
+    assert args.environment_kwargs()["attribute_weights"] == {"verbosity": 2.0}
+    assert RewardModelArguments(reward_model="rm").environment_kwargs()["attribute_weights"] is None
+    remote = RewardModelArguments(reward_remote_url=["http://127.0.0.1:1"], reward_attribute_weights=["verbosity=2"])
+    with pytest.raises(ValueError, match="serve --attribute-weights"):
+        remote.environment_kwargs()
+
+
+@pytest.mark.slow
+def test_served_regression_rm_scores_the_weighted_sum(regression_rm_dir):
+    """`trl-rm-env serve --attribute-weights` of a regression RM answers the same rewards as the local environment
+    with those weights (not output column 0)."""
+    import asyncio
+
+    from test_server import ServerProcess
+
+    from trl_rm_env import RewardModelEnvironment
+
+    server = ServerProcess(str(regression_rm_dir), "--attribute-weights", "verbosity=2", "helpfulness=0.5")
+    try:
+        url = server.wait()
+        records = SET_A + SET_B
+        prompts, completions = [r["context"] for r in records], [r["completion"] for r in records]
+        remote = RewardModelEnvironment(remote_url=url)
+        got = asyncio.run(remote(prompts, completions))
+    finally:
+        server.stop()
+    weights = {"verbosity": 2.0, "helpfulness": 0.5}
+    local = RewardModelEnvironment(regression_rm_dir, device="cpu", attribute_weights=weights)
+    assert got == pytest.approx(local(prompts, completions), abs=1e-4)
+    outputs = one_at_a_time_outputs(local.model, local.tokenizer, records)
+    assert got == pytest.approx((outputs @ torch.tensor([0.5, 2.0])).tolist(), abs=1e-4)
+    assert any("score = 0.5 * helpfulness + 2 * verbosity" in line for line in server.lines), server.lines[-5:]
+
+
 def test_eval_command_reports_per_attribute_metrics_of_a_regression_rm(regression_rm_dir, tmp_path, capsys):
     from trl_rm_env.cli import main
 

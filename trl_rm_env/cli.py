@@ -135,9 +135,16 @@ def _nan_to_none(value: object) -> object:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig
+
     from .evaluation import load_reward_scorer
     from .serving.server import run_server
+    from .trainer.regression import parse_attribute_weights, regression_reward_weights
 
+    # A regression RM serves one score per sample, the weighted sum of its attributes, as RewardModelEnvironment.
+    weights = parse_attribute_weights(args.attribute_weights, "--attribute-weights") if args.attribute_weights else None
+    config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    resolved = regression_reward_weights(config, weights)
     scorer = load_reward_scorer(
         args.model,
         batch_size=args.batch_size,
@@ -147,7 +154,10 @@ def _serve(args: argparse.Namespace) -> int:
         device=args.device,
         trust_remote_code=args.trust_remote_code,
         show_progress=False,
+        output_weights=resolved[1] if resolved else None,
     )
+    if resolved:
+        print("Regression RM: score = " + " + ".join(f"{w:g} * {name}" for name, w in zip(*resolved)), flush=True)
     run_server(
         scorer,
         model_name=args.served_model_name or args.model,
@@ -232,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=1024, help="Requests waiting at most; more get HTTP 503.")
     p.add_argument(
         "--max-request-bytes", type=int, default=8 * 1024 * 1024, help="Largest request body; larger get HTTP 413."
+    )
+    p.add_argument(
+        "--attribute-weights",
+        nargs="+",
+        default=None,
+        metavar="NAME=WEIGHT",
+        help="Regression RM: the score is the weighted sum of its attributes (unnamed ones weigh 0). Default: the "
+        "checkpoint's own attribute_weights.",
     )
     p.set_defaults(func=_serve)
     return parser

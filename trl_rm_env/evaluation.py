@@ -144,6 +144,7 @@ def load_reward_scorer(
     device: str | None = None,
     trust_remote_code: bool = False,
     show_progress: bool | None = None,
+    output_weights: Sequence[float] | None = None,
 ) -> RewardScorer:
     """Load a `*ForSequenceClassification` checkpoint (path or Hub id) and its tokenizer into a `RewardScorer`.
 
@@ -156,6 +157,8 @@ def load_reward_scorer(
         device: "cpu", "cuda", "cuda:1", ... Default: CUDA when available, else CPU.
         trust_remote_code: Allow custom model code from the Hub.
         show_progress: Progress bar over batches (None: only for more than 8 batches).
+        output_weights: For a regression RM: the score is `outputs @ output_weights` (see
+            `regression_reward_weights`); None scores output column 0.
 
     Raises:
         ValueError: an unknown precision.
@@ -179,6 +182,7 @@ def load_reward_scorer(
         max_tokens_per_batch=max_tokens_per_batch,
         max_length=max_length,
         show_progress=show_progress,
+        output_weights=output_weights,
     )
 
 

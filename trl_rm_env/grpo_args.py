@@ -26,6 +26,8 @@ class RewardModelArguments:
         reward_remote_url: Score on reward-model servers at these URLs instead of loading the RM here;
             `reward_model` is then the model name sent to the server (`trl-rm-env serve`: the path it serves).
         reward_name: The reward function's name (TRL logs `rewards/<name>/mean`).
+        reward_attribute_weights: For a regression RM: `name=weight` entries (`helpfulness=1 verbosity=-0.2`;
+            unnamed attributes weigh 0). Default: the checkpoint's own `attribute_weights`.
         prompt_data: Prompt source: a Hub dataset id (`:split` optional), a local file, or a rank-schema source
             (`sample:train`), whose contexts become the prompts.
         prompt_column: Column holding the prompt (string or messages) for Hub/local prompt datasets.
@@ -49,13 +51,34 @@ class RewardModelArguments:
         metadata={"help": "Score on RM servers (trl-rm-env serve, or vLLM --runner pooling) at these URLs."},
     )
     reward_name: str = field(default="reward_model_env", metadata={"help": "Name of the reward function."})
+    reward_attribute_weights: list[str] | None = field(
+        default=None,
+        metadata={"help": "Regression RM: name=weight entries (default: the checkpoint's attribute_weights)."},
+    )
     prompt_data: str = field(default="sample:train", metadata={"help": "Prompt dataset source."})
     prompt_column: str = field(default="prompt", metadata={"help": "Prompt column of a prompt dataset."})
     build_tiny_model: bool = field(default=False, metadata={"help": "Build tiny offline models if paths are missing."})
 
+    def attribute_weights(self) -> dict[str, float] | None:
+        """`reward_attribute_weights` as `{name: weight}` (None when unset).
+
+        Raises:
+            ValueError: An entry is not `name=<number>`, or a name appears twice.
+        """
+        if not self.reward_attribute_weights:
+            return None
+        from .trainer.regression import parse_attribute_weights
+
+        return parse_attribute_weights(self.reward_attribute_weights, "reward_attribute_weights")
+
     def environment_kwargs(self) -> dict:
         """Keyword arguments for `RewardModelEnvironment` (besides the model)."""
         if self.reward_remote_url:
+            if self.reward_attribute_weights:
+                raise ValueError(
+                    "reward_attribute_weights applies to a reward model loaded here; a server returns one score per "
+                    "sample: give the weights to the server instead (`trl-rm-env serve --attribute-weights ...`)."
+                )
             return dict(
                 remote_url=list(self.reward_remote_url),
                 normalization=self.reward_normalization,
@@ -74,6 +97,7 @@ class RewardModelArguments:
             strip_reasoning=self.strip_reasoning,
             name=self.reward_name,
             prefix_sharing=self.reward_prefix_sharing,
+            attribute_weights=self.attribute_weights(),
         )
 
     def load_prompts(self) -> Dataset:

@@ -186,6 +186,28 @@ def format_regression_table(
     return "\n".join(lines)
 
 
+def parse_attribute_weights(entries: Sequence[str], option: str = "attribute_weights") -> dict[str, float]:
+    """`["helpfulness=1", "verbosity=-0.2"]` (command-line form) -> `{"helpfulness": 1.0, "verbosity": -0.2}`.
+
+    Raises:
+        ValueError: an entry that is not `name=<number>` or a name given twice; the message names `option`.
+    """
+    weights: dict[str, float] = {}
+    for entry in entries:
+        name, sep, value = str(entry).partition("=")
+        name = name.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = None
+        if not sep or not name or weight is None:
+            raise ValueError(f"{option} entry {entry!r} must be name=<number>, e.g. helpfulness=1.0")
+        if name in weights:
+            raise ValueError(f"{option} names {name!r} twice")
+        weights[name] = weight
+    return weights
+
+
 def regression_reward_weights(
     config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None
 ) -> tuple[list[str], list[float]] | None:
