@@ -3,15 +3,18 @@
 Each test starts `python -m accelerate.commands.launch --config_file accelerate_configs/<x>_cpu.yaml recipes/...`
 in a subprocess (2 CPU processes, gloo) and checks what a user gets:
 
-- train_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 (on CPU thanks to `enable_fsdp_on_cpu`) saves a plain Hugging Face checkpoint: `AutoModelForSequenceClassification.from_pretrained` loads every weight at full
-  size, trained (not the initial weights), with `reward_mean`/`reward_std` in its config;
+- train_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 (FSDP on CPU thanks to `enable_fsdp_on_cpu`) saves a plain Hugging
+  Face checkpoint: `AutoModelForSequenceClassification.from_pretrained` loads every weight at full size, trained
+  (not the initial weights), with `reward_mean`/`reward_std` in its config; under ZeRO-3 and FSDP2 each process
+  held about half of the trained model;
 - the saved per-set metrics (`eval_<name>_accuracy`, `_num_pairs`, `_loss`, reward moments) equal the same numbers
   computed by scoring each validation completion one at a time with the reloaded model. The validation sets are
   sized so that 2 processes x `per_device_eval_batch_size` divides neither (the last batches are padded with
   repeated records): a record counted twice or lost shows up as a wrong `num_pairs` or accuracy;
 - every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs);
+- a run resumed from its step-5 checkpoint (DDP, ZeRO-3, FSDP2) ends as the uninterrupted run does;
 - under ZeRO-3 and FSDP2 the environment's RM is sharded (half the parameters per process) and scores exactly;
-- grpo_rm under DDP, ZeRO-3 and FSDP2 trains with the reward model as its reward function. The RM that
+- grpo_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 trains with the reward model as its reward function. The RM that
   `RewardModelEnvironment` loads is sharded (ZeRO-3: by `zero.Init`; FSDP2: by `fully_shard`); its first-step
   rewards must equal the DDP run's.
 
