@@ -11,10 +11,11 @@ proved by the parity tests).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -225,16 +226,7 @@ class RewardScorer:
         batches = self.plan_batches([len(s) for s in sequences])
         self.last_batch_shapes = []
         pad_id = self.tokenizer.pad_token_id
-        if progress is None:
-            progress = self.show_progress if self.show_progress is not None else len(batches) > 8
-        iterator = batches
-        if progress:
-            from tqdm.auto import tqdm
-
-            iterator = tqdm(batches, desc="Scoring", unit="batch")
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with self._in_eval_mode(batches, progress) as iterator:
             for batch in iterator:
                 length = max(len(sequences[i]) for i in batch)
                 input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
@@ -247,8 +239,6 @@ class RewardScorer:
                     input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=False
                 ).logits
                 outputs[torch.tensor(batch)] = logits.float().cpu()
-        finally:
-            self.model.train(was_training)
         self._last_id_outputs = outputs
         if self.output_weights is not None:
             return outputs @ self.output_weights
@@ -302,16 +292,7 @@ class RewardScorer:
         dtype = next(p for p in self.model.parameters() if p.is_floating_point()).dtype
         scores = torch.empty(len(sequences), dtype=torch.float32)
         self.last_batch_shapes = []
-        if progress is None:
-            progress = self.show_progress if self.show_progress is not None else len(batches) > 8
-        iterator = batches
-        if progress:
-            from tqdm.auto import tqdm
-
-            iterator = tqdm(batches, desc="Scoring", unit="batch")
-        was_training = self.model.training
-        self.model.eval()
-        try:
+        with self._in_eval_mode(batches, progress) as iterator:
             for batch in iterator:
                 inputs = collate([rows[r] for r in batch])
                 self.last_batch_shapes.append(tuple(inputs["input_ids"].shape))
@@ -319,9 +300,25 @@ class RewardScorer:
                 values, _ = shared_prefix_scores(self.model, inputs, dtype, self.label_index)
                 items = [i for r in batch for i in chunks[r]]
                 scores[torch.tensor(items)] = values.float().cpu()
+        return scores
+
+    @contextlib.contextmanager
+    def _in_eval_mode(self, batches: list[list[int]], progress: bool | None) -> Iterator[Any]:
+        """The model in eval mode (its training flag restored after), and `batches` to iterate, behind a progress
+        bar when `progress` (None: `show_progress`, else only for more than 8 batches)."""
+        if progress is None:
+            progress = self.show_progress if self.show_progress is not None else len(batches) > 8
+        iterator: Any = batches
+        if progress:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(batches, desc="Scoring", unit="batch")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield iterator
         finally:
             self.model.train(was_training)
-        return scores
 
     def _linear_to_attention_cost(self) -> float:
         """FLOPs per token in a decoder layer's projections over FLOPs per (query, key) pair of its attention.
