@@ -16,6 +16,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
@@ -72,7 +73,6 @@ def _eval(args: argparse.Namespace) -> int:
         format_regression_results_table,
         format_results_table,
         is_regression_model,
-        load_reward_scorer,
     )
 
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
@@ -99,15 +99,7 @@ def _eval(args: argparse.Namespace) -> int:
         else:
             records, report = load_rank_records(source, split=split, data_format=data_format, on_invalid=args.on_invalid)
             datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
-    scorer = load_reward_scorer(
-        args.model,
-        batch_size=args.batch_size,
-        max_tokens_per_batch=args.max_tokens,
-        max_length=args.max_length,
-        precision=args.precision,
-        device=args.device,
-        trust_remote_code=args.trust_remote_code,
-    )
+    scorer = _load_scorer(args, max_tokens_per_batch=args.max_tokens)
     if regression:
         results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
     else:
@@ -134,10 +126,25 @@ def _nan_to_none(value: object) -> object:
     return value
 
 
+def _load_scorer(args: argparse.Namespace, **options: Any):
+    """`load_reward_scorer` with the options `eval` and `serve` share (`_add_model_options`, `--batch-size`), plus
+    `options`."""
+    from .evaluation import load_reward_scorer
+
+    return load_reward_scorer(
+        args.model,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        precision=args.precision,
+        device=args.device,
+        trust_remote_code=args.trust_remote_code,
+        **options,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from .evaluation import load_reward_scorer
     from .serving.server import run_server
     from .trainer.regression import parse_attribute_weights, regression_reward_weights
 
@@ -145,14 +152,9 @@ def _serve(args: argparse.Namespace) -> int:
     weights = parse_attribute_weights(args.attribute_weights, "--attribute-weights") if args.attribute_weights else None
     config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
     resolved = regression_reward_weights(config, weights)
-    scorer = load_reward_scorer(
-        args.model,
-        batch_size=args.batch_size,
+    scorer = _load_scorer(
+        args,
         max_tokens_per_batch=args.max_tokens_per_batch,
-        max_length=args.max_length,
-        precision=args.precision,
-        device=args.device,
-        trust_remote_code=args.trust_remote_code,
         show_progress=False,
         output_weights=resolved[1] if resolved else None,
     )

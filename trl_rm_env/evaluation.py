@@ -229,6 +229,20 @@ def _set_metrics(records: Sequence[Mapping[str, Any]], scores: list[float]) -> d
     }
 
 
+def _scorer_for(
+    datasets: Mapping[str, Any], model_or_scorer: RewardScorer | str | os.PathLike, scorer_kwargs: Mapping[str, Any]
+) -> RewardScorer:
+    """The evaluation functions' shared start: refuse an empty `datasets`, load a path or Hub id, and refuse loading
+    options given with an already-built scorer."""
+    if not datasets:
+        raise ValueError("no data set to evaluate; pass {name: records}")
+    if isinstance(model_or_scorer, str | os.PathLike):
+        return load_reward_scorer(model_or_scorer, **scorer_kwargs)
+    if scorer_kwargs:
+        raise ValueError(f"{sorted(scorer_kwargs)} only apply when model_or_scorer is a path or Hub id")
+    return model_or_scorer
+
+
 def evaluate_reward_model(
     model_or_scorer: RewardScorer | str | os.PathLike | Any,
     datasets: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -258,13 +272,7 @@ def evaluate_reward_model(
     Raises:
         ValueError: no set given, or a scorer that returns the wrong number of scores.
     """
-    if not datasets:
-        raise ValueError("no data set to evaluate; pass {name: records}")
-    scorer = model_or_scorer
-    if isinstance(model_or_scorer, str | os.PathLike):
-        scorer = load_reward_scorer(model_or_scorer, **scorer_kwargs)
-    elif scorer_kwargs:
-        raise ValueError(f"{sorted(scorer_kwargs)} only apply when model_or_scorer is a path or Hub id")
+    scorer = _scorer_for(datasets, model_or_scorer, scorer_kwargs)
     # One flat list of (context, completion) over all sets: one scoring call, globally length-sorted batches.
     contexts, completions = [], []
     for records in datasets.values():
@@ -365,13 +373,7 @@ def evaluate_regression_model(
     from trl_rm_env.data.regression import attribute_matrix, attribute_names
     from trl_rm_env.trainer.regression import regression_statistics, summarize_regression_statistics
 
-    if not datasets:
-        raise ValueError("no data set to evaluate; pass {name: records}")
-    scorer = model_or_scorer
-    if isinstance(model_or_scorer, str | os.PathLike):
-        scorer = load_reward_scorer(model_or_scorer, **scorer_kwargs)
-    elif scorer_kwargs:
-        raise ValueError(f"{sorted(scorer_kwargs)} only apply when model_or_scorer is a path or Hub id")
+    scorer = _scorer_for(datasets, model_or_scorer, scorer_kwargs)
     config = scorer.model.config
     if not is_regression_model(config):
         raise ValueError(
