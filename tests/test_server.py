@@ -1,14 +1,20 @@
-"""`trl-rm-env serve` in a real process, and `RemoteScorer`: parity, concurrency, 503 + retries, 413, dead servers."""
+"""`trl-rm-env serve` in a real process, and `RemoteScorer`: parity, concurrency, 503 + retries, 413, dead servers, and
+the three dialects (vLLM `/pooling` and `/classify`, OpenRLHF `/get_reward`) in each client mode.
+
+Hostile and broken requests (issue 13) are in test_bad_input_server.py, the load test in test_server_load.py."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -24,12 +30,15 @@ from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: 
 class ServerProcess:
     """`python -m trl_rm_env.cli serve ... --port 0` in a subprocess; `url` once it prints that it listens."""
 
-    def __init__(self, model: str, *options: str):
+    def __init__(self, model: str, *options: str, env: dict[str, str] | None = None, preexec_fn=None):
         command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model, "--port", "0", *options]
         # One torch thread per server: two servers and pytest share 2 cores, and oversubscribed OpenMP threads
-        # spin (a forward pass of the tiny model goes from 0.15 s to 1.7 s).
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        # spin (a forward pass of the tiny model goes from 0.15 s to 1.7 s). No API key unless `env` sets one.
+        base = {k: v for k, v in os.environ.items() if k not in ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")}
+        env = {**base, "OMP_NUM_THREADS": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=preexec_fn
+        )
         self.lines: list[str] = []
         self.url: str | None = None
         self._ready = threading.Event()
@@ -66,7 +75,7 @@ def servers(tiny_dir):
     """Two servers started side by side: `main` (64 KB body limit) and `small` (a queue of one request)."""
     model = str(tiny_dir / "reward_model")
     main = ServerProcess(model, "--max-request-bytes", "65536", "--max-tokens-per-batch", "4096")
-    small = ServerProcess(model, "--max-queue", "1", "--max-tokens-per-batch", "256")
+    small = ServerProcess(model, "--max-queue", "1", "--max-tokens-per-batch", "256", "--served-model-name", "small-rm")
     try:
         yield {"main": main.wait(), "small": small.wait(), "small_process": small}
     finally:
@@ -219,7 +228,9 @@ def test_full_queue_gives_503_and_the_client_retries(servers, local):
     assert "--max-queue" in busy[1]["error"]["message"] and busy[2] == "1"
 
     pairs = conversations(64, offset=5000, repeat=3)
-    before = asyncio.run(health(small))["rejected_full"]
+    info = asyncio.run(health(small))
+    before = info["rejected_full"]
+    assert info["model"] == "small-rm"  # --served-model-name
     # 8 requests in flight for a queue of one: several are refused each round, and retried until answered.
     scorer = RemoteScorer(small, retries=50, backoff=0.02, max_backoff=0.2, max_concurrency=8)
     remote = asyncio.run(scorer.score(pairs))
@@ -267,7 +278,48 @@ def test_model_failure_is_a_json_500(tiny_rm, tiny_tokenizer):
     replies, health_status = asyncio.run(run())
     for status, body in replies:
         assert status == 500 and "NaN/inf" in body["error"]["message"], body
+        assert body["error"]["type"] == "NonFiniteScoreError" and body["error"]["param"] == "input[0]"
     assert health_status == 200
+
+
+def test_a_batch_that_raises_is_rescored_request_by_request(tiny_rm, tiny_tokenizer):
+    """A forward pass that raises (out of memory, a kernel error) on one request's input fails that request alone."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from trl_rm_env.serving.server import ScoringServer
+
+    calls = []
+
+    class Fragile(RewardScorer):
+        def score_ids(self, sequences, progress=None):
+            calls.append(len(sequences))
+            if len(calls) == 1:
+                time.sleep(0.5)  # the other requests queue up meanwhile, and are batched together next
+            if any(7 in seq for seq in sequences):
+                raise RuntimeError("CUDA out of memory (simulated)")
+            return super().score_ids(sequences, progress)
+
+    server = ScoringServer(Fragile(tiny_rm, tiny_tokenizer), "fragile")
+    inputs = [[5, 6, 8 + i] for i in range(20)]
+    inputs[11] = [5, 7, 9]
+
+    async def run():
+        async with TestClient(TestServer(server.make_app(), host="127.0.0.1")) as client:
+
+            async def one(ids):
+                response = await client.post("/pooling", json={"input": [ids]})
+                return response.status, await response.json()
+
+            return await asyncio.gather(*(one(ids) for ids in inputs))
+
+    replies = asyncio.run(run())
+    expected = RewardScorer(tiny_rm, tiny_tokenizer).score_ids([ids for i, ids in enumerate(inputs) if i != 11])
+    assert replies[11] == (500, {"error": {"message": "scoring failed: RuntimeError: CUDA out of memory (simulated)",
+                                           "type": "InternalServerError", "param": None, "code": 500}})
+    good = [body["data"][0]["data"][0] for i, (status, body) in enumerate(replies) if i != 11 and status == 200]
+    assert good == pytest.approx(expected.tolist(), abs=1e-4)
+    failed_batch = calls.index(max(calls))
+    assert calls[failed_batch] > 1 and calls[failed_batch + 1 :] == [1] * calls[failed_batch]  # then one by one
 
 
 # ---------------------------------------------------------------------------------------------------- remote environment
@@ -326,3 +378,115 @@ def test_grpo_trainer_with_a_remote_reward(servers, tiny_dir, tmp_path):
     trainer.train()
     logged = trainer.state.log_history[0]
     assert "rewards/served_rm/mean" in logged and logged["reward_model_env/num_samples"] == 4.0
+
+
+# ---------------------------------------------------------------------------------------------------- dialects
+
+
+async def post_to(url: str, path: str, body) -> tuple[int, dict]:
+    async with aiohttp.ClientSession() as session, session.post(url + path, json=body) as response:
+        return response.status, await response.json()
+
+
+@pytest.mark.parametrize("api", ["pooling", "classify", "openrlhf"])
+def test_each_client_dialect_equals_local_one_at_a_time_scoring(servers, local, api):
+    from reference import reference_scores
+
+    from trl_rm_env import RewardModelEnvironment
+
+    pairs = conversations(16, offset=300)
+    prompts, completions = [c for c, _ in pairs], [r for _, r in pairs]
+    expected = reference_scores(local.model, local.tokenizer, prompts, completions).tolist()
+    tokenizer = local.tokenizer if api == "openrlhf" else None  # OpenRLHF's protocol is text: rendered here
+    scorer = RemoteScorer(servers["main"] + "/pooling", api=api, tokenizer=tokenizer)
+    path = {"pooling": "/pooling", "classify": "/classify", "openrlhf": "/get_reward"}[api]
+    assert scorer.urls == [servers["main"] + path]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # raw scores: no softmax-trap warning
+        got = asyncio.run(scorer.score(pairs))
+    assert max(abs(g - e) for g, e in zip(got, expected)) < 1e-4
+    env = RewardModelEnvironment(remote_url=servers["main"], remote_api=api, tokenizer=tokenizer)
+    assert asyncio.run(env(prompts, completions)) == pytest.approx(expected, abs=1e-4)
+    if api == "openrlhf":
+        with pytest.raises(TypeError, match=r"give RemoteScorer\(tokenizer=\.\.\.\)"):
+            asyncio.run(RemoteScorer(servers["main"], api="openrlhf").score(pairs[:1]))
+
+
+def test_classify_get_reward_and_models_shapes(servers, local):
+    url = servers["main"]
+    texts = [render_conversation(local.tokenizer, [*c, *r]) for c, r in conversations(3, offset=700)]
+    ids = [encode_text(local.tokenizer, t) for t in texts]
+    raw = local.score_ids(ids).tolist()
+    for path in ("/classify", "/v1/classify"):
+        request = {"model": "reward_model", "input": texts, "use_activation": False}
+        status, body = asyncio.run(post_to(url, path, request))
+        assert status == 200 and set(body) == {"id", "object", "created", "model", "data", "usage"}
+        assert body["id"].startswith("classify-") and body["object"] == "list" and body["model"] == "reward_model"
+        labels = [(d["index"], d["label"], d["num_classes"]) for d in body["data"]]
+        assert labels == [(i, "LABEL_0", 1) for i in range(3)]
+        assert [d["probs"][0] for d in body["data"]] == pytest.approx(raw, abs=1e-4)
+        assert body["usage"]["prompt_tokens"] == sum(len(x) for x in ids)
+    # vLLM's default for a one-label classifier: the activation is on, probs = sigmoid(logit).
+    status, body = asyncio.run(post_to(url, "/classify", {"input": texts}))
+    assert [d["probs"][0] for d in body["data"]] == pytest.approx([1 / (1 + math.exp(-x)) for x in raw], abs=1e-6)
+    # verl's reward loop: the model's path as `model`, and (before vLLM 0.11.2) `activation` for `use_activation`.
+    verl = {"model": str(Path(local.model.config._name_or_path)), "input": texts[1], "activation": False}
+    status, body = asyncio.run(post_to(url, "/classify", verl))
+    assert status == 200 and body["model"] == "reward_model"
+    assert body["data"][-1]["probs"][-1] == pytest.approx(raw[1], abs=1e-4)
+    context, completion = conversations(1, offset=700)[0]
+    request = {"messages": [*context, *completion], "use_activation": False}
+    status, body = asyncio.run(post_to(url, "/classify", request))
+    assert status == 200 and body["data"][0]["probs"][0] == pytest.approx(raw[0], abs=1e-4)
+    # OpenRLHF: raw scores as both rewards and scores; its other fields are ignored.
+    status, body = asyncio.run(post_to(url, "/get_reward", {"query": texts, "prompts": ["p"] * 3, "labels": None}))
+    assert status == 200 and set(body) == {"rewards", "scores", "extra_logs"}
+    assert body["rewards"] == body["scores"] and body["rewards"] == pytest.approx(raw, abs=1e-4)
+    status, body = asyncio.run(post_to(url, "/get_reward", {"query": "not a list", "input": texts}))
+    assert status == 200 and len(body["rewards"]) == 1
+    status, body = asyncio.run(post_to(url, "/get_reward", {"query": [1, 2]}))
+    assert status == 400 and body["error"]["message"] == "'query' must be a non-empty list of strings (rendered texts)"
+
+    async def models():
+        async with aiohttp.ClientSession() as session, session.get(url + "/v1/models") as response:
+            return await response.json()
+
+    listing = asyncio.run(models())
+    assert listing["object"] == "list" and len(listing["data"]) == 1
+    card = listing["data"][0]
+    assert card["id"] == card["root"] == "reward_model" and card["object"] == "model" and card["parent"] is None
+    assert card["max_model_len"] == local.max_length and isinstance(card["created"], int)
+
+
+def test_softmax_trap_warns_once(local):
+    """A vLLM-like server that applies an activation anyway (1.0 for everything): the client warns, once."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    seen = []
+
+    async def classify(request):
+        seen.append(await request.json())
+        return web.json_response({"data": [{"index": 0, "label": "LABEL_0", "probs": [1.0], "num_classes": 1}]})
+
+    async def get_reward(request):
+        seen.append(await request.json())
+        return web.json_response({"rewards": [0.0], "scores": [0.0]})
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/classify", classify)
+        app.router.add_post("/get_reward", get_reward)
+        async with TestServer(app, host="127.0.0.1") as server:
+            url = str(server.make_url("/"))
+            scorer = RemoteScorer(url, api="classify")
+            with pytest.warns(RuntimeWarning, match=r"every score of this batch .* is exactly 0 or 1"):
+                assert await scorer.score(["a", "b"]) == [1.0, 1.0]
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                await scorer.score(["c"])  # once per scorer
+            with pytest.warns(RuntimeWarning, match="exactly 0 or 1"):
+                assert await RemoteScorer(url, api="openrlhf").score(["a"]) == [0.0]
+
+    asyncio.run(run())
+    assert seen[0] == {"input": "a", "use_activation": False} and seen[-1] == {"query": ["a"]}

@@ -1,9 +1,10 @@
-"""Reward models over HTTP: a scoring server with vLLM's `POST /pooling` shape, and an async client for it.
+"""Reward models over HTTP: a scoring server speaking vLLM's `/pooling` and `/classify` and OpenRLHF's `/get_reward`,
+and an async client for all three.
 
     trl-rm-env serve --model PATH --port 8000          # the server (server.py)
     from trl_rm_env.serving import RemoteScorer         # the client (client.py), also works against vLLM
 
-Both need the `serve` extra (aiohttp); importing this package does not, the names load on first use.
+Both use aiohttp; importing this package does not load it, the names load on first use.
 """
 
 from __future__ import annotations

@@ -1,14 +1,32 @@
-"""`RemoteScorer`: score conversations with reward-model servers that speak vLLM's `POST /pooling`.
+"""`RemoteScorer`: score conversations with reward-model servers: vLLM's `/pooling` or `/classify`, OpenRLHF's
+`/get_reward`.
 
-Works with `trl-rm-env serve` and with `vllm serve <rm> --runner pooling` alike: one request per conversation,
-`{"messages": [...], "task": "classify", "use_activation": false}` (one score per sequence, and the raw logit rather
-than vLLM's default sigmoid), sent concurrently and spread round-robin over the given servers::
+Works with `trl-rm-env serve`, with `vllm serve <rm> --runner pooling` and with OpenRLHF-style reward servers: one
+request per conversation, sent concurrently and spread round-robin over the given servers. `api` picks the dialect:
+
+- `"pooling"` (default): `POST /pooling` with `{"messages": [...] | "input": text, "task": "classify",
+  "use_activation": false}`; the score is `data[0].data[0]`.
+- `"classify"`: `POST /classify` with `{"messages": [...] | "input": text, "use_activation": false}`; the score is
+  `data[0].probs[0]`.
+- `"openrlhf"`: `POST /get_reward` with `{"query": [text]}`; the score is `rewards[0]`. The protocol carries text
+  only, so conversations are rendered here with `tokenizer` (the reward model's).
+
+Raw scores are always asked for (`use_activation: false`): vLLM's default activation turns a one-label reward into
+`sigmoid(logit)`, and a softmax over one label is 1.0 for everything. If every score of a batch is exactly 0 or 1,
+a warning (once per scorer) says the server is applying an activation.
 
     from trl_rm_env.serving import RemoteScorer
 
     scorer = RemoteScorer(["http://10.0.0.5:8000", "http://10.0.0.6:8000"], timeout=60, retries=5, backoff=0.5)
     scores = await scorer.score([[{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]])
     scores = scorer.score_sync(conversations)  # from synchronous code (no running event loop)
+
+API key: `api_key=`, else the `TRL_RM_ENV_API_KEY`, else the `VLLM_API_KEY` environment variable, sent as
+`Authorization: Bearer <key>` (vLLM's convention).
+
+Non-finite scores: a server answer of NaN/inf/null, or `trl-rm-env serve`'s HTTP 500 `NonFiniteScoreError`, is that
+item's NaN; `nonfinite_reward` replaces it, or (None, the default) a `FloatingPointError` names the items, as local
+scoring (`RewardScorer`) does.
 
 Failures: a busy server (503), a gateway error (502/504), a refused connection or a timeout is retried, each time on
 the next server, after `backoff * 2**attempt` seconds (capped by `max_backoff`). Any other 4xx (a malformed or
@@ -19,16 +37,22 @@ and the server's message. When retries run out the error names the URL(s) that f
 from __future__ import annotations
 
 import asyncio
+import math
+import os
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 try:
     import aiohttp
-except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("RemoteScorer needs aiohttp: pip install 'trl-rm-env[serve]' (or pip install aiohttp)") from err
+except ImportError as err:  # pragma: no cover - exercised only without aiohttp
+    raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
 
 RETRY_STATUSES = frozenset({502, 503, 504})
+APIS = {"pooling": "/pooling", "classify": "/classify", "openrlhf": "/get_reward"}
+_ENDPOINTS = ("/v1/classify", "/pooling", "/classify", "/get_reward")
+API_KEY_ENV_VARS = ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")  # as the server reads them
 
 
 class RemoteScoringError(RuntimeError):
@@ -39,11 +63,20 @@ class RemoteScoringError(RuntimeError):
         self.url, self.status = url, status
 
 
-def _pooling_url(url: str) -> str:
+def _endpoint_url(url: str, api: str = "pooling") -> str:
+    """`http://host:port` (or any endpoint URL of it) -> the URL of `api`'s endpoint."""
     url = url.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
-    return url if url.endswith("/pooling") else url + "/pooling"
+    for endpoint in _ENDPOINTS:
+        if url.endswith(endpoint):
+            url = url[: -len(endpoint)]
+            break
+    return url + APIS[api]
+
+
+def _pooling_url(url: str) -> str:
+    return _endpoint_url(url, "pooling")
 
 
 def _payload(item: Any) -> dict[str, Any]:
@@ -65,34 +98,44 @@ def _payload(item: Any) -> dict[str, Any]:
     raise TypeError(f"cannot score a {type(item).__name__}; give a message list, a string or a (context, completion)")
 
 
-async def _error_message(response: aiohttp.ClientResponse) -> str:
+async def _error_message(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
+    """The server's error message and error type (vLLM's `{"error": {"message", "type"}}`), or its text."""
     text = await response.text()
     try:
         body = await response.json(content_type=None)
         if isinstance(body, dict):
             error = body.get("error", body)
             if isinstance(error, dict) and "message" in error:
-                return str(error["message"])
+                return str(error["message"]), error.get("type")
             if "message" in body:
-                return str(body["message"])
+                return str(body["message"]), None
+            if isinstance(error, str):  # vLLM's 401: {"error": "Unauthorized"}
+                return error, None
     except ValueError:
         pass
-    return text[:500]
+    return text[:500], None
 
 
 class RemoteScorer:
-    """Async client for reward-model servers with vLLM's `POST /pooling` API.
+    """Async client for reward-model servers: vLLM's `/pooling` or `/classify`, OpenRLHF's `/get_reward`.
 
     Args:
-        urls: One server or several (`http://host:port`, or the full `.../pooling` URL); requests are spread over
-            them round-robin and a retry goes to the next one.
+        urls: One server or several (`http://host:port`, or a full endpoint URL such as `.../pooling`); requests
+            are spread over them round-robin and a retry goes to the next one.
         model: The `model` field sent with each request (None: omitted, the server's own model).
         timeout: Seconds for one request, connection included.
         retries: How many times a request is retried after a 502/503/504, a connection error or a timeout.
         backoff: Seconds before the first retry; doubled each time.
         max_backoff: Longest wait between two tries.
         max_concurrency: Requests in flight at once, over all servers.
-        use_activation: Sent as `use_activation`; False (default) asks for the raw Bradley-Terry logit.
+        use_activation: Sent as `use_activation` (`pooling`/`classify`); False (default) asks for the raw
+            Bradley-Terry logit.
+        api: `"pooling"` (vLLM `/pooling`, default), `"classify"` (vLLM `/classify`, what verl calls) or
+            `"openrlhf"` (`/get_reward`, OpenRLHF's remote reward protocol).
+        api_key: Sent as `Authorization: Bearer <api_key>`. None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`, else
+            no header.
+        nonfinite_reward: The score given to an item the server scored NaN/inf; None raises `FloatingPointError`.
+        tokenizer: `api="openrlhf"` only: the reward model's tokenizer, to render conversations into text.
     """
 
     def __init__(
@@ -106,7 +149,13 @@ class RemoteScorer:
         max_backoff: float = 8.0,
         max_concurrency: int = 64,
         use_activation: bool = False,
+        api: str = "pooling",
+        api_key: str | None = None,
+        nonfinite_reward: float | None = None,
+        tokenizer: Any = None,
     ):
+        if api not in APIS:
+            raise ValueError(f"api must be one of {sorted(APIS)}, got {api!r}")
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("RemoteScorer needs at least one server URL")
@@ -115,7 +164,8 @@ class RemoteScorer:
                 f"need retries >= 0, backoff >= 0, timeout > 0, max_concurrency >= 1; got retries={retries}, "
                 f"backoff={backoff}, timeout={timeout}, max_concurrency={max_concurrency}"
             )
-        self.urls = [_pooling_url(u) for u in urls]
+        self.api = api
+        self.urls = [_endpoint_url(u, api) for u in urls]
         self.model = model
         self.timeout = timeout
         self.retries = retries
@@ -123,26 +173,83 @@ class RemoteScorer:
         self.max_backoff = max_backoff
         self.max_concurrency = max_concurrency
         self.use_activation = use_activation
+        if api_key is None:
+            api_key = next((os.environ[n] for n in API_KEY_ENV_VARS if os.environ.get(n)), None)
+        self.api_key = api_key or None
+        self.nonfinite_reward = nonfinite_reward
+        self.tokenizer = tokenizer
+        self._warned_activation = False
+        self.last_nonfinite: list[int] = []
         self._next = 0  # round-robin position, kept across calls
+
+    def __repr__(self) -> str:  # never shows the API key
+        return f"RemoteScorer(urls={self.urls!r}, api={self.api!r}, api_key={'set' if self.api_key else None})"
 
     async def score(self, conversations: Sequence[Any]) -> list[float]:
         """Scores of full conversations (message lists), `(context, completion)` pairs, or rendered strings.
 
         Returns:
-            One float per item, in input order.
+            One float per item, in input order (a non-finite score replaced by `nonfinite_reward`).
 
         Raises:
             RemoteScoringError: a request refused (4xx other than retried ones, 500) or still failing after
                 `retries` retries; it names the URL.
+            FloatingPointError: the server scored items NaN/inf and `nonfinite_reward` is None.
         """
-        payloads = [_payload(item) for item in conversations]
+        payloads = [self._body(_payload(item)) for item in conversations]
+        self.last_nonfinite = []
         if not payloads:
             return []
+        scores = await self._score_all(payloads)
+        bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
+        self.last_nonfinite = bad  # items of the last call scored NaN/inf (given `nonfinite_reward`, or raised)
+        if bad:
+            if self.nonfinite_reward is None:
+                raise FloatingPointError(
+                    f"The reward model server returned NaN/inf for item(s) {bad[:10]}"
+                    f"{'...' if len(bad) > 10 else ''}. "
+                    "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
+                )
+            bad_set = set(bad)
+            scores = [float(self.nonfinite_reward) if i in bad_set else s for i, s in enumerate(scores)]
+        elif not self._warned_activation and all(s in (0.0, 1.0) for s in scores):
+            self._warned_activation = True
+            warnings.warn(
+                f"every score of this batch from {self.urls[0]} is exactly 0 or 1: the server seems to apply an "
+                "activation (vLLM's softmax/sigmoid default) to the reward. Serve the raw score (vLLM: "
+                "--pooler-config '{\"use_activation\": false}'); this client already sends use_activation: false.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return scores
+
+    def _body(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The request body of one item for `self.api`."""
+        if self.api == "openrlhf":
+            if "messages" in payload:
+                if self.tokenizer is None:
+                    raise TypeError(
+                        "api='openrlhf' sends text (OpenRLHF's `query`): give RemoteScorer(tokenizer=...) (the reward "
+                        "model's) to render conversations, or score rendered strings"
+                    )
+                from ..scoring.templating import render_conversation
+
+                return {"query": [render_conversation(self.tokenizer, payload["messages"])]}
+            return {"query": [payload["input"]]}
+        body = dict(payload, use_activation=self.use_activation)
+        if self.api == "pooling":
+            body["task"] = "classify"
+        if self.model is not None:
+            body["model"] = self.model
+        return body
+
+    async def _score_all(self, payloads: list[dict[str, Any]]) -> list[float]:
         start, self._next = self._next, (self._next + len(payloads)) % len(self.urls)
         semaphore = asyncio.Semaphore(self.max_concurrency)
         connector = aiohttp.TCPConnector(limit=self.max_concurrency)
         timeout = aiohttp.ClientTimeout(total=self.timeout)
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
 
             async def one(i: int, payload: dict[str, Any]) -> float:
                 async with semaphore:
@@ -161,10 +268,7 @@ class RemoteScorer:
         """`score` from synchronous code. Raises RuntimeError inside a running event loop (await `score` there)."""
         return asyncio.run(self.score(conversations))
 
-    async def _post(self, session: aiohttp.ClientSession, payload: dict[str, Any], slot: int) -> float:
-        body = dict(payload, task="classify", use_activation=self.use_activation)
-        if self.model is not None:
-            body["model"] = self.model
+    async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any], slot: int) -> float:
         failures: list[str] = []
         for attempt in range(self.retries + 1):
             url = self.urls[(slot + attempt) % len(self.urls)]
@@ -172,7 +276,9 @@ class RemoteScorer:
                 async with session.post(url, json=body) as response:
                     if response.status == 200:
                         return self._read_score(await response.json(content_type=None), url)
-                    message = await _error_message(response)
+                    message, err_type = await _error_message(response)
+                    if err_type == "NonFiniteScoreError":  # this item's score is NaN/inf: the caller decides
+                        return math.nan
                     if response.status not in RETRY_STATUSES:
                         raise RemoteScoringError(
                             f"reward model server {url} refused the request: HTTP {response.status}: {message}",
@@ -194,14 +300,17 @@ class RemoteScorer:
             last_url,
         )
 
-    @staticmethod
-    def _read_score(body: Any, url: str) -> float:
+    def _read_score(self, body: Any, url: str) -> float:
+        where = {"pooling": "data[0].data", "classify": "data[0].probs", "openrlhf": "rewards[0]"}[self.api]
         try:
-            value = body["data"][0]["data"]
-            if isinstance(value, list):
-                value = value[0]
-            return float(value)
+            if self.api == "openrlhf":
+                value = body["rewards"][0]
+            else:
+                value = body["data"][0]["data" if self.api == "pooling" else "probs"]
+                if isinstance(value, list):
+                    value = value[0]
+            return math.nan if value is None else float(value)  # null: a server's way to say NaN
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise RemoteScoringError(
-                f"reward model server {url} answered without a score in data[0].data: {str(body)[:300]}", url, 200
+                f"reward model server {url} answered without a score in {where}: {str(body)[:300]}", url, 200
             ) from err
