@@ -70,6 +70,13 @@ except ImportError as err:  # pragma: no cover - exercised only without aiohttp
 
 from trl_rm_env.scoring.scorer import RewardScorer, split_conversation
 from trl_rm_env.scoring.templating import encode_text
+from trl_rm_env.serving.connections import (
+    OPEN_GUARDS,
+    AcceptErrorFilter,
+    ConnectionGuards,
+    GuardedSite,
+    default_max_connections,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +86,6 @@ DEFAULT_HEADER_TIMEOUT = 10.0
 DEFAULT_BODY_TIMEOUT = 30.0
 # The server reads its key from the first of these that is set (after --api-key); so does RemoteScorer.
 API_KEY_ENV_VARS = ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")
-_FD_RESERVE = 128  # file descriptors kept for the model files, threads, logs
 
 
 class RequestError(Exception):
@@ -298,7 +304,7 @@ class ScoringServer:
 
     @web.middleware
     async def _json_errors(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        guard = request.transport is not None and _GUARDS.get(request.transport)
+        guard = request.transport is not None and OPEN_GUARDS.get(request.transport)
         if guard:
             guard.busy += 1
         try:
@@ -659,138 +665,6 @@ class ScoringServer:
         return self.scorer.score_ids(sequences, progress=False).tolist()
 
 
-# ---------------------------------------------------------------------------------------------------- connections
-
-
-class _Guard:
-    """Per-connection deadline: a request head must arrive within `timeout` of opening or of the last response."""
-
-    def __init__(self, guards: _ConnectionGuards, transport: asyncio.Transport):
-        self.guards, self.transport = guards, transport
-        self.busy = 0  # requests of this connection inside the app
-        self.idle_since = time.monotonic()
-        self.handle: asyncio.TimerHandle | None = None
-        self.rearm()
-
-    def rearm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-        self.idle_since = time.monotonic()
-        self.handle = asyncio.get_running_loop().call_later(self.guards.header_timeout, self._expire)
-
-    def _expire(self) -> None:
-        self.handle = None
-        if self.busy == 0 and not self.transport.is_closing():
-            self.guards.closed_slow += 1
-            self.transport.abort()
-
-    def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-
-
-_GUARDS: dict[asyncio.BaseTransport, _Guard] = {}  # open connections of this process's servers, by transport
-
-
-class _ConnectionGuards:
-    """Header timeout and connection cap for every connection of one server."""
-
-    def __init__(self, header_timeout: float, max_connections: int):
-        self.header_timeout = header_timeout
-        self.max_connections = max_connections
-        self.closed_slow = 0
-        self.evicted = 0
-        self.mine: dict[asyncio.BaseTransport, _Guard] = {}  # insertion order: oldest first
-
-    def opened(self, transport: asyncio.Transport) -> None:
-        while len(self.mine) >= self.max_connections and self.evict_idle():
-            pass
-        guard = _Guard(self, transport)
-        self.mine[transport] = _GUARDS[transport] = guard
-
-    def closed(self, transport: asyncio.BaseTransport) -> None:
-        guard = self.mine.pop(transport, None)
-        _GUARDS.pop(transport, None)
-        if guard is not None:
-            guard.cancel()
-
-    def evict_idle(self) -> bool:
-        """Close the connection idle the longest (no request inside the app); False if every one is busy."""
-        idle = [g for g in self.mine.values() if g.busy == 0 and not g.transport.is_closing()]
-        if not idle:
-            return False
-        oldest = min(idle, key=lambda g: g.idle_since)
-        self.evicted += 1
-        oldest.transport.abort()
-        self.closed(oldest.transport)
-        return True
-
-
-class _GuardedProtocol(asyncio.Protocol):
-    """aiohttp's request handler, with the connection registered in `_ConnectionGuards` while it is open."""
-
-    def __init__(self, inner: asyncio.Protocol, guards: _ConnectionGuards):
-        self.inner, self.guards = inner, guards
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        self.guards.opened(transport)
-        self.inner.connection_made(transport)
-
-    def data_received(self, data: bytes) -> None:
-        self.inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self.inner.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.guards.closed(self.transport)
-        self.inner.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
-
-
-class _GuardedSite(web.TCPSite):
-    """`TCPSite` whose connections go through `_GuardedProtocol`."""
-
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, guards: _ConnectionGuards):
-        super().__init__(runner, host, port, backlog=1024)
-        self.guards = guards
-
-    async def start(self) -> None:
-        await web.BaseSite.start(self)
-        server = self._runner.server
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: _GuardedProtocol(server(), self.guards), self._host, self._port, backlog=self._backlog
-        )
-        self.bound_port = self._server.sockets[0].getsockname()[1]  # the real one when port=0
-
-
-def _raise_fd_limit() -> int:
-    """Raise the soft open-file limit to the hard one (as vLLM does); return the soft limit now in force."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
-        if soft != resource.RLIM_INFINITY and soft < target:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        return soft if soft != resource.RLIM_INFINITY else 1 << 20
-    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX, or not allowed
-        return 1024
-
-
-def default_max_connections() -> int:
-    """Open connections the server keeps at most: the open-file limit minus a reserve (at least 16)."""
-    return max(16, _raise_fd_limit() - _FD_RESERVE)
-
-
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -850,47 +724,21 @@ def run_server(
         aliases=aliases,
     )
     limit = default_max_connections()
-    guards = _ConnectionGuards(header_timeout, max_connections or limit)
+    guards = ConnectionGuards(header_timeout, max_connections or limit)
     asyncio.run(_serve(server.make_app(), host, port, model_name, guards, bool(api_key)))
 
 
-class _AcceptErrorFilter:
-    """Loop exception handler: `accept()` out of file descriptors is logged once a minute as one line (asyncio
-    retries every second with a traceback otherwise), and the oldest idle connection is closed to free one."""
-
-    def __init__(self, guards: _ConnectionGuards, every: float = 60.0):
-        self.guards, self.every = guards, every
-        self.count, self.last = 0, -math.inf
-
-    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        if context.get("message") != "socket.accept() out of system resource":
-            loop.default_exception_handler(context)
-            return
-        self.count += 1
-        self.guards.evict_idle()
-        now = time.monotonic()
-        if now - self.last >= self.every:
-            self.last = now
-            logger.warning(
-                "accept() failed: %s (%d time(s) so far; open connections: %d). Raise `ulimit -n` or lower "
-                "--max-connections.",
-                context.get("exception"),
-                self.count,
-                len(self.guards.mine),
-            )
-
-
 async def _serve(
-    app: web.Application, host: str, port: int, model_name: str, guards: _ConnectionGuards, auth: bool
+    app: web.Application, host: str, port: int, model_name: str, guards: ConnectionGuards, auth: bool
 ) -> None:
     """Run `app` until SIGINT/SIGTERM; announce the URL once the socket listens."""
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_AcceptErrorFilter(guards))
+    loop.set_exception_handler(AcceptErrorFilter(guards))
     # lingering_time: after an early answer (413, 408), read what is left of the body for at most 2 s, then close.
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=guards.header_timeout, lingering_time=2.0)
     await runner.setup()
     try:
-        site = _GuardedSite(runner, host, port, guards)
+        site = GuardedSite(runner, host, port, guards)
         await site.start()
         print(
             f"trl-rm-env serve: {model_name} on http://{host}:{site.bound_port} (POST /pooling /classify /get_reward, "
