@@ -65,16 +65,28 @@ def test_binary_implicit_prompt_splits_at_common_prefix():
     ]
 
 
+def test_binary_implicit_prompt_splits_as_trl_reads_it():
+    # TRL's implicit-prompt rows are accepted: the shared prefix is the context, "" or [] when nothing is shared,
+    # and a conversation that is a prefix of the other keeps at least one message of its own.
+    shared = [m("user", "2+2?"), m("assistant", "4")]
+    out = binary_to_rank({"chosen": shared, "rejected": [*shared, m("user", "ok")]}, "f", 7)
+    assert out["context"] == [m("user", "2+2?")]
+    assert [c["completion"] for c in out["completions"]] == [
+        [m("assistant", "4")],
+        [m("assistant", "4"), m("user", "ok")],
+    ]
+    out = binary_to_rank({"chosen": [m("user", "a")], "rejected": [m("user", "b")]}, "f", 7)
+    assert out["context"] == [] and [c["completion"] for c in out["completions"]] == [
+        [m("user", "a")],
+        [m("user", "b")],
+    ]
+    assert binary_to_rank({"chosen": "4", "rejected": "5"}, "f", 7)["context"] == ""
+    out = binary_to_rank({"chosen": "Q: 2+2? A: 4", "rejected": "Q: 2+2? A: 5"}, "f", 7)
+    assert out["context"] == "Q: 2+2? A: " and [c["completion"] for c in out["completions"]] == ["4", "5"]
+
+
 def test_binary_implicit_prompt_errors():
     shared = [m("user", "2+2?"), m("assistant", "4")]
-    with pytest.raises(DataValidationError, match=r"^f, row 7, field 'chosen': nothing is left of chosen"):
-        binary_to_rank({"chosen": shared, "rejected": [*shared, m("user", "ok")]}, "f", 7)
-    with pytest.raises(DataValidationError, match=r"field 'chosen': chosen and rejected share no leading message"):
-        binary_to_rank({"chosen": [m("user", "a")], "rejected": [m("user", "b")]}, "f", 7)
-    with pytest.raises(
-        DataValidationError, match=r"field 'chosen': the row has no 'prompt' column, so chosen must be"
-    ):
-        binary_to_rank({"chosen": "4", "rejected": "5"}, "f", 7)
     with pytest.raises(DataValidationError, match=r"field 'rejected\[0\]\.role': message has no 'role'"):
         binary_to_rank({"chosen": shared, "rejected": [{"content": "x"}]}, "f", 7)
 

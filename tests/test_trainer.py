@@ -113,7 +113,9 @@ def assert_matches_reference(metrics, prefix, ref):
 
 def test_one_forward_per_completion(tmp_path, tiny_tokenizer, in_domain):
     records = in_domain.select(range(6))
-    trainer = make_trainer(tmp_path, tiny_tokenizer, train=records, per_device_train_batch_size=2, max_steps=3)
+    # The plain path (prefix sharing, on by default where the model supports it, runs contexts once instead).
+    trainer = make_trainer(tmp_path, tiny_tokenizer, train=records, per_device_train_batch_size=2, max_steps=3,
+                           prefix_sharing=False)
     calls = []
     hook = trainer.model.register_forward_hook(lambda m, args, kwargs, out: calls.append(kwargs["input_ids"].shape),
                                                with_kwargs=True)
@@ -203,7 +205,7 @@ def test_metric_for_best_model_on_named_set(tmp_path, tiny_tokenizer, train_smal
 # ---------------------------------------------------------------------------------------------------- data
 
 
-def test_trl_preference_formats_become_two_way_records(tmp_path, tiny_tokenizer):
+def test_trl_preference_formats_get_trl_pair_columns(tmp_path, tiny_tokenizer):
     prompt = [{"role": "user", "content": "What is 2 + 2?"}]
     chosen = [{"role": "assistant", "content": "The answer is 4."}]
     rejected = [{"role": "assistant", "content": "The answer is 5."}]
@@ -212,14 +214,14 @@ def test_trl_preference_formats_become_two_way_records(tmp_path, tiny_tokenizer)
     text = Dataset.from_list([{"prompt": "2 + 2 = ", "chosen": "4", "rejected": "5"}] * 4)
     expected_conv = [encode_conversation(tiny_tokenizer, prompt, c) for c in (chosen, rejected)]
     expected_text = [encode_conversation(tiny_tokenizer, "2 + 2 = ", c) for c in ("4", "5")]
-    ids = [tiny_tokenizer("x")["input_ids"], tiny_tokenizer("y")["input_ids"]]
+    ids = [tiny_tokenizer("The answer is x")["input_ids"], tiny_tokenizer("Surely y")["input_ids"]]
     tokenized = Dataset.from_list([{"chosen_ids": ids[0], "rejected_ids": ids[1]}] * 4)
     for dataset, expected in [(explicit, expected_conv), (implicit, expected_conv), (text, expected_text),
                               (tokenized, ids)]:
         trainer = make_trainer(tmp_path, tiny_tokenizer, train=dataset, max_steps=1, per_device_train_batch_size=2)
-        row = trainer.train_dataset[0]
-        assert row["ranks"] == [0, 1]
-        assert row["completion_ids"] == expected
+        row = trainer.train_dataset[0]  # TRL's processed columns, holding the ids of context + completion
+        assert [row["chosen_ids"], row["rejected_ids"]] == expected
+        assert "completion_ids" not in row and "ranks" not in row
         trainer.train()
     assert expected_text[0][-1] == tiny_tokenizer.eos_token_id  # plain text gets EOS, as in TRL
 

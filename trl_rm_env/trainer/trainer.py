@@ -3,23 +3,40 @@
 What changes from TRL's `RewardTrainer` (everything else is TRL's):
 
 - Data: rank-schema datasets (`context`, `completions[rank, completion]`, N >= 2, ties allowed) are taken as they
-  are; TRL's prompt/chosen/rejected datasets (and tokenized `chosen_ids`/`rejected_ids`) are turned into two-way
-  rank records, so existing TRL scripts keep working. Over-length records are dropped or left-truncated.
+  are and become `completion_ids`/`ranks`/`context_length` examples. TRL-shaped data is processed as TRL does it:
+  preference rows (`chosen`/`rejected`, explicit or implicit prompt, text or conversations, with `tools` and
+  `chat_template_kwargs`) get TRL's `chosen_ids`/`rejected_ids` columns (the original columns are kept, as in TRL)
+  holding the ids TRL produces; tokenized `chosen_ids`/`rejected_ids` are used as they are; legacy
+  `chosen_input_ids`/`rejected_input_ids` are renamed with TRL's `FutureWarning`. Over-length records are dropped
+  (TRL's behaviour) or left-truncated. A record without a `margin` in a dataset that has the column gets margin 0.
 - Loss: Bradley-Terry over every strictly ordered pair of a record, each completion run through the model once
   (see `loss.py`).
 - Evaluation: with `eval_dataset={name: dataset}` every metric carries the set's name (`eval_<name>_accuracy`,
-  `_loss`, `_margin`, `_rewards_chosen_mean`, `_rewards_rejected_mean`, `_num_pairs`, `_runtime`) plus
-  `eval_total_validation_time`; TRL 1.16 names only the loss, so the other sets' accuracies overwrite each other.
+  `_loss`, `_margin`, `_rewards_chosen_mean`, `_rewards_rejected_mean`, `_num_pairs`, TRL's `_min_reward`,
+  `_mean_reward`, `_max_reward`, `_num_tokens`, and `_runtime`) plus `eval_total_validation_time`; TRL 1.16 names
+  only the loss, so the other sets' accuracies overwrite each other.
   The metrics are exact over the set (sums over pairs gathered across processes), not means of batch means.
+  `eval_total_validation_time` is in the same `log_history` row as the last set's metrics (one row per set, as TRL).
+- `compute_metrics` gets what TRL's gives it: for TRL pairs, `predictions` is the `(2B, 1)` scores of each batch
+  (every chosen, then every rejected) and `label_ids` is `()`. For rank-schema records, `predictions` is `(B, N)`
+  (the scores of each record's completions, in record order) and `label_ids` `(B, N)` their ranks, both -100 where a
+  record has fewer than N completions.
 - When training ends, the mean/std of validation rewards go into the model config (`reward_mean`, `reward_std`,
-  `reward_stats`), so a reward function can normalise from the checkpoint alone.
+  `reward_stats`), so a reward function can normalise from the checkpoint alone. An evaluation run only for these
+  statistics (the last step was not an evaluation step) is not logged: the last `log_history` row stays the train
+  summary, as in TRL.
+- Batches are never dispatched by Accelerate (`dispatch_batches=False` unless set): its slicing assumes one row per
+  example, which neither our batches nor TRL's (2B rows for B pairs) have.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import time
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -32,18 +49,22 @@ from trl.trainer.utils import global_then_local_main_first
 from ..data.schema import DataValidationError, validate_rank_record, validate_records
 from ..scoring.prefix_sharing import (
     SUPPORTED_ATTENTION,
-    DataCollatorForSharedPrefix,
     find_score_head,
+    kv_sharing_unsupported,
+    shared_context_collator,
+    shared_context_scores,
     shared_prefix_scores,
 )
-from ..scoring.templating import common_prefix_length
-from .collator import DataCollatorForRankedPreference, tokenize_rank_record
+from ..scoring.templating import common_prefix_length, left_truncate
+from .collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefixPairs, tokenize_rank_record
 from .config import RankedRewardConfig
 from .loss import STAT_COLUMNS, ranked_bradley_terry_loss, record_statistics, summarize_statistics
 
 logger = logging.getLogger(__name__)
 
 PROCESSED_COLUMNS = ("completion_ids", "ranks")
+PAIR_COLUMNS = ("chosen_ids", "rejected_ids")
+LEGACY_PAIR_COLUMNS = ("chosen_input_ids", "rejected_input_ids")
 SET_METRICS = ("loss", "accuracy", "margin", "rewards_chosen_mean", "rewards_rejected_mean", "num_pairs")
 
 
@@ -54,22 +75,42 @@ def _column_names(dataset: Dataset | IterableDataset) -> list[str]:
     return list(names)
 
 
-def _binary_rows_to_records(dataset: Dataset, dataset_name: str, on_invalid: str) -> list[dict[str, Any]]:
-    """TRL preference rows (prompt/chosen/rejected, explicit or implicit prompt) -> validated two-way rank records."""
-    from ..data.converters import binary_to_rank
-
-    records, skipped, reasons = [], 0, Counter()
-    for row_num, row in enumerate(dataset):
+def _template_kwargs(example: dict[str, Any], dataset_name: str, row: int | None) -> dict[str, Any]:
+    """`apply_chat_template` keyword arguments of a TRL row: its `tools` (a list, or JSON text) and its
+    `chat_template_kwargs`, as TRL's `RewardTrainer` passes them."""
+    tools = example.get("tools")
+    if isinstance(tools, str):
         try:
-            records.append(validate_rank_record(binary_to_rank(row, dataset_name, row_num), dataset_name, row_num, "row"))
-        except DataValidationError as err:
-            if on_invalid == "raise":
-                raise
-            skipped += 1
-            reasons[err.reason] += 1
-    if skipped:
-        logger.warning("%s: skipped %d invalid row(s): %s", dataset_name, skipped, dict(reasons))
-    return records
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            raise DataValidationError(
+                dataset_name, row, "tools", f"tools is a string but not valid JSON: {err}", "row"
+            ) from None
+    extra = example.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict):
+        raise DataValidationError(
+            dataset_name, row, "chat_template_kwargs", f"must be an object, got {type(extra).__name__}", "row"
+        )
+    return {"tools": tools, **extra}
+
+
+def _limit_pair(
+    chosen: list[int], rejected: list[int], max_length: int | None, truncation: str, bos_token_id: int | None
+) -> tuple[list[int], list[int], str]:
+    """Apply `max_length` to a tokenized pair: "dropped" (TRL's filter), or with `truncation="left"` cut their
+    shared leading tokens (the prompt) from the left, the same number from both."""
+    longest = max(len(chosen), len(rejected))
+    if max_length is None or longest <= max_length:
+        return chosen, rejected, "ok"
+    if truncation != "left":
+        return chosen, rejected, "dropped"
+    shared = common_prefix_length(chosen, rejected)
+    shared = min(shared, len(chosen) - 1, len(rejected) - 1)
+    cut = longest - max_length
+    out = [left_truncate(ids, shared, len(ids) - cut, bos_token_id) for ids in (chosen, rejected)]
+    if any(ids is None for ids in out):
+        return chosen, rejected, "dropped"
+    return out[0], out[1], "truncated"
 
 
 class RankedRewardTrainer(RewardTrainer):
@@ -80,7 +121,8 @@ class RankedRewardTrainer(RewardTrainer):
     Args:
         model: Model id or path, or a sequence-classification model (`num_labels=1`), or a `PeftModel`.
         args: A [`RankedRewardConfig`] (a plain TRL `RewardConfig` is upgraded with the defaults of the new fields).
-        data_collator: Defaults to [`DataCollatorForRankedPreference`].
+        data_collator: Defaults to [`DataCollatorForRankedPreference`] (or the prefix-sharing collator); TRL's
+            `DataCollatorForPreference` works too, for TRL pair data.
         train_dataset: Rank-schema records, TRL preference data, or already tokenized data.
         eval_dataset: The same, or a dict `{name: dataset}` for named validation sets.
         processing_class: The tokenizer; loaded from the model when None.
@@ -114,14 +156,27 @@ class RankedRewardTrainer(RewardTrainer):
             args = RankedRewardConfig(f"{str(name).rstrip('/').split('/')[-1]}-RankedReward")
         self._data_counts: dict[str, Counter] = {}
         self._eval_stats: list[torch.Tensor] = []
+        self._eval_extremes: list[torch.Tensor] = []
         self._last_eval_summary: dict[str, tuple[int, dict[str, float]]] = {}
         self._last_full_evaluation: tuple[int, dict[str, float]] | None = None  # (global step, metrics)
+        self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
+        self._silent_logs = False
+        self._last_scores: torch.Tensor | None = None
         user_collator = data_collator
+        if args.accelerator_config.dispatch_batches is None:
+            # Accelerate dispatches iterable datasets by slicing and padding every batch tensor along dim 0 as if it
+            # counted examples; our batches (and TRL's: 2B rows for B pairs) do not. TRL turns dispatching off for an
+            # iterable train set; we do it for every set, including an iterable passed to `evaluate` later.
+            args.accelerator_config.dispatch_batches = False
         super().__init__(model, args, data_collator, *a, **kwargs)
         self._prefix_sharing = self.args.prefix_sharing and self._check_prefix_sharing()
         if user_collator is None:
-            if self._prefix_sharing:
-                self.data_collator = DataCollatorForSharedPrefix(
+            if self._prefix_sharing == "kv":
+                self.data_collator = shared_context_collator(
+                    self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of
+                )
+            elif self._prefix_sharing:
+                self.data_collator = DataCollatorForSharedPrefixPairs(
                     pad_token_id=self.processing_class.pad_token_id,
                     pack_max_tokens=self.args.pack_max_tokens,
                     pad_to_multiple_of=self.args.pad_to_multiple_of,
@@ -131,21 +186,28 @@ class RankedRewardTrainer(RewardTrainer):
                     pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of
                 )
 
-    def _check_prefix_sharing(self) -> bool:
-        """Prefix sharing needs a 4-D mask the attention kernel takes as-is, and a `score` head to read."""
+    def _check_prefix_sharing(self) -> str | bool:
+        """Which prefix-sharing path the model can run: `"kv"` (the contexts once with a KV cache, the completions
+        against it), `"mask"` (block-mask rows: eager/SDPA, only with `prefix_sharing=True` where the KV path cannot
+        run, e.g. under activation checkpointing) or False (the plain path). Logged once."""
         model = self.accelerator.unwrap_model(self.model)
+        mode = self.args.prefix_sharing
+        reason = kv_sharing_unsupported(model, training=True)
+        if reason is None and getattr(self.args, "activation_checkpointing", False):
+            reason = "activation checkpointing drops the KV cache"
+        if reason is None and getattr(self, "is_fsdp_enabled", False):
+            reason = "FSDP reshards each layer between the context and completion passes, before backward"
+        if reason is None:
+            logger.info("prefix_sharing=%r: each record's context runs once, its completions against its KV cache.", mode)
+            return "kv"
+        log = logger.warning if mode is True else logger.info
         attention = getattr(model.config, "_attn_implementation", None)
-        if attention not in SUPPORTED_ATTENTION:
-            logger.warning(
-                "prefix_sharing needs attn_implementation in %s, the model uses %r: using the plain path.",
-                SUPPORTED_ATTENTION,
-                attention,
-            )
-            return False
-        if find_score_head(model) is None:
-            logger.warning("prefix_sharing needs a `score` head (a *ForSequenceClassification): using the plain path.")
-            return False
-        return True
+        if mode is True and attention in SUPPORTED_ATTENTION and find_score_head(model) is not None:
+            log("prefix_sharing=True: %s; using block-mask rows (their attention grows with the square of the row).",
+                reason)
+            return "mask"
+        log("prefix_sharing=%r: %s; using the plain path.", mode, reason)
+        return False
 
     # ------------------------------------------------------------------ data
     def _prepare_dataset(
@@ -156,24 +218,28 @@ class RankedRewardTrainer(RewardTrainer):
         dataset_name: str,
     ) -> Dataset | IterableDataset:
         columns = _column_names(dataset)
+        if all(c in columns for c in LEGACY_PAIR_COLUMNS) and not all(c in columns for c in PAIR_COLUMNS):
+            warnings.warn(  # TRL 1.16's warning, word for word
+                "Detected legacy dataset columns `chosen_input_ids`/`rejected_input_ids`; they are deprecated and "
+                "will not be supported in v1. Please migrate to `chosen_ids`/`rejected_ids`.",
+                FutureWarning,
+                stacklevel=2,
+            )
+            dataset = dataset.rename_column("chosen_input_ids", "chosen_ids")
+            dataset = dataset.rename_column("rejected_input_ids", "rejected_ids")
+            columns = _column_names(dataset)
         if all(c in columns for c in PROCESSED_COLUMNS):
             return dataset
-        if "chosen_ids" in columns and "rejected_ids" in columns:  # TRL's tokenized format
-
-            def to_ranked(example):
-                ids = [example["chosen_ids"], example["rejected_ids"]]
-                out = {"completion_ids": ids, "ranks": [0, 1], "context_length": common_prefix_length(*ids)}
-                return out
-
-            return dataset.map(to_ranked, remove_columns=["chosen_ids", "rejected_ids"])
+        if all(c in columns for c in PAIR_COLUMNS):  # TRL's tokenized format (or our processed pairs)
+            return self._prepare_pretokenized(dataset, processing_class, args, dataset_name)
+        if "chosen" in columns and "context" not in columns:
+            return self._prepare_preference(dataset, processing_class, args, dataset_name, columns)
         if isinstance(dataset, IterableDataset):
             return self._prepare_iterable(dataset, processing_class, args, dataset_name, columns)
 
         with global_then_local_main_first():
             if "context" in columns and "completions" in columns:
                 records, _ = validate_records(enumerate(dataset), dataset_name, args.on_invalid, row_label="row")
-            elif "chosen" in columns:
-                records = _binary_rows_to_records(dataset, dataset_name, args.on_invalid)
             else:
                 raise ValueError(
                     f"Dataset {dataset_name!r} has columns {columns}: expected rank-schema records "
@@ -191,7 +257,8 @@ class RankedRewardTrainer(RewardTrainer):
                 out, status = tokenize_rank_record(example, processing_class, args.max_length, args.truncation)
                 if out is None:
                     out = {"completion_ids": [], "ranks": [], "context_length": 0}
-                out.setdefault("margin", example.get("margin"))
+                # A record without a margin, in a set where others have one, has margin 0.
+                out["margin"] = float(example["margin"]) if example.get("margin") is not None else 0.0
                 out["status"] = status
                 return out
 
@@ -199,6 +266,87 @@ class RankedRewardTrainer(RewardTrainer):
             if not has_margin:
                 tokenized = tokenized.remove_columns(["margin"])
         return tokenized
+
+    def _prepare_preference(
+        self,
+        dataset: Dataset | IterableDataset,
+        processing_class: PreTrainedTokenizerBase,
+        args: RankedRewardConfig,
+        dataset_name: str,
+        columns: list[str],
+    ) -> Dataset | IterableDataset:
+        """TRL preference rows -> TRL's processed columns: the original columns (text responses with EOS appended,
+        as TRL does), plus `chosen_ids`/`rejected_ids` holding the ids TRL's `RewardTrainer` produces, and `margin`
+        (0 where missing) when the dataset has the column."""
+        from ..data.converters import binary_to_rank, fold_context_into_completions, record_validation_view
+
+        has_margin = "margin" in columns
+        eos = processing_class.eos_token
+        on_invalid, max_length, truncation = args.on_invalid, args.max_length, args.truncation
+
+        def process(example, row):
+            out: dict[str, Any] = {}
+            for key in ("chosen", "rejected"):  # TRL appends EOS to plain-text responses
+                if isinstance(example.get(key), str) and eos and not example[key].endswith(eos):
+                    out[key] = example[key] + eos
+            try:
+                # TRL responses may run for several turns: then they are whole conversations of an empty context.
+                record = fold_context_into_completions(binary_to_rank(example, dataset_name, row, "row"))
+                validate_rank_record(record_validation_view(record), dataset_name, row, "row")
+                kwargs = _template_kwargs(example, dataset_name, row)
+            except DataValidationError as err:
+                if on_invalid == "raise":
+                    raise
+                out.update(chosen_ids=[], rejected_ids=[], status="invalid", reason=err.reason)
+                if has_margin:
+                    out["margin"] = 0.0
+                return out
+            tokenized, status = tokenize_rank_record(record, processing_class, max_length, truncation, kwargs)
+            ids = tokenized["completion_ids"] if tokenized is not None else [[], []]
+            out.update(chosen_ids=ids[0], rejected_ids=ids[1], status=status, reason="")
+            if has_margin:
+                out["margin"] = float(record.get("margin", 0.0))
+            return out
+
+        with global_then_local_main_first():
+            if isinstance(dataset, IterableDataset):  # lazy: no counts up front
+                mapped = dataset.map(process, with_indices=True)
+                mapped = mapped.filter(lambda status: status in ("ok", "truncated"), input_columns="status")
+                return mapped.remove_columns(["status", "reason"])
+            mapped = dataset.map(
+                process, with_indices=True, num_proc=args.dataset_num_proc, desc=f"Tokenizing {dataset_name} dataset"
+            )
+            return self._finish_tokenized(mapped, args, dataset_name)
+
+    def _prepare_pretokenized(
+        self,
+        dataset: Dataset | IterableDataset,
+        processing_class: PreTrainedTokenizerBase,
+        args: RankedRewardConfig,
+        dataset_name: str,
+    ) -> Dataset | IterableDataset:
+        """`chosen_ids`/`rejected_ids` given: TRL's `max_length` filter (or left truncation of the shared prefix)."""
+        if args.max_length is None:
+            return dataset
+        max_length, truncation, bos = args.max_length, args.truncation, processing_class.bos_token_id
+        if truncation != "left":  # exactly TRL's filter
+            kwargs = {} if isinstance(dataset, IterableDataset) else {"num_proc": args.dataset_num_proc}
+            with global_then_local_main_first():
+                return dataset.filter(
+                    lambda chosen, rejected: len(chosen) <= max_length and len(rejected) <= max_length,
+                    input_columns=list(PAIR_COLUMNS),
+                    **kwargs,
+                )
+
+        def limit(example):
+            chosen, rejected, status = _limit_pair(example["chosen_ids"], example["rejected_ids"], max_length, truncation, bos)
+            return {"chosen_ids": chosen, "rejected_ids": rejected, "status": status}
+
+        with global_then_local_main_first():
+            if isinstance(dataset, IterableDataset):
+                mapped = dataset.map(limit).filter(lambda status: status != "dropped", input_columns="status")
+                return mapped.remove_columns(["status"])
+            return self._finish_tokenized(dataset.map(limit, num_proc=args.dataset_num_proc), args, dataset_name)
 
     def _tokenize_dataset(self, base: Dataset, tokenize, args: RankedRewardConfig, dataset_name: str) -> Dataset:
         """Map `tokenize` (which adds a `status`: kept, truncated or dropped) over `base`; count and report the
@@ -209,7 +357,15 @@ class RankedRewardTrainer(RewardTrainer):
             num_proc=args.dataset_num_proc,
             desc=f"Tokenizing {dataset_name} dataset",
         )
+        return self._finish_tokenized(tokenized, args, dataset_name)
+
+    def _finish_tokenized(self, tokenized: Dataset, args: RankedRewardConfig, dataset_name: str) -> Dataset:
+        """Count the `status` of every example (and the `reason` of invalid ones), report the skipped, dropped and
+        truncated ones, keep the kept ones, and remove the bookkeeping columns."""
         counts = Counter(tokenized["status"])
+        if counts["invalid"]:
+            reasons = Counter(r for r, s in zip(tokenized["reason"], tokenized["status"]) if s == "invalid")
+            logger.warning("%s: skipped %d invalid row(s): %s", dataset_name, counts["invalid"], dict(reasons))
         self._data_counts[dataset_name] = counts
         if counts["dropped"] or counts["truncated"]:
             logger.warning(
@@ -221,7 +377,10 @@ class RankedRewardTrainer(RewardTrainer):
                 counts["truncated"],
                 args.truncation,
             )
-        tokenized = tokenized.filter(lambda s: s != "dropped", input_columns="status").remove_columns("status")
+        tokenized = tokenized.filter(lambda s: s in ("ok", "truncated"), input_columns="status")
+        tokenized = tokenized.remove_columns([c for c in ("status", "reason") if c in tokenized.column_names])
+        if len(tokenized) == 0 and counts["invalid"] and not counts["dropped"]:
+            raise ValueError(f"Dataset {dataset_name!r} has no valid record.")
         if len(tokenized) == 0:
             raise ValueError(
                 f"Every record of dataset {dataset_name!r} is longer than max_length={args.max_length}; raise "
@@ -230,14 +389,16 @@ class RankedRewardTrainer(RewardTrainer):
         return tokenized
 
     def _prepare_iterable(self, dataset, processing_class, args, dataset_name, columns):
-        """Streaming data: validate, convert and tokenize lazily (counts are not available up front)."""
-        from ..data.converters import binary_to_rank
-
-        rank_format = "context" in columns and "completions" in columns
+        """Streaming rank-schema data: validate and tokenize lazily (counts are not available up front)."""
+        if "context" not in columns or "completions" not in columns:
+            raise ValueError(
+                f"Dataset {dataset_name!r} has columns {columns}: expected rank-schema records "
+                "('context', 'completions'), TRL preference data ('chosen', 'rejected', optional 'prompt'), or "
+                "tokenized data ('chosen_ids', 'rejected_ids')."
+            )
 
         def tokenize(example):
-            record = example if rank_format else binary_to_rank(example, dataset_name, None)
-            record = validate_rank_record(record, dataset_name, None, "row")
+            record = validate_rank_record(example, dataset_name, None, "row")
             out, status = tokenize_rank_record(record, processing_class, args.max_length, args.truncation)
             return out or {"completion_ids": [], "ranks": [], "context_length": 0}
 
@@ -246,16 +407,22 @@ class RankedRewardTrainer(RewardTrainer):
 
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:
-            self._signature_columns = ["completion_ids", "ranks", "margin", "context_length"]
+            self._signature_columns = [*PAIR_COLUMNS, "margin", *PROCESSED_COLUMNS, "context_length"]
 
     # ------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         mode = "train" if self.model.training else "eval"
-        ranks = inputs.pop("ranks")
-        record_index = inputs.pop("record_index")
+        ranks = inputs.pop("ranks", None)
+        record_index = inputs.pop("record_index", None)
         margin = inputs.pop("margin", None)
         inputs.pop("context_length", None)
-        if "segment_ids" in inputs:  # prefix-shared rows (see prefix_sharing.py)
+        if ranks is None:  # TRL's pair layout (ours or TRL's DataCollatorForPreference): every chosen, then rejected
+            rows = inputs["score_index"] if "score_index" in inputs else inputs["input_ids"]
+            ranks, record_index = _pair_layout(rows.shape[0], rows.device)
+        if "prefix_ids" in inputs:  # contexts once with a KV cache, completions against it (see prefix_sharing.py)
+            scores, outputs = shared_context_scores(model, inputs)
+            token_count = inputs["prefix_mask"].sum() + inputs["completion_mask"].sum()
+        elif "segment_ids" in inputs:  # prefix-shared rows (see prefix_sharing.py)
             dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
             if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
                 dtype = torch.float32
@@ -265,6 +432,8 @@ class RankedRewardTrainer(RewardTrainer):
             outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
             scores = outputs.logits[:, 0]  # (C,)
             token_count = inputs["attention_mask"].sum()
+        if mode == "eval":
+            self._last_scores = scores.detach()
         pairwise = ranked_bradley_terry_loss(
             scores, ranks, record_index, margin, self.args.center_rewards_coefficient
         )
@@ -296,37 +465,68 @@ class RankedRewardTrainer(RewardTrainer):
         else:
             stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
             self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
+            # (min, max) per process; repeated padding samples of a last batch cannot change either.
+            local = scores.detach().float()
+            self._eval_extremes.append(self.accelerator.gather(torch.stack([local.min(), local.max()])[None]).cpu())
         return (loss, outputs) if return_outputs else loss
 
     # ------------------------------------------------------------------ evaluation
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):
-        self._eval_stats = []
-        # Predictions are not needed (the metrics come from the exact pair statistics), so never gather them.
-        output = super().evaluation_loop(dataloader, description, True, ignore_keys, metric_key_prefix)
+        self._eval_stats, self._eval_extremes = [], []
+        # `evaluate` asks for predictions only when there is a `compute_metrics` (Trainer's rule, as in TRL).
+        output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         if self._eval_stats:
             stats = torch.cat(self._eval_stats).sum(0)
             summary = summarize_statistics(stats)
             self._last_eval_summary[metric_key_prefix] = (self.state.global_step, summary)
             for key in SET_METRICS:
                 output.metrics[f"{metric_key_prefix}_{key}"] = summary[key]
-        self._eval_stats = []
+            # TRL's eval keys, exact over the set and named after it (`eval_min_reward` ... for a single set).
+            extremes = torch.cat(self._eval_extremes)
+            output.metrics[f"{metric_key_prefix}_min_reward"] = extremes[:, 0].min().item()
+            output.metrics[f"{metric_key_prefix}_mean_reward"] = summary["reward_mean"]
+            output.metrics[f"{metric_key_prefix}_max_reward"] = extremes[:, 1].max().item()
+            output.metrics[f"{metric_key_prefix}_num_tokens"] = float(self._total_train_tokens)
+        self._eval_stats, self._eval_extremes = [], []
         return output
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        with torch.no_grad():
-            loss = self.compute_loss(model, self._prepare_inputs(inputs))
-        return loss.detach(), None, None
+        """The loss, and (unless `prediction_loss_only`) predictions and labels for `compute_metrics`: for TRL pairs
+        exactly TRL's (`(2B, 1)` scores, every chosen then every rejected, and `()`), for rank records `(B, N)` scores
+        and `(B, N)` ranks (-100 where a record has fewer than N completions)."""
+        inputs = self._prepare_inputs(inputs)
+        ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        loss = loss.detach()
+        if prediction_loss_only:
+            return loss, None, None
+        scores = self._last_scores
+        if ranks is None:  # TRL's layout, TRL's shapes
+            return loss, scores[:, None], ()
+        num_records = int(record_index.max().item()) + 1
+        counts = torch.bincount(record_index, minlength=num_records)
+        starts = torch.cumsum(counts, 0) - counts
+        position = torch.arange(len(record_index), device=record_index.device) - starts[record_index]
+        width = int(counts.max().item())
+        predictions = scores.new_full((num_records, width), -100.0)
+        predictions[record_index, position] = scores
+        labels = torch.full_like(predictions, -100, dtype=torch.long)
+        labels[record_index, position] = ranks
+        return loss, predictions, labels
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix="eval"):
         sets = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if not isinstance(sets, dict):
+        if not isinstance(sets, dict) or not sets:
             metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
         else:
-            start = time.time()
-            metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            # The total time goes into the last set's log row (see `log`): one row per set, as TRL logs them.
             key = f"{metric_key_prefix}_total_validation_time"
-            metrics[key] = round(time.time() - start, 4)
-            self.log({key: metrics[key]})
+            self._pending_total_time = (key, time.time(), f"{metric_key_prefix}_{list(sets)[-1]}")
+            try:
+                metrics = super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
+            finally:
+                self._pending_total_time = None
         if eval_dataset is None and metric_key_prefix == "eval":  # every validation set, as final_evaluation needs
             self._last_full_evaluation = (self.state.global_step, dict(metrics))
         return metrics
@@ -343,6 +543,26 @@ class RankedRewardTrainer(RewardTrainer):
             return dict(cached[1])
         return self.evaluate()
 
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        pending = self._pending_total_time
+        if pending is not None and f"{pending[2]}_runtime" in logs:  # the last named set's evaluation row
+            logs[pending[0]] = round(time.time() - pending[1], 4)
+        if self._silent_logs:  # an evaluation of our own (reward statistics): not part of the user's log
+            self._metrics["train" if self.model.training else "eval"].clear()
+            if self.state.epoch is not None:  # the returned metrics look as if logged
+                logs["epoch"] = self.state.epoch
+            return
+        super().log(logs, start_time)
+
+    @contextlib.contextmanager
+    def _quiet(self):
+        """Evaluations run for our own needs (reward statistics) stay out of `log_history` and the loggers."""
+        self._silent_logs = True
+        try:
+            yield
+        finally:
+            self._silent_logs = False
+
     # ------------------------------------------------------------------ reward statistics
     def train(self, *args, **kwargs):
         output = super().train(*args, **kwargs)
@@ -351,7 +571,8 @@ class RankedRewardTrainer(RewardTrainer):
         if self.args.save_reward_stats and self.eval_dataset is not None:
             # With load_best_model_at_end the weights are now the best checkpoint's, not the ones evaluated last.
             reloaded = self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None
-            self.store_reward_stats(reevaluate=reloaded)
+            with self._quiet():  # TRL's log layout: the train summary stays the last row
+                self.store_reward_stats(reevaluate=reloaded)
         return output
 
     def store_reward_stats(self, reevaluate: bool = False) -> dict[str, dict[str, float]]:
@@ -379,6 +600,13 @@ class RankedRewardTrainer(RewardTrainer):
         config = self.accelerator.unwrap_model(self.model).config
         config.reward_mean, config.reward_std, config.reward_stats = mean, std, per_set
         return per_set
+
+
+def _pair_layout(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(ranks, record_index)` of TRL's pair layout: rows 0..B-1 are the chosen, B..2B-1 the rejected."""
+    half = rows // 2
+    ranks = torch.cat([torch.zeros(half, dtype=torch.long), torch.ones(half, dtype=torch.long)]).to(device)
+    return ranks, torch.arange(half, device=device).repeat(2)
 
 
 __all__ = ["RankedRewardTrainer", "STAT_COLUMNS"]
