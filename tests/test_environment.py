@@ -253,7 +253,11 @@ def test_nonfinite_reward_only_replaces_bad_rows(make_env, batch_reference, monk
         return out
 
     monkeypatch.setattr(model, "forward", nan_forward)
-    env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", batch_size=4, nonfinite_reward=-1.0)
+    # The patched forward finds the bad row by its attention mask: the plain path (prefix sharing's KV-cache passes
+    # see contexts and completions apart).
+    env = RewardModelEnvironment(
+        model, tiny_tokenizer, device="cpu", batch_size=4, nonfinite_reward=-1.0, prefix_sharing=False
+    )
     expected = want.clone()
     expected[bad] = -1.0
     assert_scores(env(prompts, completions), expected)

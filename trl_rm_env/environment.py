@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .data.schema import COMPLETION_ROLES, KNOWN_ROLES
 from .distributed import FullWeights, fsdp_requested, fsdp_version, shard_reward_model
 from .scoring.scorer import RewardScorer, _strip_completion, as_pairs
 
@@ -71,17 +72,39 @@ _OUR_KEYS = {
 }
 
 
-def _check_content(value: Any, where: str) -> None:
+def _check_content(value: Any, where: str, completion: bool = False) -> None:
+    """Refuse, with one line naming `where` and the field, a sample that is not text or a list of messages with a
+    string `role` and string `content`; for completions, also roles other than the data schema's `COMPLETION_ROLES`.
+
+    A completion holds the policy's answer and, in a multi-turn tool-calling rollout, the tool results (TRL's
+    GRPOTrainer appends `{"role": "tool", ...}` messages): a `user` or `system` turn in a completion would let a
+    policy write the other side of the conversation, and any role outside `KNOWN_ROLES` is a typo or a foreign
+    schema. Prompt roles are the chat template's business (it renders them or raises)."""
     if isinstance(value, str):
         return
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         for j, message in enumerate(value):
-            if not isinstance(message, Mapping) or "content" not in message:
+            if not isinstance(message, Mapping):
                 raise TypeError(f"{where}[{j}] must be a message with 'role' and 'content', got {message!r:.80}")
+            for key in ("role", "content"):
+                if key not in message:
+                    raise TypeError(
+                        f"{where}[{j}] must be a message with 'role' and 'content'; it has no {key!r} "
+                        f"(keys: {sorted(map(str, message))})"
+                    )
+            if not isinstance(message["role"], str):
+                raise TypeError(f"{where}[{j}].role must be a string, got {type(message['role']).__name__}")
             if not isinstance(message["content"], str):
                 raise TypeError(
                     f"{where}[{j}].content must be a string, got {type(message['content']).__name__}. "
                     "Multimodal content is not supported by text reward models."
+                )
+            role = message["role"]
+            if completion and role not in COMPLETION_ROLES:
+                what = "a role a completion cannot hold" if role in KNOWN_ROLES else f"not a known role {KNOWN_ROLES}"
+                raise ValueError(
+                    f"{where}[{j}].role is {role!r}, {what}: a completion holds the policy's turns only (roles "
+                    f"{list(COMPLETION_ROLES)}); put other turns in the prompt."
                 )
         return
     raise TypeError(f"{where} must be a string or a list of messages, got {type(value).__name__}")
@@ -160,7 +183,8 @@ class RewardModelEnvironment:
         truncation: `"left"` cuts over-long contexts from the left (never the completion); `"fallback"` gives
             over-long items `overlength_reward`.
         overlength_reward: Reward for items that cannot fit in `max_length`; None raises an error instead.
-        nonfinite_reward: Reward used if the RM returns NaN/inf; None raises an error.
+        nonfinite_reward: Reward used if the RM returns NaN/inf (warned once with the count, counted in
+            `num_nonfinite` and the `reward_model_env/num_nonfinite` metric); None raises an error naming the samples.
         empty_completion_reward: Reward for empty or whitespace-only completions (judged after `strip_reasoning`,
             so a completion that is only reasoning counts as empty). None (default) scores them with the RM like any
             other answer (an empty assistant turn); their count is logged as `reward_model_env/num_empty`.
@@ -175,16 +199,19 @@ class RewardModelEnvironment:
         model_init_kwargs: Extra `from_pretrained` keyword arguments for a model loaded here.
         trust_remote_code: Allow custom model code from the Hub (off by default).
         show_progress: Progress bar over batches. None: only in `score()` on long lists, never inside training.
-        prefix_sharing: Score the completions of a GRPO group in one row each: the shared prompt's tokens once,
-            every completion after it under a block mask (same scores as scoring each alone; the prompt goes through
-            the RM once instead of G times). Needs eager or SDPA attention; falls back with a warning otherwise.
+        prefix_sharing: Score the completions of a GRPO group against one encoding of their prompt: the prompt goes
+            through the RM once with a KV cache and the G completions run against it (same scores as scoring each
+            alone; no mask over a whole row; eager, SDPA or FlashAttention-2). `"auto"` (default): where the RM
+            supports it and a cost model says it pays (prompt long enough against the completions and the group
+            size), else the plain path, logged once. `True`: every group that shares tokens; `False`: never.
         fsdp_shard: Shard the RM across the processes with FSDP2 `fully_shard` (each rank keeps 1/world_size of
             the weights between reward calls and gathers them for one call at a time). None (default): when the
             Accelerate config is FSDP version 2 and several processes run. Under DeepSpeed ZeRO-3 the RM is
             partitioned by `zero.Init` instead. `self.sharding` says which applies: `none`, `zero3` or `fsdp2`.
         remote_url: Score on reward-model servers instead (`trl-rm-env serve`, or vLLM `--runner pooling`): one
             URL or a list. `RewardModelEnvironment(remote_url=...)` then builds a `RemoteRewardModelEnvironment`
-            (async `__call__`, retries, the same metrics); `model` is the model name sent to the server.
+            (async `__call__`, retries, the same metrics); `model` is the model name sent to the server, and
+            `remote_api` (`pooling`/`classify`/`openrlhf`) and `api_key` pick the server's dialect and key.
     """
 
     def __new__(cls, *args: Any, remote_url: str | Sequence[str] | None = None, **kwargs: Any):
@@ -213,7 +240,7 @@ class RewardModelEnvironment:
         model_init_kwargs: dict[str, Any] | None = None,
         trust_remote_code: bool = False,
         show_progress: bool | None = None,
-        prefix_sharing: bool = False,
+        prefix_sharing: bool | str = "auto",
         remote_url: str | Sequence[str] | None = None,
         attribute_weights: Mapping[str, float] | Sequence[float] | None = None,
         fsdp_shard: bool | None = None,
@@ -273,6 +300,8 @@ class RewardModelEnvironment:
             output_weights=self.attribute_weights,
         )
         self._count, self._mean, self._m2 = 0, 0.0, 0.0  # running statistics (Welford)
+        self.num_nonfinite = 0  # samples given `nonfinite_reward` so far (the first time is warned)
+        self._warned_nonfinite = False
         if normalization == "checkpoint":
             mean, std = getattr(model.config, "reward_mean", None), getattr(model.config, "reward_std", None)
             if mean is None or std is None:
@@ -365,7 +394,7 @@ class RewardModelEnvironment:
         No normalization, clipping or metrics: this is for offline use and evaluation.
         """
         contexts, completions = as_pairs(conversations)
-        with self._full_weights():
+        with self._full_weights(), self._nonfinite_named(range(len(contexts)), "conversations"):
             return self.scorer.score(contexts, completions)
 
     def __call__(
@@ -379,12 +408,49 @@ class RewardModelEnvironment:
         empty = self._check_inputs(prompts, completions)
         rewards = torch.empty(len(prompts), dtype=torch.float32)
         to_score = self._to_score(len(prompts), empty)
+        nonfinite: list[int] = []
         with self._full_weights():  # entered on every rank, even one with nothing to score (a ZeRO-3 collective)
             if to_score:
-                rewards[torch.tensor(to_score)] = self.scorer.score(
-                    [prompts[i] for i in to_score], [completions[i] for i in to_score], progress=bool(self.show_progress)
+                with self._nonfinite_named(to_score, "completions") as nonfinite:
+                    rewards[torch.tensor(to_score)] = self.scorer.score(
+                        [prompts[i] for i in to_score],
+                        [completions[i] for i in to_score],
+                        progress=bool(self.show_progress),
+                    )
+        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
+
+    @contextlib.contextmanager
+    def _nonfinite_named(self, indices: Sequence[int], what: str):
+        """Around one `scorer.score` call on the samples `indices`: yields a list that receives the samples the
+        model scored NaN/inf (given `nonfinite_reward`); warns the first time it happens, naming the count; and
+        re-raises the scorer's `FloatingPointError` naming the caller's sample indices, not the scorer's."""
+        found: list[int] = []
+        try:
+            yield found
+        except FloatingPointError as err:
+            bad = [indices[i] for i in getattr(self.scorer, "last_nonfinite", [])]
+            if not bad:
+                raise
+            raise FloatingPointError(
+                f"{self.name}: the reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}"
+                f" of the {what} ({len(bad)} of {len(indices)} scored). Check the model dtype (fp16 overflows are "
+                "common) or set `nonfinite_reward`."
+            ) from err
+        found.extend(indices[i] for i in getattr(self.scorer, "last_nonfinite", []))
+        if found:
+            self.num_nonfinite += len(found)
+            if not self._warned_nonfinite:
+                self._warned_nonfinite = True
+                shown = ", ".join(f"{what}[{i}]" for i in found[:10]) + (" ..." if len(found) > 10 else "")
+                logger.warning(
+                    "%s: the reward model returned NaN/inf for %d of %d samples (%s); they get nonfinite_reward=%s. "
+                    "Warned once: later ones are counted in `reward_model_env/num_nonfinite` and `num_nonfinite`.",
+                    self.name,
+                    len(found),
+                    len(indices),
+                    shown,
+                    self.scorer.nonfinite_reward,
                 )
-        return self._finish(rewards, empty, kwargs.get("log_metric"))
 
     # ------------------------------------------------------------------ shared by local and remote scoring
     def _check_inputs(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[int]:
@@ -396,7 +462,7 @@ class RewardModelEnvironment:
             )
         for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             _check_content(prompt, f"prompts[{i}]")
-            _check_content(completion, f"completions[{i}]")
+            _check_content(completion, f"completions[{i}]", completion=True)
             if isinstance(prompt, str) != isinstance(completion, str):
                 raise TypeError(
                     f"prompts[{i}] and completions[{i}] must both be text or both be message lists, got "
@@ -410,15 +476,18 @@ class RewardModelEnvironment:
         skip = set(empty) if self.empty_completion_reward is not None else set()
         return [i for i in range(n) if i not in skip]
 
-    def _finish(self, rewards: torch.Tensor, empty: list[int], log_metric) -> list[float]:
-        """Fallback for empty completions, normalization, clipping, metrics."""
+    def _finish(
+        self, rewards: torch.Tensor, empty: list[int], log_metric, nonfinite: int | None = None
+    ) -> list[float]:
+        """Fallback for empty completions, normalization, clipping, metrics (`nonfinite`: how many samples got
+        `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known)."""
         if self.empty_completion_reward is not None and empty:
             rewards[torch.tensor(empty)] = float(self.empty_completion_reward)
         raw = rewards.clone()
         rewards = self._normalize(rewards)
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
-        self._log(log_metric, raw, rewards, len(empty))
+        self._log(log_metric, raw, rewards, len(empty), nonfinite)
         return rewards.tolist()
 
     # ------------------------------------------------------------------ normalization and metrics
@@ -437,7 +506,14 @@ class RewardModelEnvironment:
             std = math.sqrt(self._m2 / self._count) if self._count > 1 else 1.0
         return (rewards - mean) / max(std, 1e-6)
 
-    def _log(self, log_metric: Callable[[str, float], None] | None, raw: torch.Tensor, rewards: torch.Tensor, empty: int):
+    def _log(
+        self,
+        log_metric: Callable[[str, float], None] | None,
+        raw: torch.Tensor,
+        rewards: torch.Tensor,
+        empty: int,
+        nonfinite: int | None = None,
+    ):
         if log_metric is None or rewards.numel() == 0:
             return
         prefix = "reward_model_env"
@@ -447,6 +523,8 @@ class RewardModelEnvironment:
         log_metric(f"{prefix}/min_reward", rewards.min().item())
         log_metric(f"{prefix}/max_reward", rewards.max().item())
         log_metric(f"{prefix}/num_empty", float(empty))
+        if nonfinite is not None:
+            log_metric(f"{prefix}/num_nonfinite", float(nonfinite))
         attributes = getattr(self, "attributes", None)
         outputs = self.scorer.last_outputs if attributes else None
         if attributes and outputs is not None:  # regression RM: mean of each predicted attribute
@@ -478,6 +556,11 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment):
         remote_url: One URL or several (`http://host:port`).
         model: The model name sent with each request (None: the server's own).
         timeout, retries, backoff, max_concurrency: Client settings (see `trl_rm_env.serving.RemoteScorer`).
+        remote_api: The server's dialect: `"pooling"` (vLLM `/pooling`, default), `"classify"` (vLLM `/classify`)
+            or `"openrlhf"` (OpenRLHF's `/get_reward`, text only: conversations are rendered here with `tokenizer`,
+            the RM's tokenizer or its path). Raw scores are always asked for.
+        api_key: Sent as `Authorization: Bearer <key>`; None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`.
+        nonfinite_reward: Reward for an item the server scored NaN/inf; None raises an error, as local scoring does.
         empty_completion_reward, strip_reasoning, clip, name: As for `RewardModelEnvironment`.
         normalization: `none` or `running` (`checkpoint` needs the model config, which a remote RM does not give).
     """
@@ -495,6 +578,9 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment):
         retries: int = 5,
         backoff: float = 0.5,
         max_concurrency: int = 64,
+        remote_api: str = "pooling",
+        api_key: str | None = None,
+        nonfinite_reward: float | None = None,
         empty_completion_reward: float | None = None,
         strip_reasoning: bool = False,
         normalization: str = "none",
@@ -511,12 +597,27 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment):
             raise ValueError(f"normalization must be 'none' or 'running' with remote_url, got {normalization!r}")
         if clip is not None and clip <= 0:
             raise ValueError(f"clip must be > 0, got {clip}")
-        if tokenizer is not None:
+        if remote_api == "openrlhf" and isinstance(tokenizer, str | os.PathLike):
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))  # /get_reward takes text: rendered here
+        elif tokenizer is not None and remote_api != "openrlhf":
             logger.warning("%s: the tokenizer is ignored with remote_url; the server renders with its own.", name)
+            tokenizer = None
         self.client = RemoteScorer(
-            remote_url, model=model, timeout=timeout, retries=retries, backoff=backoff, max_concurrency=max_concurrency
+            remote_url,
+            model=model,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_concurrency=max_concurrency,
+            api=remote_api,
+            api_key=api_key,
+            nonfinite_reward=nonfinite_reward,
+            tokenizer=tokenizer,
         )
         self.model = None
+        self.scorer = self.client  # `last_nonfinite` and `nonfinite_reward`, as a local scorer has them
+        self.num_nonfinite = 0  # samples given `nonfinite_reward` so far, as for local scoring
+        self._warned_nonfinite = False
         self.remote_url = self.client.urls
         self.__name__ = name
         self.name = name
@@ -529,7 +630,9 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment):
     async def score(self, conversations: Sequence[Any]) -> torch.Tensor:  # type: ignore[override]
         """Raw scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs."""
         contexts, completions = as_pairs(conversations)
-        return torch.tensor(await self.client.score(list(zip(contexts, completions))), dtype=torch.float32)
+        with self._nonfinite_named(range(len(contexts)), "conversations"):
+            scores = await self.client.score(list(zip(contexts, completions)))
+        return torch.tensor(scores, dtype=torch.float32)
 
     async def __call__(  # type: ignore[override]
         self,
@@ -542,13 +645,16 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment):
         empty = self._check_inputs(prompts, completions)
         rewards = torch.empty(len(prompts), dtype=torch.float32)
         to_score = self._to_score(len(prompts), empty)
+        nonfinite: list[int] = []
         if to_score:
             pairs = [
                 (prompts[i], _strip_completion(completions[i]) if self.strip_reasoning else completions[i])
                 for i in to_score
             ]
-            rewards[torch.tensor(to_score)] = torch.tensor(await self.client.score(pairs), dtype=torch.float32)
-        return self._finish(rewards, empty, kwargs.get("log_metric"))
+            with self._nonfinite_named(to_score, "completions") as nonfinite:  # NaN/inf: as local scoring
+                scores = await self.client.score(pairs)
+            rewards[torch.tensor(to_score)] = torch.tensor(scores, dtype=torch.float32)
+        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
 
     def __repr__(self) -> str:
         return f"RemoteRewardModelEnvironment(name={self.name!r}, remote_url={self.remote_url!r})"
