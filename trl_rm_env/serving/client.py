@@ -178,6 +178,7 @@ class RemoteScorer:
         self.api_key = api_key or None
         self.nonfinite_reward = nonfinite_reward
         self.tokenizer = tokenizer
+        self._warned_special_text = False
         self._warned_activation = False
         self.last_nonfinite: list[int] = []
         self._next = 0  # round-robin position, kept across calls
@@ -232,9 +233,21 @@ class RemoteScorer:
                         "api='openrlhf' sends text (OpenRLHF's `query`): give RemoteScorer(tokenizer=...) (the reward "
                         "model's) to render conversations, or score rendered strings"
                     )
-                from ..scoring.templating import render_conversation
+                from ..scoring.templating import has_special_text, render_conversation
 
-                return {"query": [render_conversation(self.tokenizer, payload["messages"])]}
+                messages = payload["messages"]
+                if not self._warned_special_text and has_special_text(self.tokenizer, messages):
+                    # OpenRLHF's protocol carries rendered text only: the server cannot tell content from the
+                    # template, so special-token text in content reaches the model as control tokens.
+                    self._warned_special_text = True
+                    warnings.warn(
+                        "api='openrlhf' sends rendered text, and a conversation's content spells a special token of "
+                        "the reward model's tokenizer: the server will read it as a control token (a policy can forge "
+                        "turns this way). Use api='pooling' or 'classify', which send messages and keep it as text.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                return {"query": [render_conversation(self.tokenizer, messages)]}
             return {"query": [payload["input"]]}
         body = dict(payload, use_activation=self.use_activation)
         if self.api == "pooling":
