@@ -90,12 +90,14 @@ def test_invalid_record_names_file_line_and_field(tmp_path, bad, field, reason):
 
 def test_validate_rank_record_normalises_messages_and_keeps_metadata():
     raw = record(1, 0, task="2+2", score=0.5)
-    raw["completions"][0]["completion"][0]["name"] = "bot"  # extra message keys are dropped
+    raw["completions"][0]["completion"][0]["weight"] = 3  # unknown message keys are dropped
+    raw["completions"][0]["completion"][0]["name"] = "bot"  # name, tool_calls, tool_call_id are kept
+    raw["completions"][1]["completion"][0]["name"] = None  # ... unless None (what Arrow fills in)
     out = validate_rank_record(raw, "mem", 0, "row")
     assert out == {
         "context": [{"role": "user", "content": "What is 2+2?"}],
         "completions": [
-            {"rank": 1, "completion": [{"role": "assistant", "content": "answer 0"}]},
+            {"rank": 1, "completion": [{"role": "assistant", "content": "answer 0", "name": "bot"}]},
             {"rank": 0, "completion": [{"role": "assistant", "content": "answer 1"}]},
         ],
         "task": "2+2",

@@ -1,11 +1,11 @@
 """The `trl-rm-env` command.
 
     trl-rm-env make-tiny OUTDIR            # tiny offline reward model + policy (tests, quickstart)
-    trl-rm-env validate FILE [--format F]  # check a data file against the rank schema, report every bad row
+    trl-rm-env validate FILE [--format F]  # read a data file as training does; count bad rows by reason, show the first
     trl-rm-env eval --model M --data FILE[:name] ... [--format F] [--output results.json]
                                            # pairwise accuracy per set, RewardBench v1 sections;
                                            # per-attribute RMSE/MAE/Pearson for a regression RM
-    trl-rm-env serve --model M [--port 8000]  # HTTP scoring server, vLLM's POST /pooling shape
+    trl-rm-env serve --model M [--port 8000]  # HTTP scoring server: vLLM /pooling and /classify, OpenRLHF /get_reward
 """
 
 from __future__ import annotations
@@ -29,9 +29,23 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .data.loaders import load_rank_records
+    from .data.loaders import load_rank_records, records_to_dataset
+    from .data.regression import REGRESSION_FORMATS, load_regression_records, regression_records_to_dataset
+    from .data.schema import MAX_COMPLETIONS_PER_RECORD, DataValidationError
 
-    records, report = load_rank_records(args.source, split=args.split, data_format=args.format, on_invalid="skip")
+    # Report here, once: the loaders' own log line would repeat this summary.
+    options = dict(split=args.split, data_format=args.format, on_invalid="skip", log=False, allow_empty=True)
+    try:
+        if args.format in REGRESSION_FORMATS:
+            records, report = load_regression_records(args.source, **options)
+            regression_records_to_dataset(records, report.source)  # as training builds its table
+        else:
+            limit = MAX_COMPLETIONS_PER_RECORD if args.max_completions is None else args.max_completions or None
+            records, report = load_rank_records(args.source, max_completions=limit, **options)
+            records_to_dataset(records, report.source)
+    except (DataValidationError, FileNotFoundError, ValueError) as err:  # the file as a whole, or a bad option
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     print(f"{args.source}: {report.kept} valid record(s), {report.skipped} invalid, {report.ties} tie(s) dropped")
     for reason, count in report.reasons.most_common():
         print(f"  {count:6d}  {reason}")
@@ -39,7 +53,7 @@ def _validate(args: argparse.Namespace) -> int:
         print("First invalid rows:")
         for error in report.first_errors:
             print(f"  {error}")
-    return 1 if report.skipped else 0
+    return 1 if report.skipped or not report.kept else 0
 
 
 def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
@@ -145,7 +159,7 @@ def _load_scorer(args: argparse.Namespace, **options: Any):
 def _serve(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
-    from .serving.server import run_server
+    from .serving.server import default_served_name, run_server
     from .trainer.regression import parse_attribute_weights, regression_reward_weights
 
     # A regression RM serves one score per sample, the weighted sum of its attributes, as RewardModelEnvironment.
@@ -162,11 +176,18 @@ def _serve(args: argparse.Namespace) -> int:
         print("Regression RM: score = " + " + ".join(f"{w:g} * {name}" for name, w in zip(*resolved)), flush=True)
     run_server(
         scorer,
-        model_name=args.served_model_name or args.model,
+        # The folder's name, never its path: responses must not reveal the server's file system.
+        model_name=args.served_model_name or default_served_name(args.model),
         host=args.host,
         port=args.port,
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
+        max_items_per_request=args.max_items_per_request,
+        api_key=args.api_key,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        max_connections=args.max_connections,
+        aliases=[args.model],  # verl sends the model path as `model`; accepted, never echoed
     )
     return 0
 
@@ -189,10 +210,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bos-in-template", action="store_true", help="Chat template that writes BOS (double-BOS case).")
     p.set_defaults(func=_make_tiny)
 
-    p = sub.add_parser("validate", help="Check a data source against the rank schema and count invalid rows.")
-    p.add_argument("source", help="A .jsonl/.json file, sample:<split>, or a Hub dataset id.")
-    p.add_argument("--split", default=None)
-    p.add_argument("--format", default="rank", help="rank, binary, helpsteer3, tulu3.")
+    # Literal (importing trl_rm_env.data costs seconds on every command); a test holds it to the loaders' formats.
+    validate_formats = ("rank", "binary", "helpsteer3", "tulu3", "llmbar", "pandalm", "hh", "regression", "helpsteer2")
+    p = sub.add_parser(
+        "validate",
+        help="Check a data source as training would read it; count invalid rows by reason (exit 1 if any).",
+        description="Reads the source as training does (same converters and checks) and reports the valid, invalid "
+        "and tied rows with the first errors, each naming file, line/row and field. Exit status 1 when any row is "
+        "invalid or the file cannot be read.",
+    )
+    p.add_argument("source", help="A .jsonl/.json file (optionally .gz), sample:<split>, or a Hub dataset id.")
+    p.add_argument("--split", default=None, help="Hub split (default train).")
+    p.add_argument(
+        "--format",
+        default="rank",
+        choices=validate_formats,
+        metavar="FORMAT",
+        help=f"Format of the source: {', '.join(validate_formats)} (regression data: the last two). Default rank.",
+    )
+    p.add_argument(
+        "--max-completions",
+        type=int,
+        default=None,
+        help="Most completions in one record (default 1024, the training default; 0: no limit).",
+    )
     p.set_defaults(func=_validate)
 
     p = sub.add_parser(
@@ -231,19 +272,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "serve",
-        help="Serve a reward model over HTTP (vLLM's POST /pooling request/response shape, GET /health).",
+        help="Serve a reward model over HTTP (vLLM's /pooling and /classify, OpenRLHF's /get_reward).",
         description="Concurrent requests are batched together by token budget; a full queue answers 503, an "
-        "over-size body 413. Binds to 127.0.0.1 by default: there is no authentication.",
+        "over-size body or too many items 413, a slow client 408 or a closed connection. Binds to 127.0.0.1 by "
+        "default; set --api-key before binding another interface.",
     )
     _add_model_options(p)
     p.add_argument("--host", default="127.0.0.1", help="Interface to bind (default loopback only).")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="Name in responses and accepted in requests.")
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="Name in responses and accepted in requests (default: the model folder's name, or the Hub id).",
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="Require 'Authorization: Bearer KEY' on every route but /health (default: the TRL_RM_ENV_API_KEY, "
+        "else VLLM_API_KEY environment variable; unset: no key).",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="Sequences per forward pass (with no token budget).")
     p.add_argument("--max-tokens-per-batch", type=int, default=16384, help="Token budget per forward pass.")
     p.add_argument("--max-queue", type=int, default=1024, help="Requests waiting at most; more get HTTP 503.")
     p.add_argument(
         "--max-request-bytes", type=int, default=8 * 1024 * 1024, help="Largest request body; larger get HTTP 413."
+    )
+    p.add_argument(
+        "--max-items-per-request", type=int, default=4096, help="Most sequences in one request; more get HTTP 413."
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="Seconds a connection may take to send a request head (also the keep-alive idle time); then closed.",
+    )
+    p.add_argument("--body-timeout", type=float, default=30.0, help="Seconds for a request body; slower get 408.")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="Open connections at most; past it the oldest idle one is closed (default: open-file limit - 128).",
     )
     p.add_argument(
         "--attribute-weights",
@@ -258,8 +326,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    """Run `trl-rm-env` with `argv` (default `sys.argv[1:]`); return the exit status.
+
+    Expected errors (a missing file or model folder, bad data, a bad option) print one line, `trl-rm-env: error:
+    ...`, and return 1 (argument errors exit 2, as argparse does). `--debug` anywhere on the command line, or
+    `TRL_RM_ENV_DEBUG=1`, shows the traceback instead.
+    """
+    from .errors import debug_enabled, expected_errors, report_expected_error
+    from .model_source import check_model_source
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or debug_enabled()
+    argv = [a for a in argv if a != "--debug"]  # accepted before or after the command
+    parser = build_parser()
+    parser.add_argument("--debug", action="store_true", help="Show the traceback of an error (or TRL_RM_ENV_DEBUG=1).")
+    args = parser.parse_args(argv)
+    try:
+        if getattr(args, "model", None) is not None:  # eval, serve: a typo'd folder fails here, not as a Hub id
+            check_model_source(args.model, "reward model")
+        return args.func(args)
+    except expected_errors() as err:
+        if debug:
+            raise
+        report_expected_error(err, parser.prog)
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        return 130
 
 
 if __name__ == "__main__":

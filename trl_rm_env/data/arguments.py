@@ -6,6 +6,13 @@ from dataclasses import dataclass, field
 
 from datasets import Dataset
 
+from .converters import CONVERTERS
+from .real_formats import REAL_FORMAT_CONVERTERS
+from .schema import MAX_COMPLETIONS_PER_RECORD
+
+RANK_FORMATS = ("rank", *CONVERTERS, *REAL_FORMAT_CONVERTERS)
+"""Every `data_format` the rank loader accepts: the rank schema and each converter's name."""
+
 
 @dataclass
 class RankedDataArguments:
@@ -18,11 +25,13 @@ class RankedDataArguments:
         train_data: Source of the training set.
         eval_data: Named validation sets, each `name=source` (e.g. `in_domain=sample:in_domain`); every metric is
             reported per name (`eval_<name>_accuracy`, ...). A source without a name is called `eval`.
-        data_format: `rank` (the rank schema), `binary` (prompt/chosen/rejected), `helpsteer3`, `tulu3`.
+        data_format: `rank` (the rank schema), `binary` (prompt/chosen/rejected), `helpsteer3`, `tulu3`, `llmbar`,
+            `pandalm`, `hh` (`RANK_FORMATS`).
         prompt_key: Prompt column of `binary` data.
         chosen_key: Chosen column of `binary` data.
         rejected_key: Rejected column of `binary` data.
         hub_config: Dataset configuration name for Hub sources (e.g. `preference` for HelpSteer3).
+        max_completions: Most completions in one record; a record with more is invalid (see `docs/data_format.md`).
         build_tiny_model: If the model path does not exist, build the tiny offline models there first
             (`trl-rm-env make-tiny`); for the offline quickstart.
     """
@@ -34,12 +43,16 @@ class RankedDataArguments:
     )
     data_format: str = field(
         default="rank",
-        metadata={"help": "Format of the sources.", "choices": ["rank", "binary", "helpsteer3", "tulu3"]},
+        metadata={"help": "Format of the sources.", "choices": list(RANK_FORMATS)},
     )
     prompt_key: str = field(default="prompt", metadata={"help": "Prompt column of binary data."})
     chosen_key: str = field(default="chosen", metadata={"help": "Chosen column of binary data."})
     rejected_key: str = field(default="rejected", metadata={"help": "Rejected column of binary data."})
     hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    max_completions: int = field(
+        default=MAX_COMPLETIONS_PER_RECORD,
+        metadata={"help": "Most completions in one record; a record with more is invalid (split it instead)."},
+    )
     build_tiny_model: bool = field(
         default=False,
         metadata={"help": "Build the tiny offline models at the model path if it does not exist (quickstart)."},
@@ -56,6 +69,7 @@ class RankedDataArguments:
             chosen_key=self.chosen_key,
             rejected_key=self.rejected_key,
             hub_config=self.hub_config,
+            max_completions=self.max_completions,
         )
         _, source, split = parse_data_spec(self.train_data)
         train = load_rank_dataset(source, split=split, name="train", **kwargs)

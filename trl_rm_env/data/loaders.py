@@ -18,6 +18,7 @@ import gzip
 import inspect
 import json
 import logging
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,14 @@ from datasets import Dataset, load_dataset
 
 from trl_rm_env.data.converters import CONVERTERS, TIE_RULES
 from trl_rm_env.data.real_formats import REAL_FORMAT_CONVERTERS, REAL_FORMAT_TIE_RULES
-from trl_rm_env.data.schema import DataValidationError, OnInvalid, ValidationReport, validate_rank_record
+from trl_rm_env.data.schema import (
+    MAX_COMPLETIONS_PER_RECORD,
+    DataValidationError,
+    OnInvalid,
+    ValidationReport,
+    is_main_process,
+    validate_rank_record,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +61,9 @@ class LoadReport(ValidationReport):
     tie_rule: str = "no preference"
 
     def log(self) -> None:
-        """Log the ties and the skipped rows, once each."""
+        """Log the ties and the skipped rows, once each (on the main process of a distributed run)."""
+        if not is_main_process():
+            return
         if self.ties:
             logger.info("%s: dropped %d tied row(s) (%s)", self.source, self.ties, self.tie_rule)
         if self.skipped:
@@ -113,9 +123,13 @@ def parse_data_spec(spec: str) -> tuple[str | None, str, str | None]:
 # --- sources: each yields (row number, parsed row) ---
 
 
-def _open_text(path: Path):
-    """Open a data file as UTF-8 text, decompressing `.gz` files (hh-rlhf ships as `.jsonl.gz`)."""
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+_UTF8_BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _open_binary(path: Path):
+    """Open a data file for reading bytes, decompressing `.gz` files (hh-rlhf ships as `.jsonl.gz`)."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 
 def _data_suffix(path: Path) -> str:
@@ -123,32 +137,116 @@ def _data_suffix(path: Path) -> str:
     return Path(path.stem).suffix if path.suffix == ".gz" else path.suffix
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """One JSON value per line, 1-based line numbers; blank lines skipped; bad JSON yields a DataValidationError."""
-    with _open_text(path) as f:
-        for line_num, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_num, json.loads(line)
-            except json.JSONDecodeError as err:
-                yield line_num, DataValidationError(str(path), line_num, None, f"invalid JSON: {err}", "line")
+def _utf16_error(source: str) -> DataValidationError:
+    return DataValidationError(
+        source, None, None, "the file is UTF-16 (it starts with a UTF-16 byte-order mark); save it as UTF-8"
+    )
 
 
-def _read_json(path: Path) -> list[tuple[int, Any]]:
-    """A JSON list of rows, or an object with a single list value (`{"data": [...]}`); 0-based row numbers."""
+def _decode(raw: bytes, source: str, row: int | None, row_label: str = "line") -> str:
+    """UTF-8 bytes -> text; a leading UTF-8 byte-order mark (what Windows editors write) is dropped.
+
+    Raises:
+        DataValidationError: bytes that are not UTF-8, naming the row and the offending byte.
+    """
+    if raw.startswith(_UTF8_BOM):
+        raw = raw[len(_UTF8_BOM) :]
     try:
-        with _open_text(path) as f:
-            data = json.loads(f.read())
-    except json.JSONDecodeError as err:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
         raise DataValidationError(
-            str(path), None, None, f"invalid JSON: {err} (for one object per line, name the file .jsonl)"
-        ) from err
+            source,
+            row,
+            None,
+            f"not valid UTF-8: byte 0x{raw[err.start]:02x} at byte {err.start + 1}; save the file as UTF-8",
+            row_label,
+        ) from None
+
+
+def parse_json(text: str, source: str, row: int | None, row_label: str = "line") -> Any:
+    """`json.loads(text)`, with every failure as a `DataValidationError` naming the source and line.
+
+    Besides invalid JSON this covers values nested too deeply for the parser (`RecursionError`, about 1000 levels)
+    and integers of more than 4300 digits (Python's limit). `NaN` and `Infinity` parse (as Python does); the schema
+    rejects them where a number must be finite.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        reason = "invalid JSON: nested too deeply to parse (more than about 1000 levels of lists or objects)"
+    except ValueError as err:  # JSONDecodeError, and int() past sys.get_int_max_str_digits()
+        if isinstance(err, json.JSONDecodeError):
+            reason = f"invalid JSON: {err}"
+        else:
+            reason = f"invalid JSON: a number of more than {sys.get_int_max_str_digits()} digits"
+    raise DataValidationError(source, row, None, reason, row_label)
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """One JSON value per line of a `.jsonl` (or `.jsonl.gz`) file, with 1-based line numbers; blank lines skipped.
+
+    A line that is not UTF-8 or not JSON yields a `DataValidationError` naming the file and line in place of the
+    value, so that the `on_invalid` policy treats it like any other bad row. A UTF-8 byte-order mark is accepted.
+
+    Raises:
+        DataValidationError: a file that cannot be read as a whole (UTF-16, a corrupt `.gz`).
+    """
+    source = str(path)
+    try:
+        with _open_binary(path) as f:
+            for line_num, raw in enumerate(f, start=1):
+                if line_num == 1 and raw.startswith(_UTF16_BOMS):
+                    raise _utf16_error(source)
+                try:
+                    line = _decode(raw, source, line_num, "line")
+                    if not line.strip():
+                        continue
+                    yield line_num, parse_json(line, source, line_num, "line")
+                except DataValidationError as err:
+                    yield line_num, err
+    except (OSError, EOFError) as err:  # gzip.BadGzipFile is an OSError
+        raise DataValidationError(source, None, None, f"cannot read the file: {err}") from None
+
+
+def read_json(path: Path) -> list[tuple[int, Any]]:
+    """The rows of a `.json` (or `.json.gz`) file: a list, or an object with a single list value (`{"data": [...]}`),
+    with 0-based row numbers. A UTF-8 byte-order mark is accepted.
+
+    Raises:
+        DataValidationError: a file that is not UTF-8 (naming the line of the bad byte), not JSON, nested too deeply,
+            or not a list of rows.
+    """
+    source = str(path)
+    try:
+        with _open_binary(path) as f:
+            raw = f.read()
+    except (OSError, EOFError) as err:
+        raise DataValidationError(source, None, None, f"cannot read the file: {err}") from None
+    if raw.startswith(_UTF16_BOMS):
+        raise _utf16_error(source)
+    body = raw[len(_UTF8_BOM) :] if raw.startswith(_UTF8_BOM) else raw
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = body.count(b"\n", 0, err.start) + 1
+        column = err.start - (body.rfind(b"\n", 0, err.start) + 1) + 1
+        raise DataValidationError(
+            source,
+            line,
+            None,
+            f"not valid UTF-8: byte 0x{body[err.start]:02x} at byte {column}; save the file as UTF-8",
+        ) from None
+    try:
+        data = parse_json(text, source, None)
+    except DataValidationError as err:
+        raise DataValidationError(
+            source, None, None, f"{err.reason} (for one object per line, name the file .jsonl)"
+        ) from None
     if isinstance(data, dict):
         lists = [key for key, value in data.items() if isinstance(value, list)]
         if len(lists) != 1:
             raise DataValidationError(
-                str(path),
+                source,
                 None,
                 None,
                 f"a .json file must hold a list of rows or an object with one list value, got an object with "
@@ -157,7 +255,7 @@ def _read_json(path: Path) -> list[tuple[int, Any]]:
         data = data[lists[0]]
     if not isinstance(data, list):
         raise DataValidationError(
-            str(path), None, None, f"a .json file must hold a list of rows, got {type(data).__name__}"
+            source, None, None, f"a .json file must hold a list of rows, got {type(data).__name__}"
         )
     return list(enumerate(data))
 
@@ -182,7 +280,7 @@ def _open_source(
         )
     if source.startswith(SAMPLE_PREFIX) or (source == "sample" and split):
         path = _sample_path(source[len(SAMPLE_PREFIX) :] if source != "sample" else split)
-        return str(path), _read_jsonl(path), "line"
+        return str(path), read_jsonl(path), "line"
     path = Path(source)
     if _data_suffix(path) in (".jsonl", ".json"):
         if split is not None:
@@ -190,8 +288,8 @@ def _open_source(
         if not path.is_file():
             raise FileNotFoundError(f"data file not found: {source}")
         if _data_suffix(path) == ".jsonl":
-            return source, _read_jsonl(path), "line"
-        return source, _read_json(path), "row"
+            return source, read_jsonl(path), "line"
+        return source, read_json(path), "row"
     if path.exists():
         raise ValueError(f"{source}: unsupported local data file; use .jsonl (one object per line) or .json")
     # A Hub dataset id, optionally with an inline split: "org/name:split".
@@ -238,6 +336,9 @@ def load_rank_records(
     rejected_key: str = "rejected",
     hub_config: str | None = None,
     name: str | None = None,
+    max_completions: int | None = MAX_COMPLETIONS_PER_RECORD,
+    log: bool = True,
+    allow_empty: bool = False,
 ) -> tuple[list[dict[str, Any]], LoadReport]:
     """Load, convert and validate rows from `source` into normalised rank records.
 
@@ -256,12 +357,16 @@ def load_rank_records(
         rejected_key: Other-response column, for `data_format="binary"`.
         hub_config: Hub dataset configuration (`name=` of `datasets.load_dataset`), e.g. "preference".
         name: Name used in errors for an in-memory source (default "<dataset>").
+        max_completions: Most completions per record (default `MAX_COMPLETIONS_PER_RECORD`; None: no limit).
+        log: Log the tie and skip counts (once); False when the caller reports them itself (`trl-rm-env validate`).
+        allow_empty: Return an empty list instead of raising when no record is valid.
 
     Returns:
         The valid records and a `LoadReport` with `source, kept, skipped, ties, reasons`.
 
     Raises:
-        DataValidationError: with `on_invalid="raise"`, the first bad row, naming source, line/row and field.
+        DataValidationError: with `on_invalid="raise"`, the first bad row, naming source, line/row and field; in
+            either mode, a file that cannot be read as a whole (UTF-16, not a list of rows, a corrupt `.gz`).
         FileNotFoundError: a missing local file or bundled split.
         ValueError: a bad option, or no valid record at all.
     """
@@ -281,14 +386,15 @@ def load_rank_records(
                 if row is None:
                     report.ties += 1
                     continue
-            records.append(validate_rank_record(row, source_name, row_num, row_label))
+            records.append(validate_rank_record(row, source_name, row_num, row_label, max_completions))
         except DataValidationError as err:
             if on_invalid == "raise":
                 raise
             report.add_invalid(err)
     report.kept = len(records)
-    report.log()
-    if not records:
+    if log:
+        report.log()
+    if not records and not allow_empty:
         raise ValueError(
             f"{source_name}: no valid records (skipped {report.skipped} invalid, dropped {report.ties} tied); "
             f"check data_format={data_format!r} and the file contents"
@@ -296,8 +402,13 @@ def load_rank_records(
     return records, report
 
 
-def _to_dataset(records: list[dict[str, Any]], source: str) -> Dataset:
-    """Records -> Dataset, with every metadata key any record has (missing values become None)."""
+def records_to_dataset(records: list[dict[str, Any]], source: str) -> Dataset:
+    """Validated records -> Dataset, with every metadata key any record has (missing values become None).
+
+    Raises:
+        ValueError: plain-text records mixed with message records, or a metadata key with values of different types
+            (what `trl-rm-env validate` reports as a whole-file problem).
+    """
     plain = [isinstance(r["context"], str) for r in records]
     if any(plain) and not all(plain):
         raise ValueError(
@@ -322,6 +433,7 @@ def load_rank_dataset(
     rejected_key: str = "rejected",
     hub_config: str | None = None,
     name: str | None = None,
+    max_completions: int | None = MAX_COMPLETIONS_PER_RECORD,
 ) -> Dataset:
     """Load `source` as a `datasets.Dataset` of rank records (columns `context`, `completions`, metadata).
 
@@ -346,5 +458,6 @@ def load_rank_dataset(
         rejected_key=rejected_key,
         hub_config=hub_config,
         name=name,
+        max_completions=max_completions,
     )
-    return _to_dataset(records, report.source)
+    return records_to_dataset(records, report.source)

@@ -6,8 +6,9 @@ One record::
      "completion": [{"role": "assistant", "content": "2 + 3 = 5. The answer is 5."}],
      "attributes": {"helpfulness": 4, "correctness": 4, "verbosity": 2}}
 
-`context` and `completion` are lists of messages, or both plain strings (TRL's "standard" format). `attributes`
-maps a name to a number (int or float; not a bool, NaN or infinity). An attribute may be missing or `null` (it is
+`context` and `completion` are lists of messages, or both plain strings (TRL's "standard" format); messages follow
+the rank schema's rules (`schema.py`: known roles, a completion of assistant and tool messages, no lone surrogates,
+tool calls). `attributes` maps a name to a number (int or float; not a bool, NaN or infinity). An attribute may be missing or `null` (it is
 then masked out of the loss), but a record needs at least one. Other keys are kept as metadata. A regression reward
 model predicts every attribute; a weighted sum of them becomes the reward (`attribute_weights`, see
 `docs/regression.md`).
@@ -40,10 +41,18 @@ from trl_rm_env.data.loaders import (
     SAMPLE_PREFIX,
     LoadReport,
     _open_source,
-    _to_dataset,
     parse_data_spec,
+    records_to_dataset,
 )
-from trl_rm_env.data.schema import DataValidationError, OnInvalid, validate_messages
+from trl_rm_env.data.schema import (
+    DataValidationError,
+    OnInvalid,
+    check_completion_roles,
+    check_text,
+    finite_number,
+    message_is_blank,
+    validate_messages,
+)
 
 SAMPLE_REGRESSION_PREFIX = "regression_"
 HELPSTEER2_ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
@@ -74,14 +83,16 @@ def validate_regression_record(
         attributes: The allowed attribute names; None allows any name.
 
     Returns:
-        `{"context": ..., "completion": ..., "attributes": {name: float}, **metadata}`: messages keep only `role` and
-        `content`; `attributes` holds the present values only, as floats (a `null` value counts as missing).
+        `{"context": ..., "completion": ..., "attributes": {name: float}, **metadata}`: messages as
+        `validate_messages` returns them; `attributes` holds the present values only, as floats (a `null` value
+        counts as missing).
 
     Raises:
-        DataValidationError: naming source, row and field, for: a record that is not an object, a missing
-            `context`/`completion`/`attributes`, a malformed message, an empty completion, `attributes` that is not an
-            object, a value that is not a finite number (bools and numeric strings are not numbers), an attribute
-            not in `attributes`, or no attribute value at all.
+        DataValidationError: naming source, row and field, for: a record that is not an object, a string that is not
+            valid Unicode, a missing `context`/`completion`/`attributes`, a malformed message, a user or system message
+            in the completion, an empty completion, `attributes` that is not an object, a value that is not a finite
+            number (bools and numeric strings are not numbers), an attribute not in `attributes`, or no attribute
+            value at all.
     """
 
     def fail(field_name: str | None, reason: str) -> DataValidationError:
@@ -89,6 +100,7 @@ def validate_regression_record(
 
     if not isinstance(record, Mapping):
         raise fail(None, f"a record must be a JSON object, got {_type_name(record)}")
+    check_text(record, source, row, row_label)
     for key in ("context", "completion", "attributes"):
         if key not in record:
             raise fail(
@@ -107,7 +119,8 @@ def validate_regression_record(
     else:
         context = validate_messages(context, "context", source, row, row_label)
         completion = validate_messages(completion, "completion", source, row, row_label)
-        if not completion or all(not m["content"].strip() for m in completion):
+        check_completion_roles(completion, "completion", bool(context), source, row, row_label)
+        if all(message_is_blank(m) for m in completion):
             raise fail("completion", "empty completion")
 
     values = record["attributes"]
@@ -127,12 +140,13 @@ def validate_regression_record(
             )
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise fail(where, f"must be a number, got {_type_name(value)} {value!r}")
-        if not math.isfinite(value):
+        number = finite_number(value)
+        if number is None:
             raise fail(
                 where,
                 f"must be a finite number, got {value!r} (leave the attribute out, or null, when it has no value)",
             )
-        present[str(name)] = float(value)
+        present[str(name)] = number
     if not present:
         raise fail("attributes", "no attribute value: a record needs at least one (missing ones are masked out)")
     metadata = {k: v for k, v in record.items() if k not in ("context", "completion", "attributes")}
@@ -232,8 +246,13 @@ def load_regression_records(
     attributes: Sequence[str] | None = None,
     hub_config: str | None = None,
     name: str | None = None,
+    log: bool = True,
+    allow_empty: bool = False,
 ) -> tuple[list[dict[str, Any]], LoadReport]:
     """Load, convert and validate rows from `source` into normalised regression records.
+
+    Files are read as for rank data (`loaders.read_jsonl`/`read_json`: UTF-8 with an optional byte-order mark; a
+    line that is not UTF-8, not JSON or nested too deeply is a bad row naming its line).
 
     Args:
         source: A local `.jsonl` (errors cite 1-based lines) or `.json` file (errors cite 0-based rows),
@@ -247,6 +266,8 @@ def load_regression_records(
         attributes: The allowed attribute names (others are an error); None allows any.
         hub_config: Hub dataset configuration (`name=` of `datasets.load_dataset`).
         name: Name used in errors for an in-memory source (default "<dataset>").
+        log: Log the skip counts (once); False when the caller reports them itself (`trl-rm-env validate`).
+        allow_empty: Return an empty list instead of raising when no record is valid.
 
     Returns:
         The valid records and a `LoadReport` (`source`, `kept`, `skipped`, `reasons`).
@@ -277,8 +298,9 @@ def load_regression_records(
                 raise
             report.add_invalid(err)
     report.kept = len(records)
-    report.log()
-    if not records:
+    if log:
+        report.log()
+    if not records and not allow_empty:
         raise ValueError(
             f"{source_name}: no valid records (skipped {report.skipped} invalid); check "
             f"data_format={data_format!r} and the file contents"
@@ -326,9 +348,21 @@ def load_regression_dataset(
         hub_config=hub_config,
         name=name,
     )
+    return regression_records_to_dataset(records, report.source, attributes)
+
+
+def regression_records_to_dataset(
+    records: list[dict[str, Any]], source: str, attributes: Sequence[str] | None = None
+) -> Dataset:
+    """Validated regression records -> Dataset whose `attributes` column holds every attribute name (`attributes`,
+    else all names found, in order of first appearance) in every row, `None` where a record has no value.
+
+    Raises:
+        ValueError: records that cannot form one table (see `loaders.records_to_dataset`).
+    """
     names = list(attributes) if attributes is not None else attribute_names(records)
     rows = [{**r, "attributes": {n: r["attributes"].get(n) for n in names}} for r in records]
-    return _to_dataset(rows, report.source)
+    return records_to_dataset(rows, source)
 
 
 def dataset_attributes(dataset: Dataset | Iterable[Mapping[str, Any]]) -> list[str]:

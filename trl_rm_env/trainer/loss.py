@@ -43,10 +43,31 @@ class PairwiseOutput:
 
 
 def ranked_pairs(ranks: torch.Tensor, record_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices `(better, worse)` of every strictly ordered pair within the same record. Shapes: `(P,)`."""
-    same_record = record_index[:, None] == record_index[None, :]  # (C, C)
-    ordered = same_record & (ranks[:, None] < ranks[None, :])  # (C, C): row i better than column j
-    better, worse = ordered.nonzero(as_tuple=True)
+    """Row indices `(better, worse)` of every strictly ordered pair within the same record. Shapes: `(P,)`.
+
+    Pairs are sorted by `(better, worse)`. Only pairs within a record are ever formed: memory is proportional to
+    the sum over records of `n_r ** 2` (not to the square of the batch's completion count).
+    """
+    device = ranks.device
+    num_rows = ranks.numel()
+    if num_rows == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return empty, empty
+    order = torch.argsort(record_index, stable=True)  # each record's rows together, in row order
+    counts = torch.unique_consecutive(record_index[order], return_counts=True)[1]  # (R,)
+    starts = torch.cumsum(counts, 0) - counts
+    row_count = counts.repeat_interleave(counts)  # (C,): size of the row's record, in sorted order
+    row_start = starts.repeat_interleave(counts)
+    # Candidate (a, b): sorted row a with every sorted row b of its record.
+    a = torch.arange(num_rows, device=device).repeat_interleave(row_count)  # (Q,)
+    first = torch.cumsum(row_count, 0) - row_count
+    b = row_start[a] + torch.arange(a.numel(), device=device) - first.repeat_interleave(row_count)
+    sorted_ranks = ranks[order]
+    keep = sorted_ranks[a] < sorted_ranks[b]
+    better, worse = order[a[keep]], order[b[keep]]
+    if not torch.equal(order, torch.arange(num_rows, device=device)):  # records interleaved: restore row order
+        perm = torch.argsort(better * num_rows + worse)
+        better, worse = better[perm], worse[perm]
     return better, worse
 
 
@@ -68,12 +89,21 @@ def ranked_bradley_terry_loss(
 
     Returns:
         A `PairwiseOutput`.
+
+    Raises:
+        ValueError: no strictly ordered pair in the batch, or a non-finite margin.
     """
     better, worse = ranked_pairs(ranks, record_index)
     if better.numel() == 0:
         raise ValueError("The batch holds no strictly ordered pair (every record's completions are tied).")
     diff = scores[better] - scores[worse]  # (P,)
     if margin is not None:
+        if not torch.isfinite(margin).all():  # data that skipped validation (pre-tokenized columns): fail loudly
+            bad = (~torch.isfinite(margin)).nonzero().flatten().tolist()
+            raise ValueError(
+                f"margin is not finite for batch record(s) {bad} (values {margin[bad].tolist()}); fix the dataset's "
+                "margin column (a missing margin is 0)"
+            )
         diff = diff - margin.to(diff.dtype)[record_index[better]]
     pair_losses = -F.logsigmoid(diff)
     loss = pair_losses.mean()
