@@ -11,37 +11,56 @@ from __future__ import annotations
 
 import argparse
 import os
+import warnings
+from typing import TYPE_CHECKING
 
-from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
+if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
+    from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
 
-from trl_rm_env import RewardModelEnvironment
-from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
-from trl_rm_env.grpo_args import RewardModelArguments
-from trl_rm_env.trainer.saving import check_distributed_setup
+    from trl_rm_env.grpo_args import RewardModelArguments
 
 
 def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
-    from accelerate import PartialState
+    from trl import GRPOTrainer, get_peft_config
 
+    from trl_rm_env import RewardModelEnvironment
+    from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
+    from trl_rm_env.model_source import check_model_source, ensure_tiny_model
+    from trl_rm_env.testing import make_tiny
+    from trl_rm_env.trainer.saving import (
+        check_distributed_setup,
+        resolve_resume_checkpoint,
+        tty_aware_progress,
+        with_atomic_checkpoints,
+    )
+
+    # TRL 1.16's generation path reads `model.is_gradient_checkpointing`, deprecated in transformers 5: a FutureWarning
+    # on every launch that the user cannot act on. Silence exactly that one.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
+    # Fail in one line before loading anything: a missing resume checkpoint, a missing model folder.
+    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
     # --- models ----------------------------------------------------------------------------------------------
+    if not rm_args.reward_remote_url:  # a reward model that does not exist is an error, never a random stand-in
+        check_model_source(
+            rm_args.reward_model,
+            "reward model",
+            hint="train it first, e.g. `accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml`",
+        )
     policy_path = model_args.model_name_or_path
-    if rm_args.build_tiny_model:
-        with PartialState().main_process_first():
-            if not os.path.exists(policy_path):
-                from trl_rm_env.testing import make_tiny
-
-                make_tiny(os.path.dirname(os.path.normpath(policy_path)) or ".")
-        if not rm_args.reward_remote_url and not os.path.exists(rm_args.reward_model):  # the quickstart RM was not trained: use the untrained one
-            fallback = os.path.join(os.path.dirname(os.path.normpath(policy_path)), "reward_model")
-            PartialState().print(f"{rm_args.reward_model} not found; using the untrained tiny RM {fallback}")
-            rm_args.reward_model = fallback
+    if rm_args.build_tiny_model:  # only the untrained tiny policy (and RM) at .../policy; never a stand-in RM
+        ensure_tiny_model(
+            policy_path, "policy", lambda: make_tiny(os.path.dirname(os.path.normpath(policy_path)) or ".")
+        )
+    check_model_source(policy_path, "policy")
     reward = RewardModelEnvironment(rm_args.reward_model, **rm_args.environment_kwargs())
     training_args.model_init_kwargs = {
         k: v
         for k, v in dict(
-            revision=model_args.model_revision, attn_implementation=model_args.attn_implementation, dtype=model_args.dtype
+            revision=model_args.model_revision,
+            attn_implementation=model_args.attn_implementation,
+            dtype=model_args.dtype,
         ).items()
         if v is not None
     } | (training_args.model_init_kwargs or {})
@@ -50,7 +69,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     prompts = rm_args.load_prompts()
 
     # --- train -----------------------------------------------------------------------------------------------
-    trainer = GRPOTrainer(
+    trainer = with_atomic_checkpoints(GRPOTrainer)(  # checkpoints appear complete or not at all
         model=policy_path,
         reward_funcs=[reward],
         args=training_args,
@@ -58,7 +77,8 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         peft_config=get_peft_config(model_args),
     )
     trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    tty_aware_progress(trainer)  # no nested evaluation bar (escape codes) in a log file
+    trainer.train(resume_from_checkpoint=resume)
     trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the full log history (rewards/<name>/mean per step)
@@ -68,6 +88,10 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+    from trl import GRPOConfig, ModelConfig, TrlParser
+
+    from trl_rm_env.grpo_args import RewardModelArguments
+
     dataclass_types = (RewardModelArguments, GRPOConfig, ModelConfig)
     if subparsers is not None:
         return subparsers.add_parser("grpo-rm", help="GRPO with a reward model", dataclass_types=dataclass_types)
@@ -75,5 +99,6 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlPars
 
 
 if __name__ == "__main__":
-    rm_args, training_args, model_args = make_parser().parse_args_and_config()
-    main(rm_args, training_args, model_args)
+    from trl_rm_env.errors import run_recipe
+
+    run_recipe(make_parser, main)  # expected errors end in one line (TRL_RM_ENV_DEBUG=1: the traceback)

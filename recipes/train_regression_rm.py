@@ -13,33 +13,42 @@ attribute the RMSE, MAE and Pearson r next to the RMSE of always predicting the 
 from __future__ import annotations
 
 import argparse
-import os
+from typing import TYPE_CHECKING
 
-from trl import ModelConfig, TrlParser, get_peft_config
+if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
+    from trl import ModelConfig, TrlParser
 
-from trl_rm_env.data.regression import RegressionDataArguments, dataset_attributes, mean_baseline_rmse
-from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
-from trl_rm_env.trainer.regression import (
-    RegressionRewardConfig,
-    RegressionRewardTrainer,
-    format_regression_table,
-)
-from trl_rm_env.trainer.saving import check_distributed_setup, save_reward_model
+    from trl_rm_env.data.regression import RegressionDataArguments
+    from trl_rm_env.trainer.regression import RegressionRewardConfig
 
 
-def build_tiny_regression_model(path: str, num_labels: int) -> None:
+def build_tiny_regression_model(path: str, num_labels: int) -> dict[str, str]:
     """Save a tiny random Qwen3 sequence classifier with `num_labels` outputs and its tokenizer at `path`."""
     from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     build_tiny_reward_model(tokenizer, num_labels=num_labels).save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    return {"regression_model": path}
 
 
 def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
-    from accelerate import PartialState
+    from trl import get_peft_config
+
+    from trl_rm_env.data.regression import dataset_attributes, mean_baseline_rmse
+    from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
+    from trl_rm_env.model_source import check_model_source, ensure_tiny_model
+    from trl_rm_env.trainer.regression import RegressionRewardTrainer, format_regression_table
+    from trl_rm_env.trainer.saving import (
+        check_distributed_setup,
+        resolve_resume_checkpoint,
+        save_reward_model,
+        tty_aware_progress,
+    )
 
     enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
+    # Fail in one line before loading anything: a missing resume checkpoint, a typo'd model folder.
+    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
     # --- data ------------------------------------------------------------------------------------------------
     train_dataset, eval_datasets = data_args.load(training_args.attributes, on_invalid=training_args.on_invalid)
@@ -49,10 +58,10 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
 
     # --- model -----------------------------------------------------------------------------------------------
     model_path = model_args.model_name_or_path
-    if data_args.build_tiny_model and not os.path.exists(model_path):
-        with PartialState().main_process_first():  # one process builds, the others wait and then load it
-            if not os.path.exists(model_path):
-                build_tiny_regression_model(model_path, num_labels=len(attributes))
+    if data_args.build_tiny_model:  # at .../regression_model or in a new folder; elsewhere a missing path is a typo
+        build = lambda: build_tiny_regression_model(model_path, len(attributes))  # noqa: E731
+        ensure_tiny_model(model_path, "regression_model", build, exact_name=False)
+    check_model_source(model_path, "model")
     model_init_kwargs = dict(
         revision=model_args.model_revision,
         attn_implementation=model_args.attn_implementation,
@@ -70,7 +79,8 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         peft_config=get_peft_config(model_args),
     )
     trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    tty_aware_progress(trainer)  # no nested evaluation bar (escape codes) in a log file
+    trainer.train(resume_from_checkpoint=resume)
     trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
 
     # --- evaluate and save -----------------------------------------------------------------------------------
@@ -90,6 +100,11 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+    from trl import ModelConfig, TrlParser
+
+    from trl_rm_env.data.regression import RegressionDataArguments
+    from trl_rm_env.trainer.regression import RegressionRewardConfig
+
     dataclass_types = (RegressionDataArguments, RegressionRewardConfig, ModelConfig)
     if subparsers is not None:
         return subparsers.add_parser(
@@ -99,5 +114,6 @@ def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlPars
 
 
 if __name__ == "__main__":
-    data_args, training_args, model_args = make_parser().parse_args_and_config()
-    main(data_args, training_args, model_args)
+    from trl_rm_env.errors import run_recipe
+
+    run_recipe(make_parser, main)  # expected errors end in one line (TRL_RM_ENV_DEBUG=1: the traceback)

@@ -87,3 +87,28 @@ def test_grpo_quickstart_reward_rises(quickstart):
     assert last > first
     assert any("reward_model_env/mean_reward" in h for h in history)
     assert (quickstart["grpo_dir"] / "model.safetensors").exists()
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the recipe's per-set table (`set accuracy loss ... runtime`) in `text`, runtime left out."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["set", "accuracy"])
+    rows = {}
+    for line in lines[start + 2:]:
+        cells = line.split()
+        if len(cells) != 8:
+            break
+        rows[cells[0]] = cells[1:7]
+    return rows
+
+
+def test_published_quickstart_table_is_what_a_fresh_run_prints(quickstart):
+    # docs/quickstart.md promises the table digit for digit (runtime aside) on a CPU like the one it was measured on;
+    # accuracy and pair counts must match anywhere, the float columns within 1% elsewhere.
+    published = table_rows((ROOT / "docs" / "quickstart.md").read_text())
+    printed = table_rows(quickstart["rm_out"])
+    assert set(published) == set(printed) == {"in_domain", "harder"}
+    for name, row in published.items():
+        assert printed[name][0] == row[0] and printed[name][5] == row[5], (name, printed[name], row)
+        for got, want in zip(printed[name][1:5], row[1:5]):
+            assert float(got) == pytest.approx(float(want), rel=1e-2, abs=1e-3), (name, printed[name], row)

@@ -110,3 +110,25 @@ def test_cli_validate_names_the_bad_line(tmp_path, capsys):
     text = out.out + out.err
     assert code != 0
     assert "line 2" in text and "completions[1].rank" in text
+
+
+def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch, capsys):
+    from transformers.trainer_callback import ProgressCallback
+
+    from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
+    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.trainer.saving import tty_aware_progress
+
+    data = load_rank_dataset("sample:in_domain").select(range(16))
+    args = RankedRewardConfig(str(tmp_path), max_steps=2, per_device_train_batch_size=8, use_cpu=True, report_to="none",
+                              eval_strategy="steps", eval_steps=1, disable_tqdm=False, save_strategy="no")
+    trainer = RankedRewardTrainer(model=build_tiny_reward_model(tiny_tokenizer), args=args, train_dataset=data,
+                                  eval_dataset=data, processing_class=tiny_tokenizer)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    tty_aware_progress(trainer)
+    bars = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
+    assert len(bars) == 1 and type(bars[0]) is not ProgressCallback
+    capsys.readouterr()
+    trainer.train()
+    err = capsys.readouterr().err
+    assert "\x1b[A" not in err  # the cursor-up code a nested bar writes

@@ -31,7 +31,8 @@ class RewardModelArguments:
         prompt_data: Prompt source: a Hub dataset id (`:split` optional), a local file, or a rank-schema source
             (`sample:train`), whose contexts become the prompts.
         prompt_column: Column holding the prompt (string or messages) for Hub/local prompt datasets.
-        build_tiny_model: Build the tiny offline models when the policy or RM path is missing (quickstart).
+        build_tiny_model: Build the tiny offline models (`make-tiny`) when the policy path, a folder named `policy`, is
+            missing (quickstart). A missing `reward_model` is always an error, never replaced by the untrained tiny RM.
     """
 
     reward_model: str = field(default="Skywork/Skywork-Reward-V2-Qwen3-0.6B", metadata={"help": "RM id or path."})
@@ -57,7 +58,9 @@ class RewardModelArguments:
     )
     prompt_data: str = field(default="sample:train", metadata={"help": "Prompt dataset source."})
     prompt_column: str = field(default="prompt", metadata={"help": "Prompt column of a prompt dataset."})
-    build_tiny_model: bool = field(default=False, metadata={"help": "Build tiny offline models if paths are missing."})
+    build_tiny_model: bool = field(
+        default=False, metadata={"help": "Build the tiny offline models if the policy path is missing."}
+    )
 
     def attribute_weights(self) -> dict[str, float] | None:
         """`reward_attribute_weights` as `{name: weight}` (None when unset).

@@ -31,9 +31,9 @@ class RankedDataArguments:
         chosen_key: Chosen column of `binary` data.
         rejected_key: Rejected column of `binary` data.
         hub_config: Dataset configuration name for Hub sources (e.g. `preference` for HelpSteer3).
-        max_completions: Most completions in one record; a record with more is invalid (see `docs/data_format.md`).
-        build_tiny_model: If the model path does not exist, build the tiny offline models there first
-            (`trl-rm-env make-tiny`); for the offline quickstart.
+        build_tiny_model: If the model path, a folder named `reward_model`, does not exist, build the tiny offline
+            models in its parent folder first (`trl-rm-env make-tiny`); for the offline quickstart. Any other missing
+            path is an error (a typo), never a freshly built model.
     """
 
     train_data: str = field(default="sample:train", metadata={"help": "Training data source."})
@@ -49,17 +49,19 @@ class RankedDataArguments:
     chosen_key: str = field(default="chosen", metadata={"help": "Chosen column of binary data."})
     rejected_key: str = field(default="rejected", metadata={"help": "Rejected column of binary data."})
     hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
-    max_completions: int = field(
-        default=MAX_COMPLETIONS_PER_RECORD,
-        metadata={"help": "Most completions in one record; a record with more is invalid (split it instead)."},
-    )
     build_tiny_model: bool = field(
         default=False,
         metadata={"help": "Build the tiny offline models at the model path if it does not exist (quickstart)."},
     )
 
-    def load(self, on_invalid: str = "raise") -> tuple[Dataset, dict[str, Dataset]]:
-        """Load the training set and the named validation sets as rank-schema `Dataset`s."""
+    def load(
+        self, on_invalid: str = "raise", max_completions: int | None = MAX_COMPLETIONS_PER_RECORD
+    ) -> tuple[Dataset, dict[str, Dataset]]:
+        """Load the training set and the named validation sets as rank-schema `Dataset`s.
+
+        `max_completions` (the trainer config's, `RankedRewardConfig.max_completions`; None: no limit): a record with
+        more completions is invalid (see `docs/data_format.md`).
+        """
         from .loaders import load_rank_dataset, parse_data_spec
 
         kwargs = dict(
@@ -69,7 +71,7 @@ class RankedDataArguments:
             chosen_key=self.chosen_key,
             rejected_key=self.rejected_key,
             hub_config=self.hub_config,
-            max_completions=self.max_completions,
+            max_completions=max_completions,
         )
         _, source, split = parse_data_spec(self.train_data)
         train = load_rank_dataset(source, split=split, name="train", **kwargs)

@@ -340,6 +340,22 @@ def _regression_args(args: RewardConfig | None, model: Any) -> RegressionRewardC
     )
 
 
+@contextmanager
+def _transformers_log_level(level: int | None):
+    """Raise transformers' log level for a block (None: leave it)."""
+    from transformers.utils import logging as hf_logging
+
+    if level is None:
+        yield
+        return
+    before = hf_logging.get_verbosity()
+    hf_logging.set_verbosity(max(level, before))
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(before)
+
+
 class RegressionRewardTrainer(RankedRewardTrainer):
     """Train a regression reward model: one output per attribute, masked MSE, exact per-set, per-attribute metrics.
 
@@ -457,10 +473,29 @@ class RegressionRewardTrainer(RankedRewardTrainer):
             label2id={name: i for i, name in enumerate(self.attributes)},
         )
         init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        with suppress_seqcls_warning():
+        new_head = self._head_size_mismatch(path, init_kwargs)
+        if new_head is not None:
+            # A trained classifier with another head size (a one-label Bradley-Terry RM, Skywork-Reward-V2): keep the
+            # body, build a new head. transformers would refuse (`ignore_mismatched_sizes`) with a long report.
+            init_kwargs["ignore_mismatched_sizes"] = True
+            logger.warning(
+                "%s has a %d-output score head; building a new %d-output head for %s (random, seeded).",
+                path, new_head, len(self.attributes), ", ".join(self.attributes),
+            )
+        with suppress_seqcls_warning(), _transformers_log_level(logging.ERROR if new_head is not None else None):
             model = create_model_from_path(path, AutoModelForSequenceClassification, **init_kwargs)
         args.model_init_kwargs = None  # used here; TRL would only warn that they are ignored for a loaded model
         return model
+
+    def _head_size_mismatch(self, path: str, init_kwargs: dict) -> int | None:
+        """The checkpoint's head size when `path` is a sequence classifier with another number of outputs, else None."""
+        config = AutoConfig.from_pretrained(
+            path, revision=init_kwargs.get("revision"), trust_remote_code=init_kwargs.get("trust_remote_code", False)
+        )
+        classifier = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
+        if classifier and config.num_labels != len(self.attributes):
+            return config.num_labels
+        return None
 
     def _set_label_config(self, config, weights: Sequence[float] | None) -> None:
         """Write what each output means (and the default reward weights) into the model config, for the checkpoint."""

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import shutil
 
 from transformers import Trainer
 
@@ -80,3 +83,203 @@ def check_distributed_setup(accelerator) -> str:
                 else "",
             )
     return f"Distributed: {state.distributed_type.value} x{state.num_processes} on {state.device}"
+
+
+# --- checkpoints: atomic saves, resuming from the newest complete one ----------------------------------------------
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+_STAGING_PREFIX = ".incomplete-"
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "pytorch_model.bin",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
+_RESUME_LATEST = ("true", "latest", "last", "1", "yes")
+_RESUME_NONE = ("", "false", "none", "no", "0")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint to resume from is missing or incomplete."""
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """Why the `checkpoint-N` folder at `path` cannot be resumed from, or None when it is complete.
+
+    Complete means what transformers writes last is there and readable: `trainer_state.json` (written after the
+    weights, optimizer, scheduler and RNG states), and the model weights (plain, sharded with every shard present,
+    PEFT adapters, or a DeepSpeed/FSDP state folder).
+    """
+    if not os.path.isdir(path):
+        return "no such folder"
+    state_file = os.path.join(path, "trainer_state.json")
+    try:
+        with open(state_file, encoding="utf-8") as f:
+            json.load(f)
+    except FileNotFoundError:
+        return "no trainer_state.json (the save was interrupted)"
+    except (OSError, ValueError) as err:
+        return f"unreadable trainer_state.json ({type(err).__name__})"
+    names = set(os.listdir(path))
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if index in names:
+            try:
+                with open(os.path.join(path, index), encoding="utf-8") as f:
+                    shards = set(json.load(f)["weight_map"].values())
+            except (OSError, ValueError, KeyError):
+                return f"unreadable {index}"
+            missing = sorted(shards - names)
+            if missing:
+                return f"weight shard {missing[0]} is missing"
+    sharded_state = any(n.startswith(("global_step", "pytorch_model_fsdp")) for n in names)
+    if not sharded_state and not names.intersection(_WEIGHT_FILES):
+        return "no model weights (the save was interrupted)"
+    return None
+
+
+def _list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    if not os.path.isdir(output_dir):
+        return []
+    found = []
+    for name in os.listdir(output_dir):
+        match = _CHECKPOINT_RE.match(name)
+        if match and os.path.isdir(os.path.join(output_dir, name)):
+            found.append((int(match.group(1)), os.path.join(output_dir, name)))
+    return sorted(found)
+
+
+def last_complete_checkpoint(output_dir: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """The newest complete `checkpoint-N` in `output_dir` (None if none) and the newer incomplete ones skipped,
+    as `(path, reason)`."""
+    skipped = []
+    for _, path in reversed(_list_checkpoints(output_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """The checkpoint folder `--resume_from_checkpoint` means, checked complete; None to start fresh.
+
+    `true`/`latest` picks the newest complete `checkpoint-N` in `output_dir`, logs which, and warns about each newer
+    incomplete one it skips (an interrupted save). An explicit path must be a complete checkpoint.
+
+    Raises:
+        CheckpointError: an explicit path that is missing or incomplete, or `true`/`latest` with no complete
+            checkpoint in `output_dir`. One line naming the folder and why.
+    """
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    value = resume_from_checkpoint if isinstance(resume_from_checkpoint, bool) else str(resume_from_checkpoint)
+    if isinstance(value, str) and value.strip().lower() in _RESUME_NONE:
+        return None
+    if value is True or value.strip().lower() in _RESUME_LATEST:
+        path, skipped = last_complete_checkpoint(output_dir)
+        for bad, reason in skipped:
+            logger.warning("Skipping incomplete checkpoint %s: %s.", bad, reason)
+        if path is None:
+            detail = f" ({len(skipped)} incomplete skipped)" if skipped else ""
+            raise CheckpointError(
+                f"resume_from_checkpoint={resume_from_checkpoint}: no complete checkpoint-N folder in {output_dir}"
+                f"{detail}; start without --resume_from_checkpoint or give a checkpoint path"
+            )
+        logger.warning("Resuming from %s (the newest complete checkpoint in %s).", path, output_dir)
+        return path
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        newest, _ = last_complete_checkpoint(os.path.dirname(os.path.normpath(value)) or ".")
+        tip = f"; the newest complete one there is {newest}" if newest else ""
+        raise CheckpointError(f"cannot resume from {value}: {problem}{tip}")
+    return value
+
+
+class AtomicCheckpointMixin:
+    """Trainer mixin: checkpoints appear complete or not at all, and resuming picks a complete one.
+
+    A save goes to a hidden sibling folder `output_dir/.incomplete-checkpoint-N/checkpoint-N` and is renamed to
+    `output_dir/checkpoint-N` when transformers has written everything (weights, optimizer, scheduler, RNG states,
+    `trainer_state.json`); rotation (`save_total_limit`) and the best-model bookkeeping then run on the real folders.
+    A save interrupted by an exception removes its staging folder; a killed one leaves only the hidden staging
+    folder, which `checkpoint-*` globs, `get_last_checkpoint` and resuming ignore and the next save of that step
+    replaces. `train(resume_from_checkpoint=...)` accepts `True`, `"true"`, `"latest"` or a path
+    ([`resolve_resume_checkpoint`]).
+    """
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        resume = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        return super().train(resume, *args, **kwargs)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        from transformers.trainer_utils import rotate_checkpoints
+
+        run_dir = self._get_output_dir(trial=trial)
+        name = f"checkpoint-{self.state.global_step}"
+        final = os.path.join(run_dir, name)
+        staging_root = os.path.join(run_dir, _STAGING_PREFIX + name)
+        staging = os.path.join(staging_root, name)
+        main = self.args.should_save
+        if main and os.path.exists(staging_root):
+            shutil.rmtree(staging_root)  # left by a killed save of this step
+        self.accelerator.wait_for_everyone()
+        # transformers' `_save_checkpoint` writes into `_get_output_dir()/checkpoint-N`: point it at the staging
+        # folder for this call only (an instance attribute shadows the method).
+        self._get_output_dir = lambda trial=None: staging_root
+        limit, self.args.save_total_limit = self.args.save_total_limit, None  # rotate after the rename, below
+        try:
+            super()._save_checkpoint(model, trial)
+        except BaseException:
+            if main:
+                shutil.rmtree(staging_root, ignore_errors=True)
+            raise
+        finally:
+            del self._get_output_dir
+            self.args.save_total_limit = limit
+        self.accelerator.wait_for_everyone()  # every process has written its shards
+        best = self.state.best_model_checkpoint
+        if best is not None and os.path.normpath(best).startswith(os.path.normpath(staging_root)):
+            self.state.best_model_checkpoint = final
+        if main:
+            if os.path.exists(final):
+                shutil.rmtree(final)  # an older (or incomplete) save of the same step
+            if self.state.best_model_checkpoint != best:  # the staged trainer_state.json names the staging path
+                self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+            os.replace(staging, final)
+            shutil.rmtree(staging_root, ignore_errors=True)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
+        self.accelerator.wait_for_everyone()
+
+
+def with_atomic_checkpoints(trainer_class: type) -> type:
+    """`trainer_class` with [`AtomicCheckpointMixin`] in front (e.g. TRL's `GRPOTrainer` in the GRPO recipe)."""
+    if issubclass(trainer_class, AtomicCheckpointMixin):
+        return trainer_class
+    return type(trainer_class.__name__, (AtomicCheckpointMixin, trainer_class), {"__module__": __name__})
+
+
+# --- progress bars in logs -------------------------------------------------------------------------------------------
+def tty_aware_progress(trainer: Trainer) -> None:
+    """Keep the nested evaluation bar out of logs: when stderr is not a terminal, transformers' evaluation bar
+    (drawn under the training bar with cursor-up escape codes, `ESC[A`) is not drawn; the training bar and the
+    logged metrics stay. Nothing changes on a terminal or with `disable_tqdm`."""
+    import sys
+
+    from transformers.trainer_callback import ProgressCallback
+
+    if sys.stderr.isatty() or not any(type(cb) is ProgressCallback for cb in trainer.callback_handler.callbacks):
+        return
+
+    class LogFriendlyProgressCallback(ProgressCallback):
+        def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+            if self.training_bar is None:  # a standalone evaluation: one bar, nothing nested
+                super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(LogFriendlyProgressCallback)

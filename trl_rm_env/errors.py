@@ -1,0 +1,80 @@
+"""Expected errors end a command in one line; `--debug` or `TRL_RM_ENV_DEBUG=1` shows the traceback.
+
+An expected error is one the user fixes in their input (a missing file or folder, bad data, a bad option, an
+incomplete checkpoint): its message already names the source and the fix, so a traceback only buries it. Anything
+else (a bug) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DEBUG_ENV", "debug_enabled", "expected_errors", "report_expected_error", "run_recipe"]
+
+DEBUG_ENV = "TRL_RM_ENV_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """True when `TRL_RM_ENV_DEBUG` is set to a true value (`1`, `true`, `yes`)."""
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def expected_errors() -> tuple[type[BaseException], ...]:
+    """The exception types reported in one line: bad input, not bugs."""
+    errors: list[type[BaseException]] = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError]
+    if "trl_rm_env.data.schema" in sys.modules:  # DataValidationError is a ValueError; listed for clarity
+        errors.append(sys.modules["trl_rm_env.data.schema"].DataValidationError)
+    return tuple(errors)
+
+
+def _is_main_process() -> bool:
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) in ("0", "")
+
+
+def report_expected_error(err: BaseException, prog: str | None = None) -> None:
+    """Print `error: <message>` on one line to stderr (on the main process only)."""
+    if not _is_main_process():
+        return
+    message = " ".join(str(err).split()) or type(err).__name__
+    if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in message:
+        message = f"{message}: {err.filename}"
+    print(f"{prog + ': ' if prog else ''}error: {message}", file=sys.stderr, flush=True)
+
+
+def _check_config_argument(argv: list[str]) -> str | None:
+    """The message for a `--config FILE` that does not exist (checked before any heavy import), else None."""
+    for i, arg in enumerate(argv):
+        value = None
+        if arg == "--config" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith("--config="):
+            value = arg.split("=", 1)[1]
+        if value is not None and not os.path.isfile(value):
+            return f"config file not found: {value}"
+    return None
+
+
+def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: list[str] | None = None) -> None:
+    """Parse a recipe's arguments with its `TrlParser` and run `main`, ending expected errors in one line.
+
+    Exits 2 for a missing `--config` file (checked before the recipe's heavy imports) and 1 for any other expected
+    error; `TRL_RM_ENV_DEBUG=1` re-raises with the traceback. (`--debug` is `TrainingArguments.debug` in a recipe.)
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    prog = os.path.basename(sys.argv[0]) or None
+    problem = _check_config_argument(argv)
+    if problem and not debug_enabled():
+        if _is_main_process():
+            print(f"{prog}: error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    try:
+        parsed = make_parser().parse_args_and_config(args=argv)
+        main(*parsed)
+    except expected_errors() as err:
+        if debug_enabled():
+            raise
+        report_expected_error(err, prog)
+        sys.exit(1)
