@@ -298,3 +298,103 @@ def test_cli_eval_end_to_end_writes_json(tiny_dir, tmp_path, capsys):
     m2 = json.loads(out2.read_text())["sets"]["mine"]
     assert (m2["correct"], m2["pairs"]) == (m["correct"], m["pairs"])
     assert m2["margin"] == pytest.approx(m["margin"], abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------- length, margins
+
+
+class ScoreAndLengthScorer:
+    """Completion text "score|tokens": a known score and a known completion length (through `encode`)."""
+
+    def score(self, contexts, completions):
+        return torch.tensor([float(c[-1]["content"].split("|")[0]) for c in completions])
+
+    def encode(self, contexts, completions):
+        from trl_rm_env.scoring.scorer import EncodedBatch
+
+        tokens = [int(c[-1]["content"].split("|")[1]) for c in completions]
+        return EncodedBatch([[1] * (3 + n) for n in tokens], [3] * len(tokens))  # 3 context tokens each
+
+
+def test_length_bias_and_margin_buckets_by_hand():
+    import math
+    import statistics
+
+    pairs = [  # (better score|tokens, worse score|tokens)
+        ("0.9|5", "0.1|10"),  # better is shorter, right, |m| 0.8 -> [0.5, 1)
+        ("0.2|10", "0.5|4"),  # better is longer, wrong, |m| 0.3 -> [0, 0.5)
+        ("3.0|8", "0.0|2"),  # better is longer, right, |m| 3 -> [2, 4)
+        ("1.0|6", "-0.5|6"),  # equal lengths: in neither, right, |m| 1.5 -> [1, 2)
+        ("5.0|3", "-1.0|9"),  # better is shorter, right, |m| 6 -> [4, inf)
+    ]
+    records = [record((0, b), (1, w)) for b, w in pairs]
+    m = evaluate_reward_model(ScoreAndLengthScorer(), {"s": records}, progress=False)["sets"]["s"]
+    assert m["shorter_better"] == {"pairs": 2, "correct": 2, "accuracy": 1.0}
+    assert m["longer_better"] == {"pairs": 2, "correct": 1, "accuracy": 0.5}
+    assert m["equal_length_pairs"] == 1
+    flat = [x for pair in pairs for x in pair]
+    scores = [float(x.split("|")[0]) for x in flat]
+    lengths = [float(x.split("|")[1]) for x in flat]
+    assert m["length_pearson"] == pytest.approx(statistics.correlation(scores, lengths), abs=1e-9)
+
+    def sigmoid(x):
+        return 1 / (1 + math.exp(-x))
+
+    expected = [  # bucket, pairs, correct, mean sigmoid(|margin|)
+        ("[0, 0.5)", 1, 0, sigmoid(0.3)),
+        ("[0.5, 1)", 1, 1, sigmoid(0.8)),
+        ("[1, 2)", 1, 1, sigmoid(1.5)),
+        ("[2, 4)", 1, 1, sigmoid(3.0)),
+        ("[4, inf)", 1, 1, sigmoid(6.0)),
+    ]
+    for bucket, (label, n, c, bt) in zip(m["margin_buckets"], expected):
+        assert (bucket["bucket"], bucket["pairs"], bucket["correct"]) == (label, n, c)
+        assert bucket["accuracy"] == c / n
+        assert bucket["bt_expected"] == pytest.approx(bt, abs=1e-6)  # fp32 scores: margins off by ~1e-8
+    table = format_results_table({"sets": {"s": m}, "rewardbench": {}})
+    assert "100.00% (2)" in table and "50.00% (2)" in table and f"{m['length_pearson']:.4f}" in table
+
+
+def test_margin_buckets_with_no_scorer_lengths():
+    m = evaluate_reward_model(ContentScorer(), {"s": [record((0, "0.9"), (1, "0.1"))]}, progress=False)["sets"]["s"]
+    assert m["length_pearson"] != m["length_pearson"]  # NaN: the scorer has no encode
+    assert m["shorter_better"]["pairs"] == m["longer_better"]["pairs"] == 0
+    assert [b["pairs"] for b in m["margin_buckets"]] == [0, 1, 0, 0, 0]
+
+
+def test_cli_scores_file_same_for_any_batching_and_equal_to_one_at_a_time(tiny_dir, tmp_path):
+    from reference import reference_scores
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    records, _ = load_rank_records("sample:harder")
+    data = tmp_path / "harder.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records[:10]))
+    model = str(tiny_dir / "reward_model")
+    args = ["eval", "--model", model, "--data", str(data), "--no-progress"]
+    texts = []
+    for i, batching in enumerate((["--batch-size", "1"], ["--batch-size", "7"], ["--max-tokens", "200"])):
+        out = tmp_path / f"scores{i}.jsonl"
+        assert main([*args, *batching, "--scores", str(out)]) == 0
+        texts.append(out.read_text())
+    runs = [[json.loads(line) for line in text.splitlines()] for text in texts]
+    lines = runs[0]
+    for other in runs[1:]:  # the same lines; scores equal up to fp32 rounding (padding changes the summation order)
+        assert [{**x, "score": None} for x in other] == [{**x, "score": None} for x in lines]
+        torch.testing.assert_close(
+            torch.tensor([x["score"] for x in other]), torch.tensor([x["score"] for x in lines]), atol=1e-6, rtol=0
+        )
+    expected = [
+        {"set": "harder", "record": r, "id": r, "completion": k, "rank": c["rank"]}
+        for r, rec in enumerate(records[:10])
+        for k, c in enumerate(rec["completions"])
+    ]
+    assert [{k: x[k] for k in ("set", "record", "id", "completion", "rank")} for x in lines] == expected
+    rm = AutoModelForSequenceClassification.from_pretrained(model).eval()
+    tok = AutoTokenizer.from_pretrained(model)
+    contexts = [rec["context"] for rec in records[:10] for _ in rec["completions"]]
+    completions = [c["completion"] for rec in records[:10] for c in rec["completions"]]
+    reference = reference_scores(rm, tok, contexts, completions)
+    torch.testing.assert_close(torch.tensor([x["score"] for x in lines]), reference, atol=1e-4, rtol=0)
+    # Completion tokens: the whole sequence less the context's, as the scorer encodes it.
+    full = [len(encode_conversation(tok, ctx, comp)) for ctx, comp in zip(contexts, completions)]
+    assert all(0 < x["tokens"] < n for x, n in zip(lines, full))

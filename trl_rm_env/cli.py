@@ -3,7 +3,9 @@
     trl-rm-env make-tiny OUTDIR            # tiny offline reward model + policy (tests, quickstart)
     trl-rm-env validate FILE [--format F]  # read a data file as training does; count bad rows by reason, show the first
     trl-rm-env eval --model M --data FILE[:name] ... [--format F] [--output results.json]
-                                           # pairwise accuracy per set, RewardBench v1 sections;
+                    [--scores scores.jsonl] [--report DIR]
+                                           # pairwise accuracy, length bias and calibration per set,
+                                           # RewardBench v1 sections or RewardBench 2 (--format rewardbench2);
                                            # per-attribute RMSE/MAE/Pearson for a regression RM
     trl-rm-env serve --model M [--port 8000]  # HTTP scoring server: vLLM /pooling and /classify, OpenRLHF /get_reward
 """
@@ -83,10 +85,11 @@ def _eval(args: argparse.Namespace) -> int:
     from .data.regression import REGRESSION_FORMATS, load_regression_records
     from .evaluation import (
         evaluate_regression_model,
-        evaluate_reward_model,
+        evaluate_with_scores,
         format_regression_results_table,
         format_results_table,
         is_regression_model,
+        write_scores_file,
     )
 
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
@@ -100,8 +103,19 @@ def _eval(args: argparse.Namespace) -> int:
             )
     elif data_format in REGRESSION_FORMATS:
         raise SystemExit(f"--format {data_format} is for regression reward models; {args.model} is not one")
+    if regression and (args.scores or args.report):
+        raise SystemExit("--scores and --report apply to preference reward models, not to a regression one")
+    if args.report:
+        from .report import _pyplot
+
+        try:
+            _pyplot()  # fail before scoring, not after
+        except ImportError as err:
+            raise SystemExit(f"error: {err}") from None
     datasets, skipped, ties = {}, {}, {}
-    for spec in args.data:
+    if data_format == "rewardbench2":
+        datasets, skipped, ties = _eval_rewardbench2_sets(args.data, args.on_invalid)
+    for spec in args.data if data_format != "rewardbench2" else []:
         name, source, split = _eval_data_spec(spec, data_format)
         if name in datasets:
             raise SystemExit(f"two data sets are named {name!r}; name them with FILE:name")
@@ -117,7 +131,9 @@ def _eval(args: argparse.Namespace) -> int:
     if regression:
         results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
     else:
-        results = evaluate_reward_model(scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress)
+        results, rows = evaluate_with_scores(
+            scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress
+        )
     results["model"] = args.model
     results["format"] = data_format
     print(format_regression_results_table(results) if regression else format_results_table(results))
@@ -127,7 +143,29 @@ def _eval(args: argparse.Namespace) -> int:
         # NaN (a set without pairs) is written as null: strict JSON.
         output.write_text(json.dumps(_nan_to_none(results), indent=2) + "\n", encoding="utf-8")
         print(f"results written to {output}")
+    if args.scores:
+        write_scores_file(args.scores, rows)
+        print(f"{len(rows)} per-completion scores written to {args.scores}")
+    if args.report:
+        from .report import write_report
+
+        paths = write_report(_nan_to_none(results), rows, args.report)
+        print(f"report written to {paths[-1]} ({len(paths) - 1} plots)")
     return 0
+
+
+def _eval_rewardbench2_sets(specs: Sequence[str], on_invalid: str) -> tuple[dict, dict, dict]:
+    """`eval --format rewardbench2`: one source of RewardBench 2 rows -> one set per subset."""
+    from .rewardbench2 import load_rewardbench2, split_by_subset
+
+    if len(specs) != 1:
+        raise SystemExit("--format rewardbench2 takes one --data source (a file or allenai/reward-bench-2)")
+    name, source, split = _eval_data_spec(specs[0], "rewardbench2")
+    records, report = load_rewardbench2(source, split=split, on_invalid=on_invalid, name=name)
+    datasets = split_by_subset(records)
+    skipped = {subset: 0 for subset in datasets}
+    skipped[next(iter(datasets))] = report.skipped  # invalid rows have no trusted subset: counted on the first
+    return datasets, skipped, {}
 
 
 def _nan_to_none(value: object) -> object:
@@ -257,8 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--format",
         default="rank",
-        help="rank, binary, llmbar, pandalm, hh, helpsteer3, tulu3; for a regression RM: regression (the default "
-        "then) or helpsteer2.",
+        help="rank, binary, llmbar, pandalm, hh, helpsteer3, tulu3, rewardbench2 (RewardBench 2 rows: one set per "
+        "subset, best-of-N and Ties scores, the six-subset mean); for a regression RM: regression (the default then) "
+        "or helpsteer2.",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--batch-size", type=int, default=None, help="Sequences per forward pass (default 32).")
@@ -267,6 +306,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--on-invalid", default="skip", choices=["skip", "raise"], help="Skip and count bad rows, or stop at once."
     )
     p.add_argument("--output", default=None, help="Write the results as JSON to this file.")
+    p.add_argument(
+        "--scores",
+        default=None,
+        metavar="FILE.jsonl",
+        help="Write one line per scored completion (set, record, id, completion, rank, score, tokens), in input order.",
+    )
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="Write PNG plots and a report.md (needs matplotlib: pip install trl-rm-env[report]).",
+    )
     p.add_argument("--no-progress", action="store_true", help="No progress bar.")
     p.set_defaults(func=_eval)
 
