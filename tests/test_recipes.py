@@ -93,7 +93,9 @@ def test_cli_make_tiny_writes_loadable_models(tmp_path):
 def test_cli_is_installed_as_a_console_script(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "trl_rm_env.cli", "validate", "sample:in_domain"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "200" in out.stdout
@@ -101,9 +103,11 @@ def test_cli_is_installed_as_a_console_script(tmp_path):
 
 def test_cli_validate_names_the_bad_line(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
-    good = '{"context": [{"role": "user", "content": "q"}], "completions": [' \
-        '{"rank": 0, "completion": [{"role": "assistant", "content": "a"}]}, ' \
+    good = (
+        '{"context": [{"role": "user", "content": "q"}], "completions": ['
+        '{"rank": 0, "completion": [{"role": "assistant", "content": "a"}]}, '
         '{"rank": 1, "completion": [{"role": "assistant", "content": "b"}]}]}'
+    )
     bad.write_text(good + "\n" + good.replace('"rank": 1', '"rank": "1"') + "\n")
     code = cli_main(["validate", str(bad)])
     out = capsys.readouterr()
@@ -120,10 +124,24 @@ def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch,
     from trl_rm_env.trainer.saving import tty_aware_progress
 
     data = load_rank_dataset("sample:in_domain").select(range(16))
-    args = RankedRewardConfig(str(tmp_path), max_steps=2, per_device_train_batch_size=8, use_cpu=True, report_to="none",
-                              eval_strategy="steps", eval_steps=1, disable_tqdm=False, save_strategy="no")
-    trainer = RankedRewardTrainer(model=build_tiny_reward_model(tiny_tokenizer), args=args, train_dataset=data,
-                                  eval_dataset=data, processing_class=tiny_tokenizer)
+    args = RankedRewardConfig(
+        str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=8,
+        use_cpu=True,
+        report_to="none",
+        eval_strategy="steps",
+        eval_steps=1,
+        disable_tqdm=False,
+        save_strategy="no",
+    )
+    trainer = RankedRewardTrainer(
+        model=build_tiny_reward_model(tiny_tokenizer),
+        args=args,
+        train_dataset=data,
+        eval_dataset=data,
+        processing_class=tiny_tokenizer,
+    )
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
     tty_aware_progress(trainer)
     bars = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
@@ -132,3 +150,21 @@ def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch,
     trainer.train()
     err = capsys.readouterr().err
     assert "\x1b[A" not in err  # the cursor-up code a nested bar writes
+
+
+def test_grpo_remote_reward_dialect_reaches_the_environment():
+    # The recipe's --reward_remote_api picks the server dialect; OpenRLHF's text protocol also needs the RM's
+    # tokenizer to render conversations on the client, the other dialects send messages and take none.
+    from trl_rm_env.grpo_args import RewardModelArguments
+
+    urls = ["http://127.0.0.1:1"]
+    pooling = RewardModelArguments(reward_model="rm", reward_remote_url=urls).environment_kwargs()
+    assert pooling["remote_api"] == "pooling" and pooling["tokenizer"] is None
+    openrlhf = RewardModelArguments(
+        reward_model="rm", reward_remote_url=urls, reward_remote_api="openrlhf"
+    ).environment_kwargs()
+    assert openrlhf["remote_api"] == "openrlhf" and openrlhf["tokenizer"] == "rm"
+    explicit = RewardModelArguments(
+        reward_model="rm", reward_tokenizer="tok", reward_remote_url=urls, reward_remote_api="openrlhf"
+    )
+    assert explicit.environment_kwargs()["tokenizer"] == "tok"

@@ -25,6 +25,9 @@ class RewardModelArguments:
             exact, faster when prompts are long).
         reward_remote_url: Score on reward-model servers at these URLs instead of loading the RM here;
             `reward_model` is then the model name sent to the server (`trl-rm-env serve`: the path it serves).
+        reward_remote_api: The servers' dialect: `pooling` (vLLM `/pooling`, ours), `classify` (vLLM `/classify`)
+            or `openrlhf` (`/get_reward`). The API key is read from `TRL_RM_ENV_API_KEY` or `VLLM_API_KEY`, never
+            from the command line (it would show in `ps` and in logs).
         reward_name: The reward function's name (TRL logs `rewards/<name>/mean`).
         reward_attribute_weights: For a regression RM: `name=weight` entries (`helpfulness=1 verbosity=-0.2`;
             unnamed attributes weigh 0). Default: the checkpoint's own `attribute_weights`.
@@ -50,6 +53,13 @@ class RewardModelArguments:
     reward_remote_url: list[str] | None = field(
         default=None,
         metadata={"help": "Score on RM servers (trl-rm-env serve, or vLLM --runner pooling) at these URLs."},
+    )
+    reward_remote_api: str = field(
+        default="pooling",
+        metadata={
+            "help": "Remote RM dialect: pooling, classify or openrlhf.",
+            "choices": ["pooling", "classify", "openrlhf"],
+        },
     )
     reward_name: str = field(default="reward_model_env", metadata={"help": "Name of the reward function."})
     reward_attribute_weights: list[str] | None = field(
@@ -84,6 +94,11 @@ class RewardModelArguments:
                 )
             return dict(
                 remote_url=list(self.reward_remote_url),
+                remote_api=self.reward_remote_api,
+                # OpenRLHF's /get_reward takes text, rendered here with the RM's tokenizer (its path or Hub id).
+                tokenizer=(self.reward_tokenizer or self.reward_model)
+                if self.reward_remote_api == "openrlhf"
+                else None,
                 normalization=self.reward_normalization,
                 clip=self.reward_clip,
                 strip_reasoning=self.strip_reasoning,
