@@ -360,6 +360,33 @@ def test_record_above_the_completion_limit_names_record_and_fix(tmp_path, capsys
     assert run_validate(capsys, path, "--max-completions", str(n))[0] == 0
 
 
+def test_trainer_applies_its_max_completions_to_in_memory_records(tmp_path, tiny_tokenizer):
+    # A Dataset handed straight to the trainer skips the loaders: the trainer's own validation holds the limit,
+    # and a user who raised it (config max_completions) is not refused by a default elsewhere.
+    from datasets import Dataset
+
+    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.trainer import RankedRewardConfig, RankedRewardTrainer
+
+    dataset = Dataset.from_list([record(0, 1, 2, 3), record(0, 1)])
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+
+    def trainer(limit):
+        args = RankedRewardConfig(
+            output_dir=str(tmp_path / "out"), max_steps=1, use_cpu=True, report_to="none", max_completions=limit
+        )
+        return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, processing_class=tiny_tokenizer)
+
+    with pytest.raises(
+        DataValidationError, match=r"row 0, field 'completions': 4 completions, more than the limit of 3"
+    ):
+        trainer(3)
+    assert len(trainer(4).train_dataset) == 2
+    assert len(trainer(0).train_dataset) == 2  # 0: no limit
+    with pytest.raises(ValueError, match="max_completions must be >= 0"):
+        RankedRewardConfig(output_dir=str(tmp_path / "out"), max_completions=-1)
+
+
 def test_pairs_are_formed_within_records_only_in_row_order():
     """Same pairs, same order as the all-pairs definition, for contiguous and interleaved records."""
     gen = torch.Generator().manual_seed(0)

@@ -479,7 +479,7 @@ def train_regression_rm(tmp: Path, output_dir: Path, processes: int, batch: int)
     launch(
         "ddp_cpu.yaml", "recipes/train_regression_rm.py",
         "--config", "recipes/configs/rm_regression_tiny.yaml",
-        "--model_name_or_path", str(tmp / "regression-model"),  # built by the first run (build_tiny_model: true)
+        "--model_name_or_path", str(tmp / "regression_model"),  # built by the first run (build_tiny_model: true)
         "--output_dir", str(output_dir),
         "--train_data", str(sample["train"]),
         "--eval_data", f"in_domain={sample['in_domain']}",

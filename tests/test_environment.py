@@ -82,16 +82,22 @@ def batch_reference(tiny_rm, tiny_tokenizer):
     ],
     ids=["bs1", "bs3", "bs8", "default", "all", "budget"],
 )
-def test_call_parity(make_env, batch_reference, options):
+@pytest.mark.parametrize("sharing", [False, True], ids=["plain", "shared"])
+def test_call_parity(make_env, batch_reference, options, sharing):
     prompts, completions, want = batch_reference
-    env = make_env(**options)
+    env = make_env(prefix_sharing=sharing, **options)
     rewards = env(prompts=prompts, completions=completions, completion_ids=None)
     assert isinstance(rewards, list) and len(rewards) == len(prompts)
     assert all(isinstance(r, float) for r in rewards)
     assert_scores(rewards, want)
     assert want.unique().numel() == len(prompts)  # distinct scores, so an order mix-up would be seen
     shapes = env.scorer.last_batch_shapes
-    if "max_tokens_per_batch" in options:
+    if sharing:  # every item of a group shares its prompt; passes keep to the row and token bounds
+        assert env.scorer.last_shared == list(range(len(prompts)))
+        assert max(rows for rows, _ in shapes) <= options.get("batch_size", 32)
+        if "max_tokens_per_batch" in options:
+            assert all(rows * keys <= 256 for rows, keys in env.scorer.last_key_shapes)
+    elif "max_tokens_per_batch" in options:
         assert all(rows * length <= 256 for rows, length in shapes) and len(shapes) > 1
     else:
         assert max(rows for rows, _ in shapes) == min(options.get("batch_size", 32), len(prompts))

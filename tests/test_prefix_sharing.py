@@ -120,33 +120,68 @@ def make_trainer(tmp_path, tokenizer, dataset, eval_sets=None, **overrides):
 
 
 def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_tokenizer):
+    """Default ("auto": KV path), forced KV, and the block-mask fallback (forced under activation checkpointing,
+    packed) all train exactly like the plain path."""
+    from trl_rm_env.scoring.prefix_sharing import DataCollatorForSharedContext
+
     train = load_rank_dataset("sample:train").select(range(48))
     eval_sets = {"harder": load_rank_dataset("sample:harder").select(range(21))}
     runs = {}
-    for name, overrides in {"plain": {}, "shared": {"prefix_sharing": True},
-                            "packed": {"prefix_sharing": True, "pack_max_tokens": 256}}.items():
+    layouts = {
+        "plain": ({"prefix_sharing": False}, DataCollatorForRankedPreference),
+        "auto": ({}, DataCollatorForSharedContext),
+        "shared": ({"prefix_sharing": "true"}, DataCollatorForSharedContext),
+        "packed": ({"prefix_sharing": True, "pack_max_tokens": 256, "activation_checkpointing": True},
+                   DataCollatorForSharedPrefix),
+    }
+    for name, (overrides, collator) in layouts.items():
         trainer = make_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, **overrides)
-        assert isinstance(trainer.data_collator, DataCollatorForSharedPrefix) == (name != "plain")
+        assert isinstance(trainer.data_collator, collator)
+        assert isinstance(trainer.data_collator, DataCollatorForSharedContext) == (name in ("auto", "shared"))
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         runs[name] = (losses, trainer.evaluate(), [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h])
-    for name in ("shared", "packed"):
+    for name in ("auto", "shared", "packed"):
         assert runs[name][0] == pytest.approx(runs["plain"][0], abs=1e-4)
         for key in ("eval_harder_loss", "eval_harder_accuracy", "eval_harder_margin"):
             assert runs[name][1][key] == pytest.approx(runs["plain"][1][key], abs=1e-4)
         assert runs[name][2][-1] < runs["plain"][2][-1]  # fewer tokens through the model
 
 
+def test_a_subclass_with_its_own_compute_loss_gets_the_plain_layout_under_auto(tmp_path, tiny_tokenizer):
+    """A TRL-style subclass reads `input_ids`/`attention_mask` in compute_loss: "auto" keeps that layout; forcing
+    prefix sharing is the user's explicit choice."""
+    seen = []
+
+    class MyTrainer(RankedRewardTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen.append(sorted(inputs))
+            assert inputs["input_ids"].shape == inputs["attention_mask"].shape
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    train = load_rank_dataset("sample:train").select(range(8))
+    args = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1,
+                              per_device_train_batch_size=4, disable_tqdm=True, save_strategy="no")
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    trainer = MyTrainer(model=model, args=args, train_dataset=train, processing_class=tiny_tokenizer)
+    assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+    trainer.train()
+    assert seen and all("input_ids" in keys for keys in seen)
+    forced = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", prefix_sharing=True)
+    trainer = MyTrainer(model=model, args=forced, train_dataset=train, processing_class=tiny_tokenizer)
+    assert not isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+
+
 def test_unsupported_attention_falls_back_with_a_warning(tmp_path, tiny_tokenizer, caplog):
     train = load_rank_dataset("sample:train").select(range(8))
     model = build_tiny_reward_model(tiny_tokenizer, seed=0)
-    model.config._attn_implementation = "flash_attention_2"  # as if loaded with it; only checked, never run here
+    model.config._attn_implementation = "flex_attention"  # as if loaded with it; only checked, never run here
     args = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", prefix_sharing=True)
     trainer = RankedRewardTrainer(model=model, args=args, train_dataset=train, processing_class=tiny_tokenizer)
     assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
-    assert "using the plain path" in caplog.text
+    assert "flex_attention" in caplog.text and "using the plain path" in caplog.text
     with pytest.raises(ValueError, match="pack_max_tokens needs prefix_sharing"):
-        RankedRewardConfig(output_dir=str(tmp_path), pack_max_tokens=128)
+        RankedRewardConfig(output_dir=str(tmp_path), pack_max_tokens=128, prefix_sharing=False)
 
 
 # ---------------------------------------------------------------------------------------------------- scoring
@@ -187,7 +222,9 @@ def test_group_shared_scoring_equals_one_at_a_time(request, tokenizer_name, budg
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
     if budget is not None:
         assert all(rows * length <= budget for rows, length in scorer.last_batch_shapes)
-    plain = RewardScorer(model, tokenizer, max_tokens_per_batch=budget)
+    if budget is not None:
+        assert all(rows * keys <= budget for rows, keys in scorer.last_key_shapes)
+    plain = RewardScorer(model, tokenizer, max_tokens_per_batch=budget, prefix_sharing=False)
     plain.score(prompts, completions)
     used = sum(r * n for r, n in scorer.last_batch_shapes)
     assert used < sum(r * n for r, n in plain.last_batch_shapes)  # fewer token positions through the model
@@ -198,7 +235,7 @@ def test_group_shared_scoring_through_the_environment(tiny_rm, tiny_tokenizer):
 
     prompts, completions = grpo_groups(3, 4, seed=1)
     shared = RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu", prefix_sharing=True)
-    plain = RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu")
+    plain = RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu", prefix_sharing=False)
     assert shared(prompts, completions) == pytest.approx(plain(prompts, completions), abs=1e-4)
 
 
@@ -210,10 +247,12 @@ def test_cost_model_of_the_tiny_config(tiny_rm, tiny_tokenizer):
 
 
 @pytest.mark.parametrize(
-    "prompt_words, completion_words, rows", [(1, 80, 6), (120, 1, 1)], ids=["long-completions", "long-prompt"]
+    "prompt_words, completion_words, shared", [(1, 80, False), (120, 1, True)], ids=["long-completions", "long-prompt"]
 )
-def test_group_rows_follow_the_cost_model_and_stay_exact(tiny_rm, tiny_tokenizer, prompt_words, completion_words, rows):
-    """Long completions behind a short prompt: one row each (one shared row would be quadratic); else one row."""
+def test_auto_shares_where_the_cost_model_says_and_stays_exact(
+    tiny_rm, tiny_tokenizer, prompt_words, completion_words, shared
+):
+    """"auto": long completions behind a short prompt are scored plainly (little to share); a long prompt is shared."""
     from trl_rm_env import RewardScorer
     from trl_rm_env.scoring.templating import encode_conversation
 
@@ -226,6 +265,10 @@ def test_group_rows_follow_the_cost_model_and_stay_exact(tiny_rm, tiny_tokenizer
             tiny_rm(input_ids=torch.tensor([encode_conversation(tiny_tokenizer, p, c)])).logits[0, 0].item()
             for p, c in zip(prompts, completions)
         ])
-    scorer = RewardScorer(tiny_rm, tiny_tokenizer, prefix_sharing=True)
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer)
+    assert scorer.prefix_sharing == "auto"
     torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
-    assert sum(r for r, _ in scorer.last_batch_shapes) == rows
+    assert scorer.last_shared == (list(range(6)) if shared else [])
+    forced = RewardScorer(tiny_rm, tiny_tokenizer, prefix_sharing=True)
+    torch.testing.assert_close(forced.score(prompts, completions), reference, atol=1e-4, rtol=0)
+    assert forced.last_shared == list(range(6))

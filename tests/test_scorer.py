@@ -54,7 +54,7 @@ def conv_reference(tiny_rm, tiny_tokenizer):
 @pytest.mark.parametrize("batch_size", [1, 3, 8, None, 1000])
 def test_parity_with_one_at_a_time_scoring(tiny_rm, tiny_tokenizer, conv_reference, batch_size):
     prompts, completions, want = conv_reference
-    scorer = RewardScorer(tiny_rm, tiny_tokenizer, batch_size=batch_size)
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, batch_size=batch_size, prefix_sharing=False)
     got = scorer.score(prompts, completions)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
@@ -75,7 +75,7 @@ def test_parity_with_token_budget(tiny_rm, tiny_tokenizer, conv_reference, facto
     prompts, completions, want = conv_reference
     lengths = [len(reference_ids(tiny_tokenizer, p, c)) for p, c in zip(prompts, completions)]
     budget = int(factor * max(lengths))
-    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=budget)
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=budget, prefix_sharing=False)
     assert scorer.batch_size is None  # the budget alone limits the batches
     got = scorer.score(prompts, completions)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
@@ -331,8 +331,10 @@ def test_nonfinite_only_for_bad_rows(tiny_rm, tiny_tokenizer, conv_reference, mo
 
     monkeypatch.setattr(model, "forward", nan_forward)
     with pytest.raises(FloatingPointError, match=r"item\(s\) \[4\]\. Check the model dtype"):
-        RewardScorer(model, tiny_tokenizer, batch_size=3).score(prompts, completions)
-    got = RewardScorer(model, tiny_tokenizer, batch_size=3, nonfinite_reward=0.5).score(prompts, completions)
+        RewardScorer(model, tiny_tokenizer, batch_size=3, prefix_sharing=False).score(prompts, completions)
+    got = RewardScorer(model, tiny_tokenizer, batch_size=3, nonfinite_reward=0.5, prefix_sharing=False).score(
+        prompts, completions
+    )
     want = want.clone()
     want[4] = 0.5
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)

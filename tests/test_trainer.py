@@ -411,3 +411,18 @@ def test_final_evaluation_reuses_the_evaluation_at_the_current_step(tmp_path, ti
     trainer.state.global_step += 1  # ...and a stale evaluation (another step) is not reused
     trainer.final_evaluation()
     assert len(passes) == 6
+
+
+def test_final_evaluation_reuses_the_end_of_training_evaluation_and_logs_it(tmp_path, tiny_tokenizer, in_domain):
+    """train() evaluates quietly for the reward statistics (TRL's log layout ends with the train summary); the
+    recipes' final_evaluation reuses that evaluation and puts it in the log history, once."""
+    trainer = make_trainer(tmp_path, tiny_tokenizer, train=in_domain.select(range(16)),
+                           eval_dataset={"in_domain": in_domain.select(range(12))}, max_steps=2, eval_strategy="no")
+    trainer.train()
+    assert "train_runtime" in trainer.state.log_history[-1]
+    assert not any("eval_in_domain_accuracy" in h for h in trainer.state.log_history)
+    metrics = trainer.final_evaluation()
+    again = trainer.final_evaluation()
+    assert metrics == again and "eval_in_domain_accuracy" in metrics
+    rows = [h for h in trainer.state.log_history if "eval_in_domain_accuracy" in h]
+    assert len(rows) == 1 and rows[0]["eval_in_domain_accuracy"] == metrics["eval_in_domain_accuracy"]

@@ -21,8 +21,8 @@ class RewardModelArguments:
         reward_normalization: none, running or checkpoint.
         reward_clip: Clip (normalized) rewards to [-clip, clip].
         strip_reasoning: Drop `<think>...</think>` from completions before scoring.
-        reward_prefix_sharing: Score the completions of each GRPO group against one shared prompt (prefix sharing;
-            exact, faster when prompts are long).
+        reward_prefix_sharing: Score the completions of each GRPO group against one encoding of their prompt (KV
+            cache; exact). `auto` (default): where the RM supports it and it pays; `true`: always; `false`: never.
         reward_remote_url: Score on reward-model servers at these URLs instead of loading the RM here;
             `reward_model` is then the model name sent to the server (`trl-rm-env serve`: the path it serves).
         reward_remote_api: The servers' dialect: `pooling` (vLLM `/pooling`, ours), `classify` (vLLM `/classify`)
@@ -47,8 +47,14 @@ class RewardModelArguments:
     reward_normalization: str = field(default="none", metadata={"help": "none, running or checkpoint."})
     reward_clip: float | None = field(default=None, metadata={"help": "Clip rewards to [-clip, clip]."})
     strip_reasoning: bool = field(default=False, metadata={"help": "Drop <think>...</think> before scoring."})
-    reward_prefix_sharing: bool = field(
-        default=False, metadata={"help": "Score each GRPO group's completions against one shared prompt (exact)."}
+    # `str` for the parser (it would parse `bool | str` as a bool); `environment_kwargs` maps it to True/False/"auto".
+    reward_prefix_sharing: str = field(
+        default="auto",
+        metadata={
+            "help": "Score each GRPO group's completions against one encoding of their prompt (exact): auto, true "
+            "or false.",
+            "choices": ["auto", "true", "false"],
+        },
     )
     reward_remote_url: list[str] | None = field(
         default=None,
@@ -86,6 +92,8 @@ class RewardModelArguments:
 
     def environment_kwargs(self) -> dict:
         """Keyword arguments for `RewardModelEnvironment` (besides the model)."""
+        from .scoring.scorer import normalize_prefix_sharing
+
         if self.reward_remote_url:
             if self.reward_attribute_weights:
                 raise ValueError(
@@ -114,7 +122,7 @@ class RewardModelArguments:
             clip=self.reward_clip,
             strip_reasoning=self.strip_reasoning,
             name=self.reward_name,
-            prefix_sharing=self.reward_prefix_sharing,
+            prefix_sharing=normalize_prefix_sharing(self.reward_prefix_sharing),
             attribute_weights=self.attribute_weights(),
         )
 

@@ -60,19 +60,17 @@ class EncodedBatch:
     overlength: list[int] = field(default_factory=list)  # indices given the over-length fallback
 
 
-def _supports_prefix_sharing(model: PreTrainedModel) -> bool:
-    from .prefix_sharing import SUPPORTED_ATTENTION, find_score_head
+AUTO_MIN_SAVING = 0.1  # "auto" shares a group when the cost model saves at least this fraction of its plain cost
 
-    attention = getattr(model.config, "_attn_implementation", None)
-    if attention in SUPPORTED_ATTENTION and find_score_head(model) is not None:
-        return True
-    logger.warning(
-        "prefix_sharing needs a *ForSequenceClassification model with attn_implementation in %s (got %r): "
-        "scoring each sequence separately.",
-        SUPPORTED_ATTENTION,
-        attention,
-    )
-    return False
+
+def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
+    """`True`, `False` or `"auto"` from a bool, None (auto) or the strings auto/true/false (any case)."""
+    if value is None or isinstance(value, bool):
+        return "auto" if value is None else value
+    text = str(value).strip().lower()
+    if text in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[text]
+    raise ValueError(f"prefix_sharing must be True, False or 'auto', got {value!r}.")
 
 
 class RewardScorer:
@@ -95,12 +93,17 @@ class RewardScorer:
         show_progress: Show a progress bar over batches (`None`: only for more than 8 batches).
         template_kwargs: Extra keyword arguments for the chat template (e.g. `enable_thinking`), as NeMo RL's
             `tokenizer.chat_template_kwargs`.
-        prefix_sharing: Score the completions that share a context (a GRPO group) in one row: the context's
-            tokens once, each completion after it under a block mask with position ids restarting after the
-            context (see `trl_rm_env.scoring.prefix_sharing`). Same scores as scoring each alone. Items are grouped
-            by their exact shared token prefix, so a template that re-tokenizes the context differently per
-            completion simply shares less. Needs eager or SDPA attention (falls back with a warning otherwise).
-            `batch_size` then counts rows (groups), and `max_tokens_per_batch` still bounds rows x length.
+        prefix_sharing: Score the completions that share a context (a GRPO group) against one encoding of it: the
+            context goes through the model once with a KV cache, then every completion runs against that cache with
+            position ids continuing after the context (see `trl_rm_env.scoring.prefix_sharing`). Same scores as
+            scoring each alone, no mask over a whole row, any attention kernel (eager, SDPA, FlashAttention-2).
+            Items are grouped by their exact shared token prefix. `"auto"` (default): on where the model supports
+            it, for the groups where a cost model says it pays (at least `AUTO_MIN_SAVING` of the group's plain
+            FLOPs saved: enough context tokens against the completions' and the group size); other items are
+            scored plainly. `True`: every group of two or more items that shares a token. `False`: never. Where
+            the model cannot (sliding-window layers, no cache, no `score` head), the plain path is used, logged
+            once. `batch_size` bounds the contexts of one forward and the completions of one forward; the token
+            budget bounds `rows x length` of both passes, the completions' keys (context + completion) included.
     """
 
     def __init__(
@@ -118,7 +121,7 @@ class RewardScorer:
         label_index: int = 0,
         show_progress: bool | None = None,
         template_kwargs: dict[str, Any] | None = None,
-        prefix_sharing: bool = False,
+        prefix_sharing: bool | str = "auto",
         output_weights: Sequence[float] | None = None,
     ):
         if truncation not in ("left", "fallback"):
@@ -145,14 +148,13 @@ class RewardScorer:
             raise ValueError(
                 f"output_weights has {self.output_weights.numel()} values for {model.config.num_labels} outputs"
             )
-        if self.output_weights is not None and prefix_sharing:
-            logger.warning("prefix_sharing reads one output column; a weighted regression RM is scored without it.")
-            prefix_sharing = False
         self.last_outputs: torch.Tensor | None = None  # (N, num_labels) of the last `score` call; NaN: not scored
         self.show_progress = show_progress
         self.template_kwargs = dict(template_kwargs or {})
-        self.prefix_sharing = prefix_sharing and _supports_prefix_sharing(model)
+        self.prefix_sharing = self._resolve_prefix_sharing(normalize_prefix_sharing(prefix_sharing))
         self.last_batch_shapes: list[tuple[int, int]] = []  # (rows, length) of each forward pass of the last call
+        self.last_key_shapes: list[tuple[int, int]] = []  # (rows, keys) of each shared completion pass
+        self.last_shared: list[int] = []  # items of the last call scored against a shared context
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         if getattr(model.config, "pad_token_id", None) is None:
@@ -219,14 +221,43 @@ class RewardScorer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _resolve_prefix_sharing(self, mode: bool | str) -> bool | str:
+        """The mode the scorer runs: `False` where the model cannot share (logged once), else `mode`."""
+        from .prefix_sharing import kv_sharing_unsupported
+
+        if mode is False:
+            return False
+        reason = kv_sharing_unsupported(self.model)
+        if reason is None:
+            if mode == "auto":
+                logger.info("prefix_sharing='auto': groups sharing a context are scored against its KV cache where "
+                            "the cost model says it pays.")
+            return mode
+        log = logger.warning if mode is True else logger.info
+        log("prefix_sharing=%r: %s; scoring each sequence separately.", mode, reason)
+        return False
+
     @torch.inference_mode()
     def score_ids(self, sequences: Sequence[Sequence[int]], progress: bool | None = None) -> torch.Tensor:
         """Scores (fp32, CPU, input order) of already-encoded sequences. `progress` overrides `show_progress`."""
+        self.last_batch_shapes, self.last_key_shapes = [], []
+        outputs = self._plain_outputs(sequences, progress)
+        self._last_id_outputs = outputs
+        return self._reward_of(outputs)
+
+    def _reward_of(self, outputs: torch.Tensor) -> torch.Tensor:
+        if self.output_weights is not None:
+            return outputs @ self.output_weights
+        return outputs[:, self.label_index].clone()
+
+    def _plain_outputs(self, sequences: Sequence[Sequence[int]], progress: bool | None) -> torch.Tensor:
+        """`(N, num_labels)` fp32 outputs, one padded row per sequence (appends to `last_batch_shapes`)."""
         outputs = torch.empty(len(sequences), self.model.config.num_labels, dtype=torch.float32)
+        if not sequences:
+            return outputs
         batches = self.plan_batches([len(s) for s in sequences])
-        self.last_batch_shapes = []
         pad_id = self.tokenizer.pad_token_id
-        with self._in_eval_mode(batches, progress) as iterator:
+        with torch.inference_mode(), self._in_eval_mode(batches, progress) as iterator:
             for batch in iterator:
                 length = max(len(sequences[i]) for i in batch)
                 input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
@@ -239,68 +270,115 @@ class RewardScorer:
                     input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=False
                 ).logits
                 outputs[torch.tensor(batch)] = logits.float().cpu()
-        self._last_id_outputs = outputs
-        if self.output_weights is not None:
-            return outputs @ self.output_weights
-        return outputs[:, self.label_index].clone()
+        return outputs
+
+    def share_plan(
+        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int]
+    ) -> tuple[list[tuple[int, list[int]]], list[int]]:
+        """Which items to score against a shared context: `(groups, plain)`, each group `(prefix length, items)`.
+
+        Items are grouped by their first `context_length` tokens (exact token equality); a group's prefix is the
+        longest one all its items share (each keeps at least one token of its own). With `prefix_sharing=True`
+        every group of two or more items with a prefix of at least one token is shared; with `"auto"` only those
+        where the cost model (`AUTO_MIN_SAVING`) says it pays.
+        """
+        from .prefix_sharing import shared_prefix_length
+
+        keyed: dict[tuple[int, ...], list[int]] = {}
+        for i, (seq, n) in enumerate(zip(sequences, context_lengths)):
+            keyed.setdefault(tuple(seq[:n]), []).append(i)
+        groups, plain = [], []
+        for members in keyed.values():
+            prefix = shared_prefix_length([sequences[i] for i in members]) if len(members) > 1 else 0
+            own = [len(sequences[i]) - prefix for i in members]
+            if prefix >= 1 and (self.prefix_sharing is True or self.sharing_saves(prefix, own) >= AUTO_MIN_SAVING):
+                groups.append((prefix, sorted(members, key=lambda i: -len(sequences[i]))))
+            else:
+                plain += members
+        return groups, sorted(plain)
+
+    def sharing_saves(self, prefix: int, completions: Sequence[int]) -> float:
+        """The fraction of a group's plain scoring FLOPs that scoring against its shared context saves.
+
+        Cost of a forward over `n` query tokens against `k` keys, in attention-pair units: `n * ratio + n * k`
+        (`ratio` = `_linear_to_attention_cost`, projections and MLP per token over attention per pair). Plain: each
+        item `(P + c)` tokens against themselves; shared: the context once, then each completion's `c` tokens
+        against `P + c` keys.
+        """
+        ratio = self._linear_to_attention_cost()
+        if math.isinf(ratio) or not completions:
+            return 1.0 if len(completions) > 1 else 0.0
+        plain = sum((prefix + c) * ratio + (prefix + c) ** 2 for c in completions)
+        shared = prefix * ratio + prefix**2 + sum(c * ratio + c * (prefix + c) for c in completions)
+        return 1.0 - shared / plain
 
     @torch.inference_mode()
     def score_ids_shared(
         self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int], progress: bool | None = None
     ) -> torch.Tensor:
-        """Like `score_ids`, with the sequences that share a context scored in one prefix-shared row each.
+        """Like `score_ids`, with the items that share a context scored against one encoding of it (`share_plan`
+        decides which; the rest are scored plainly)."""
+        self.last_batch_shapes, self.last_key_shapes = [], []
+        outputs = self._shared_outputs(sequences, context_lengths, progress)
+        self._last_id_outputs = outputs
+        return self._reward_of(outputs)
 
-        Sequences are grouped by their first `context_length` tokens (exact token equality). Within a group the
-        shared prefix is the longest one all its sequences have; the group is split into chunks whose row
-        (prefix + the completions' own tokens) fits the token budget. A chunk also stops growing when one more
-        completion would cost more compute than a new row repeating the prefix: a row of L tokens costs about
-        `L * linear + L**2 * attention` (the block mask is dense), so long completions behind a short prompt get
-        rows of a few completions, or one each (the plain layout), rather than one quadratic row.
-        """
-        from .prefix_sharing import DataCollatorForSharedPrefix, shared_prefix_length, shared_prefix_scores
+    def _shared_outputs(
+        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int], progress: bool | None
+    ) -> torch.Tensor:
+        from .prefix_sharing import collate_shared_context, plan_passes, shared_context_scores
 
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, (seq, n) in enumerate(zip(sequences, context_lengths)):
-            groups.setdefault(tuple(seq[:n]), []).append(i)
-        budget = self.max_tokens_per_batch
-        ratio = self._linear_to_attention_cost()
-        chunks: list[list[int]] = []  # item indices sharing one row
-        for members in groups.values():
-            prefix = shared_prefix_length([sequences[i] for i in members])
-            current, used = [], prefix
-            for i in sorted(members, key=lambda i: -len(sequences[i])):
-                own = len(sequences[i]) - prefix
-                over_budget = budget is not None and used + own > budget
-                # Compute (in attention-pair units) of adding `own` tokens to this row vs a new row prefix + own.
-                grow = own * ratio + (used + own) ** 2 - used**2
-                fresh = (prefix + own) * ratio + (prefix + own) ** 2
-                if current and (over_budget or grow > fresh):
-                    chunks.append(current)
-                    current, used = [], prefix
-                current.append(i)
-                used += own
-            chunks.append(current)
-        rows = [
-            {"completion_ids": [sequences[i] for i in chunk], "ranks": [0] * len(chunk)} for chunk in chunks
-        ]
-        row_lengths = []
-        for chunk in chunks:
-            prefix = shared_prefix_length([sequences[i] for i in chunk])
-            row_lengths.append(prefix + sum(len(sequences[i]) - prefix for i in chunk))
-        batches = self.plan_batches(row_lengths)
-        collate = DataCollatorForSharedPrefix(pad_token_id=self.tokenizer.pad_token_id)
-        dtype = next(p for p in self.model.parameters() if p.is_floating_point()).dtype
-        scores = torch.empty(len(sequences), dtype=torch.float32)
-        self.last_batch_shapes = []
-        with self._in_eval_mode(batches, progress) as iterator:
+        groups, plain = self.share_plan(sequences, context_lengths)
+        self.last_shared = sorted(i for _, members in groups for i in members)
+        outputs = torch.empty(len(sequences), self.model.config.num_labels, dtype=torch.float32)
+        if plain:
+            outputs[torch.tensor(plain)] = self._plain_outputs([sequences[i] for i in plain], progress)
+        if not groups:
+            return outputs
+        batches = self._plan_shared_batches(groups, sequences)
+        with torch.inference_mode(), self._in_eval_mode(batches, progress) as iterator:
             for batch in iterator:
-                inputs = collate([rows[r] for r in batch])
-                self.last_batch_shapes.append(tuple(inputs["input_ids"].shape))
-                inputs = {k: v.to(self.device) for k, v in inputs.items()}
-                values, _ = shared_prefix_scores(self.model, inputs, dtype, self.label_index)
-                items = [i for r in batch for i in chunks[r]]
-                scores[torch.tensor(items)] = values.float().cpu()
-        return scores
+                chosen = [groups[g] for g in batch]
+                inputs = collate_shared_context(
+                    [[sequences[i] for i in members] for _, members in chosen],
+                    [p for p, _ in chosen],
+                    self.tokenizer.pad_token_id,
+                )
+                prefix_lengths = [p for p, _ in chosen]
+                inputs["prefix_chunks"] = plan_passes(prefix_lengths, self.batch_size, self.max_tokens_per_batch)
+                own = inputs["completion_mask"].sum(1).tolist()
+                context_of = [prefix_lengths[g] for g in inputs["group_index"].tolist()]
+                inputs["completion_chunks"] = plan_passes(own, self.batch_size, self.max_tokens_per_batch, context_of)
+                for rows, length in inputs["prefix_chunks"]:
+                    self.last_batch_shapes.append((len(rows), length))
+                for rows, length in inputs["completion_chunks"]:
+                    self.last_batch_shapes.append((len(rows), length))
+                    self.last_key_shapes.append((len(rows), max(context_of[i] for i in rows) + length))
+                inputs = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
+                values, _ = shared_context_scores(self.model, inputs, label_index=None)
+                items = [i for _, members in chosen for i in members]
+                outputs[torch.tensor(items)] = values.float().cpu()
+        return outputs
+
+    def _plan_shared_batches(self, groups: list[tuple[int, list[int]]], sequences) -> list[list[int]]:
+        """Batches of groups for the context pass: longest context first, at most `batch_size` contexts and
+        `max_tokens_per_batch` padded context tokens, and every completion row able to fit the budget with the
+        batch's longest context (`rows x (context + completion)`)."""
+        order = sorted(range(len(groups)), key=lambda g: -groups[g][0])
+        budget, batches, current = self.max_tokens_per_batch, [], []
+        for g in order:
+            prefix = groups[current[0]][0] if current else groups[g][0]
+            longest_own = max(len(sequences[i]) - groups[g][0] for i in groups[g][1])
+            rows = len(current) + 1
+            too_many = self.batch_size is not None and rows > self.batch_size
+            over = budget is not None and (rows * prefix > budget or prefix + longest_own > budget)
+            if current and (too_many or over):
+                batches.append(current)
+                current = []
+            current.append(g)
+        if current:
+            batches.append(current)
+        return batches
 
     @contextlib.contextmanager
     def _in_eval_mode(self, batches: list[list[int]], progress: bool | None) -> Iterator[Any]:
@@ -354,13 +432,16 @@ class RewardScorer:
             if self.prefix_sharing:
                 context_lengths = [encoded.context_lengths[i] for i in present]
                 scores[torch.tensor(present)] = self.score_ids_shared(ids, context_lengths, progress)
+                self.last_shared = [present[i] for i in self.last_shared]
             else:
                 scores[torch.tensor(present)] = self.score_ids(ids, progress)
-                self.last_outputs = torch.full((len(encoded.ids), self._last_id_outputs.shape[1]), float("nan"))
-                self.last_outputs[torch.tensor(present)] = self._last_id_outputs
+                self.last_shared = []
+            self.last_outputs = torch.full((len(encoded.ids), self._last_id_outputs.shape[1]), float("nan"))
+            self.last_outputs[torch.tensor(present)] = self._last_id_outputs
         if encoded.overlength:
             scores[torch.tensor(encoded.overlength)] = float(self.overlength_reward)
         bad = [i for i in present if not torch.isfinite(scores[i])]
+        self.last_nonfinite = bad  # items of the last call given `nonfinite_reward` (the environment warns, counts)
         if bad:
             if self.nonfinite_reward is None:
                 raise FloatingPointError(

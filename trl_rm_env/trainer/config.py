@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from trl import RewardConfig
 
+from ..data.schema import MAX_COMPLETIONS_PER_RECORD
+
 TRUNCATION_MODES = ("drop", "left")
 ON_INVALID_MODES = ("raise", "skip")
 
@@ -25,21 +27,30 @@ class RankedRewardConfig(RewardConfig):
         on_invalid (`str`, *optional*, defaults to `"raise"`):
             What to do with a record that does not follow the rank schema: `"raise"` an error naming the dataset,
             row and field, or `"skip"` it (the count and reasons are logged once per split).
+        max_completions (`int` or `None`, *optional*, defaults to `1024`):
+            Most completions in one rank-schema record. A record with more is invalid (raised or skipped as
+            `on_invalid` says): its N(N-1)/2 pairs would fill memory. Split such a record into several with the same
+            context, or raise the limit (`None` or 0: none).
         save_reward_stats (`bool`, *optional*, defaults to `True`):
             When training ends, evaluate every validation set and write the mean and standard deviation of the
             rewards into the model config (`reward_mean`, `reward_std` over all validation completions, and
             `reward_stats` per set), as OpenRLHF does, so a reward function can normalise rewards from the
             checkpoint alone. Needs an `eval_dataset`.
 
-        prefix_sharing (`bool`, *optional*, defaults to `False`):
-            Run each record as one sequence holding its context once and every completion after it, each completion
-            attending to the context and itself only (block mask, position ids restarting after the context), the
-            score read at each completion's last token. Equal to the plain path within float rounding; the context
-            goes through the model once instead of N times. Needs `attn_implementation` eager or sdpa (falls back
-            to the plain path, with a warning, otherwise).
+        prefix_sharing (`bool` or `str`, *optional*, defaults to `"auto"`; `None` means `"auto"`):
+            Run each record's context through the model once: the contexts of a batch in one forward with a KV
+            cache, then every completion against its record's cached context (position ids continuing after it),
+            the score read at each completion's last token; backward goes through both. Equal to the plain path
+            within float rounding (scores, loss, gradients), with no mask over a whole row, for eager, SDPA and
+            FlashAttention-2. Where the KV path cannot run (activation checkpointing, sliding-window layers), a
+            block-mask row (context once, completions under a block mask) is used with eager/SDPA. `"auto"`
+            (default): on where the model supports it, else the plain path, logged once. `True`: on (a warning when
+            the model cannot); `False`: never. On the command line: `--prefix_sharing auto|true|false`.
         pack_max_tokens (`int` or `None`, *optional*, defaults to `None`):
-            With `prefix_sharing`: pack several records of a batch into one row of up to this many tokens (a row
-            is never shorter than the longest record), each record its own block (padding-free packing).
+            Only for the block-mask fallback of `prefix_sharing`: pack several records of a batch into one row of
+            up to this many tokens (a row is never shorter than the longest record), each record its own block. The
+            KV path needs no packing: records never attend to each other, and the contexts and the completions of a
+            batch are one padded forward each.
 
     > [!NOTE]
     > Defaults that differ from TRL's `RewardConfig`: activation (gradient) checkpointing is off unless
@@ -64,6 +75,13 @@ class RankedRewardConfig(RewardConfig):
             "choices": list(ON_INVALID_MODES),
         },
     )
+    max_completions: int | None = field(
+        default=MAX_COMPLETIONS_PER_RECORD,
+        metadata={
+            "help": "Most completions in one rank-schema record; a record with more is invalid (its pairs grow with "
+            "the square). None or 0: no limit."
+        },
+    )
     save_reward_stats: bool = field(
         default=True,
         metadata={
@@ -71,18 +89,23 @@ class RankedRewardConfig(RewardConfig):
             "`reward_std`, `reward_stats`) when training ends."
         },
     )
-    prefix_sharing: bool = field(
-        default=False,
+    # `str | None` for the parser (it would parse `bool | str` as a bool); __post_init__ maps None to "auto" and
+    # "true"/"false" to bools. None (not "auto") as the default keeps `if config.prefix_sharing:` checks of
+    # subclasses, run before this __post_init__, reading "not forced on".
+    prefix_sharing: str | None = field(
+        default=None,
         metadata={
-            "help": "Run each record as one row: the shared context once, every completion after it under a block "
-            "mask (scores equal the plain path). Needs eager or SDPA attention."
+            "help": "Encode each record's context once and run its completions against the context's KV cache "
+            "(exact: scores, loss and gradients equal the plain path). 'auto': where the model supports it; "
+            "'true': always (warns when it cannot); 'false': never. Default: auto.",
+            "choices": ["auto", "true", "false"],
         },
     )
     pack_max_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "With prefix_sharing: pack several records into one row of up to this many tokens "
-            "(padding-free packing)."
+            "help": "Block-mask fallback of prefix_sharing only (e.g. with activation checkpointing): pack several "
+            "records into one row of up to this many tokens."
         },
     )
     gradient_checkpointing: bool | None = field(
@@ -101,8 +124,14 @@ class RankedRewardConfig(RewardConfig):
             raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}.")
         if self.on_invalid not in ON_INVALID_MODES:
             raise ValueError(f"on_invalid must be one of {ON_INVALID_MODES}, got {self.on_invalid!r}.")
-        if self.pack_max_tokens is not None and not self.prefix_sharing:
-            raise ValueError("pack_max_tokens needs prefix_sharing=True.")
+        if self.max_completions is not None and self.max_completions < 0:
+            raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
+        self.max_completions = self.max_completions or None
+        from ..scoring.scorer import normalize_prefix_sharing
+
+        self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)
+        if self.pack_max_tokens is not None and self.prefix_sharing is False:
+            raise ValueError("pack_max_tokens needs prefix_sharing=True or 'auto'.")
         if self.bf16 is None:
             import torch
 

@@ -92,12 +92,13 @@ class RegressionRewardConfig(RankedRewardConfig):
                 f"center_rewards_coefficient={self.center_rewards_coefficient} is a Bradley-Terry term with no "
                 "meaning for a regression reward model; leave it unset."
             )
-        if getattr(self, "prefix_sharing", False):
+        if str(getattr(self, "prefix_sharing", None)).lower() == "true":
             raise ValueError(
                 "prefix_sharing shares a context between the completions of a ranked record; a regression record has "
                 "one completion, so there is nothing to share: leave it off."
             )
         super().__post_init__()
+        self.prefix_sharing = False  # "auto" (the default) has nothing to share here
 
 
 # ----------------------------------------------------------------------------------------------- loss and metrics

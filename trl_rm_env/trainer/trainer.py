@@ -59,6 +59,7 @@ from ..scoring.templating import common_prefix_length, left_truncate
 from .collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefixPairs, tokenize_rank_record
 from .config import RankedRewardConfig
 from .loss import STAT_COLUMNS, ranked_bradley_terry_loss, record_statistics, summarize_statistics
+from .saving import AtomicCheckpointMixin
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def _limit_pair(
     return out[0], out[1], "truncated"
 
 
-class RankedRewardTrainer(RewardTrainer):
+class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
     """Train a Bradley-Terry reward model on ranked (N-way, ties allowed) preference data.
 
     Takes every argument of TRL's [`RewardTrainer`]; the differences are in the module docstring.
@@ -158,7 +159,7 @@ class RankedRewardTrainer(RewardTrainer):
         self._eval_stats: list[torch.Tensor] = []
         self._eval_extremes: list[torch.Tensor] = []
         self._last_eval_summary: dict[str, tuple[int, dict[str, float]]] = {}
-        self._last_full_evaluation: tuple[int, dict[str, float]] | None = None  # (global step, metrics)
+        self._last_full_evaluation: tuple[int, dict[str, float], bool] | None = None  # (step, metrics, silent)
         self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
         self._silent_logs = False
         self._last_scores: torch.Tensor | None = None
@@ -172,8 +173,8 @@ class RankedRewardTrainer(RewardTrainer):
         self._prefix_sharing = self.args.prefix_sharing and self._check_prefix_sharing()
         if user_collator is None:
             if self._prefix_sharing == "kv":
-                self.data_collator = shared_context_collator(
-                    self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of
+                self.data_collator = shared_context_collator(  # ZeRO-3: the same layer calls on every rank
+                    self.processing_class.pad_token_id, self.args.pad_to_multiple_of, not self.is_deepspeed_enabled
                 )
             elif self._prefix_sharing:
                 self.data_collator = DataCollatorForSharedPrefixPairs(
@@ -192,6 +193,11 @@ class RankedRewardTrainer(RewardTrainer):
         run, e.g. under activation checkpointing) or False (the plain path). Logged once."""
         model = self.accelerator.unwrap_model(self.model)
         mode = self.args.prefix_sharing
+        if mode == "auto" and type(self).compute_loss is not RankedRewardTrainer.compute_loss:
+            # A subclass's compute_loss reads the batch it knows (TRL's `input_ids`/`attention_mask`): keep it.
+            logger.info("prefix_sharing='auto': %s overrides compute_loss; using the plain batch layout.",
+                        type(self).__name__)
+            return False
         reason = kv_sharing_unsupported(model, training=True)
         if reason is None and getattr(self.args, "activation_checkpointing", False):
             reason = "activation checkpointing drops the KV cache"
@@ -239,7 +245,9 @@ class RankedRewardTrainer(RewardTrainer):
 
         with global_then_local_main_first():
             if "context" in columns and "completions" in columns:
-                records, _ = validate_records(enumerate(dataset), dataset_name, args.on_invalid, row_label="row")
+                records, _ = validate_records(
+                    enumerate(dataset), dataset_name, args.on_invalid, row_label="row", max_completions=args.max_completions
+                )
             else:
                 raise ValueError(
                     f"Dataset {dataset_name!r} has columns {columns}: expected rank-schema records "
@@ -398,7 +406,7 @@ class RankedRewardTrainer(RewardTrainer):
             )
 
         def tokenize(example):
-            record = validate_rank_record(example, dataset_name, None, "row")
+            record = validate_rank_record(example, dataset_name, None, "row", args.max_completions)
             out, status = tokenize_rank_record(record, processing_class, args.max_length, args.truncation)
             return out or {"completion_ids": [], "ranks": [], "context_length": 0}
 
@@ -528,19 +536,24 @@ class RankedRewardTrainer(RewardTrainer):
             finally:
                 self._pending_total_time = None
         if eval_dataset is None and metric_key_prefix == "eval":  # every validation set, as final_evaluation needs
-            self._last_full_evaluation = (self.state.global_step, dict(metrics))
+            self._last_full_evaluation = (self.state.global_step, dict(metrics), self._silent_logs)
         return metrics
 
     def final_evaluation(self) -> dict[str, float]:
         """The metrics of every validation set for the current weights, evaluating only when needed.
 
         Reuses the evaluation that already ran at the current step (the last one of `eval_strategy`, or the one
-        `train()` runs to store the reward statistics); otherwise evaluates now. The recipes call this after
-        training, so that the validation sets are not evaluated twice.
+        `train()` runs to store the reward statistics, which is logged now: it stayed out of the log while training
+        ended); otherwise evaluates now. The recipes call this after training, so that the validation sets are not
+        evaluated twice.
         """
         cached = self._last_full_evaluation
         if cached is not None and cached[0] == self.state.global_step:
-            return dict(cached[1])
+            step, metrics, silent = cached
+            if silent:
+                self.log(dict(metrics))
+                self._last_full_evaluation = (step, metrics, False)
+            return dict(metrics)
         return self.evaluate()
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:

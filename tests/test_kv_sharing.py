@@ -1,0 +1,293 @@
+"""Shared-context (KV cache) prefix sharing: scores, losses and gradients equal one-at-a-time plain scoring (fp32,
+1e-4) for several groups per call, ragged completions, BOS templates, left truncation, eager and SDPA, PEFT; the
+`"auto"` default and its fallbacks; `--prefix_sharing auto|true|false` on the command line."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+from reference import _one_thread, score_one  # noqa: F401
+
+from trl_rm_env import RankedRewardConfig, RewardScorer, load_rank_dataset
+from trl_rm_env.scoring.prefix_sharing import (
+    DataCollatorForSharedContext,
+    collate_shared_context,
+    kv_sharing_unsupported,
+    plan_passes,
+    shared_context_scores,
+)
+from trl_rm_env.scoring.scorer import normalize_prefix_sharing
+from trl_rm_env.scoring.templating import encode_conversation
+from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, tokenize_rank_record
+from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
+
+WORDS = "add two and 3 please the answer is 4 because numbers".split()
+
+
+def random_groups(seed: int, shapes: list[tuple[int, list[int]]], vocab: int) -> list[list[list[int]]]:
+    """Token groups: each `(prefix length, [completion lengths])` a random shared prefix and random suffixes."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for prefix_len, lengths in shapes:
+        prefix = torch.randint(10, vocab, (prefix_len,), generator=g).tolist()
+        groups.append([prefix + torch.randint(10, vocab, (n,), generator=g).tolist() for n in lengths])
+    return groups
+
+
+def chat_groups(num_prompts: int, generations: int, seed: int = 0, prompt_words=(3, 60), answer_words=(0, 12)):
+    rng = random.Random(seed)
+    prompts, completions = [], []
+    for _ in range(num_prompts):
+        prompt = [{"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(rng.randint(*prompt_words)))}]
+        for _ in range(generations):
+            prompts.append(prompt)
+            n = rng.randint(*answer_words)
+            completions.append([{"role": "assistant", "content": " ".join(rng.choice(WORDS) for _ in range(n)) or "4"}])
+    return prompts, completions
+
+
+# ---------------------------------------------------------------------------------------------------- the kernel
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_several_groups_ragged_completions_equal_one_at_a_time(tiny_tokenizer, attention):
+    model = build_tiny_reward_model(tiny_tokenizer, seed=1, num_labels=2, attn_implementation=attention)
+    shapes = [(30, [5, 9, 1]), (7, [12, 3]), (50, [4, 4, 4, 4]), (1, [6])]
+    groups = random_groups(0, shapes, model.config.vocab_size)
+    with torch.no_grad():
+        reference = torch.stack([
+            model(input_ids=torch.tensor([seq])).logits[0] for group in groups for seq in group
+        ])
+        batch = collate_shared_context(groups, [p for p, _ in shapes], tiny_tokenizer.pad_token_id)
+        assert batch["prefix_ids"].shape == (4, 50) and batch["completion_ids"].shape == (10, 12)
+        scores, _ = shared_context_scores(model, batch)
+        every, _ = shared_context_scores(model, batch, label_index=None)
+        # Contexts and completion rows in passes of at most two rows (trimmed to their longest), longest first.
+        lengths = batch["completion_mask"].sum(1).tolist()
+        chunks = {"prefix_chunks": plan_passes([p for p, _ in shapes], max_rows=2),
+                  "completion_chunks": plan_passes(lengths, max_rows=2)}
+        assert chunks["prefix_chunks"] == [([2, 0], 50), ([1], 7), ([3], 1)]
+        assert sorted(i for rows, _ in chunks["completion_chunks"] for i in rows) == list(range(10))
+        assert all(len(rows) <= 2 for rows, _ in chunks["completion_chunks"])
+        chunked, _ = shared_context_scores(model, {**batch, **chunks}, label_index=1)
+    torch.testing.assert_close(scores, reference[:, 0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(every, reference, atol=1e-4, rtol=0)
+    torch.testing.assert_close(chunked, reference[:, 1], atol=1e-4, rtol=0)
+    assert reference[:, 0].unique().numel() == 10  # a mix-up of rows would show
+
+
+def test_plan_passes_bounds_padding_rows_and_tokens():
+    lengths = [100, 10, 95, 12, 50]
+    assert plan_passes(lengths) == [([0, 2, 4], 100), ([3, 1], 12)]  # padding within 25% of the real tokens
+    assert plan_passes(lengths, slack=10.0) == [([0, 2, 4, 3, 1], 100)]
+    assert plan_passes(lengths, max_rows=1, slack=10.0) == [([i], lengths[i]) for i in (0, 2, 4, 3, 1)]
+    # rows x (length + the keys of their contexts) within the budget; a row alone always gets a pass
+    assert plan_passes([10, 10, 10], max_tokens=99, extra=[40, 40, 90], slack=10.0) == [([0], 10), ([1], 10), ([2], 10)]
+    assert plan_passes([10, 10, 10], max_tokens=110, extra=[40, 40, 0], slack=10.0) == [([0, 1], 10), ([2], 10)]
+
+
+def test_collate_rejects_an_empty_suffix():
+    with pytest.raises(ValueError, match="at least one token after"):
+        collate_shared_context([[[1, 2], [1, 2, 3]]], [2], 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        collate_shared_context([[[1, 2]]], [-1], 0)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_single_pass_out_of_order_and_empty_contexts_are_exact(tiny_tokenizer, attention):
+    """One record whose completions are shortest first (the one completion pass runs its rows longest first), and
+    records whose completions share no token, one of them a single token (an empty context)."""
+    model = build_tiny_reward_model(tiny_tokenizer, seed=4, attn_implementation=attention).eval()
+    vocab = model.config.vocab_size
+    (ordered,) = random_groups(1, [(9, [9, 10, 11])], vocab)  # one completion pass, rows [2, 1, 0]
+    disjoint = [[20, 30, 40], [50], [21, 60]]  # no shared token; [50] alone is one token
+    examples = [{"completion_ids": group, "ranks": list(range(len(group)))} for group in (ordered, disjoint)]
+    with torch.no_grad():
+        reference = torch.tensor(
+            [model(input_ids=torch.tensor([seq])).logits[0, 0].item() for e in examples for seq in e["completion_ids"]]
+        )
+        for batch in ([examples[0]], [examples[1]], examples):
+            inputs = DataCollatorForSharedContext(tiny_tokenizer.pad_token_id)(batch)
+            scores, _ = shared_context_scores(model, inputs)
+            expected = reference[: len(scores)] if batch[0] is examples[0] else reference[3:]
+            torch.testing.assert_close(scores, expected, atol=1e-4, rtol=0)
+    assert reference.unique().numel() == 6
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_name, attention):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    model = build_tiny_reward_model(tokenizer, seed=2, attn_implementation=attention)
+    examples = [tokenize_rank_record(r, tokenizer)[0] for r in load_rank_dataset("sample:harder").select(range(10))]
+    plain = DataCollatorForRankedPreference(tokenizer.pad_token_id)(examples)
+    reference = model(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"]).logits[:, 0]
+    loss_ref = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"]).loss
+    grads_ref = torch.autograd.grad(loss_ref, list(model.parameters()))
+
+    shared = DataCollatorForSharedContext(tokenizer.pad_token_id, pad_to_multiple_of=8)(examples)
+    assert shared["prefix_ids"].shape[1] % 8 == 0 and shared["completion_ids"].shape[1] % 8 == 0
+    tokens = shared["prefix_mask"].sum() + shared["completion_mask"].sum()
+    assert tokens < plain["attention_mask"].sum()  # each context once
+    scores, _ = shared_context_scores(model, shared)
+    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    loss = ranked_bradley_terry_loss(scores, shared["ranks"], shared["record_index"]).loss
+    assert abs(loss.item() - loss_ref.item()) < 1e-4
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)
+
+
+def test_peft_lora_scores_and_gradients(tiny_tokenizer):
+    peft = pytest.importorskip("peft")
+    base = build_tiny_reward_model(tiny_tokenizer, seed=3)
+    config = peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(base, config)
+    examples = [tokenize_rank_record(r, tiny_tokenizer)[0] for r in load_rank_dataset("sample:harder").select(range(6))]
+    plain = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id)(examples)
+    reference = model(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"]).logits[:, 0]
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads_ref = torch.autograd.grad(reference.square().sum(), trainable)
+    shared = DataCollatorForSharedContext(tiny_tokenizer.pad_token_id)(examples)
+    scores, _ = shared_context_scores(model, shared)
+    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    for g, g_ref in zip(torch.autograd.grad(scores.square().sum(), trainable), grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)
+    assert "forward" not in vars(model.get_base_model().model)  # the decoder's forward is restored
+
+
+# ---------------------------------------------------------------------------------------------------- the scorer
+
+
+def one_at_a_time(model, tokenizer, prompts, completions, scorer=None):
+    """Reference: each item encoded (and truncated) as the plain scorer does, then scored alone."""
+    plain = scorer or RewardScorer(model, tokenizer, prefix_sharing=False)
+    encoded = plain.encode(prompts, completions)
+    return torch.tensor([score_one(model, ids) for ids in encoded.ids])
+
+
+@pytest.mark.parametrize("batch_size, budget", [(None, None), (3, None), (None, 400), (2, 250)])
+@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+def test_scorer_shares_groups_exactly_within_the_budget(request, tokenizer_name, batch_size, budget):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    model = build_tiny_reward_model(tokenizer, seed=5)
+    prompts, completions = chat_groups(5, 4, seed=3)
+    reference = one_at_a_time(model, tokenizer, prompts, completions)
+    scorer = RewardScorer(model, tokenizer, batch_size=batch_size, max_tokens_per_batch=budget, prefix_sharing=True)
+    scores = scorer.score(prompts, completions)
+    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    assert scorer.last_shared == list(range(len(prompts)))
+    assert scorer.last_outputs.shape == (len(prompts), 1)
+    if budget is not None:
+        assert all(rows * n <= budget for rows, n in scorer.last_batch_shapes)
+        assert all(rows * keys <= budget for rows, keys in scorer.last_key_shapes)  # keys: context + completion
+    if batch_size is not None:
+        assert all(rows <= batch_size for rows, _ in scorer.last_batch_shapes)
+    back = scorer.score(prompts[::-1], completions[::-1])  # input order is kept
+    torch.testing.assert_close(back, reference.flip(0), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+def test_left_truncation_with_sharing(request, tokenizer_name):
+    """Over-length items are cut as the plain path cuts them (a kept BOS included); completions of equal length
+    still share their (cut) context, the others are scored alone: every score equals the plain one."""
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    model = build_tiny_reward_model(tokenizer, seed=6)
+    prompt = [{"role": "user", "content": " ".join(["add two and 3"] * 30)}]
+    answers = ["the answer is 4", "the answer is 5", "it is 4 because", "4"]
+    prompts = [prompt] * len(answers)
+    completions = [[{"role": "assistant", "content": a}] for a in answers]
+    plain = RewardScorer(model, tokenizer, max_length=60, prefix_sharing=False)
+    reference = one_at_a_time(model, tokenizer, prompts, completions, scorer=plain)
+    assert plain.encode(prompts, completions).truncated == [0, 1, 2, 3]
+    if tokenizer.bos_token_id is not None:
+        assert all(ids[0] == tokenizer.bos_token_id for ids in plain.encode(prompts, completions).ids)
+    scorer = RewardScorer(model, tokenizer, max_length=60, prefix_sharing=True)
+    torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
+    assert scorer.last_shared[:2] == [0, 1]  # same length after the template: same cut, one shared context
+
+
+def test_nonfinite_rows_stay_apart(tiny_tokenizer):
+    """A NaN in one completion's own tokens reaches that completion's score only (rows never see each other)."""
+    model = build_tiny_reward_model(tiny_tokenizer, seed=7)
+    prompts, completions = chat_groups(2, 4, seed=4, prompt_words=(30, 40))
+    completions[5] = [{"role": "assistant", "content": "zzz-bad"}]
+    bad_ids = set(tiny_tokenizer("zzz-bad")["input_ids"]) - set(
+        i for k, c in enumerate(completions) if k != 5 for i in encode_conversation(tiny_tokenizer, prompts[k], c)
+    )
+    assert bad_ids
+    with torch.no_grad():
+        model.model.embed_tokens.weight[sorted(bad_ids)] = float("nan")
+    scorer = RewardScorer(model, tiny_tokenizer, prefix_sharing=True)
+    with pytest.raises(FloatingPointError, match=r"item\(s\) \[5\]\."):
+        scorer.score(prompts, completions)
+    got = RewardScorer(model, tiny_tokenizer, prefix_sharing=True, nonfinite_reward=-3.0).score(prompts, completions)
+    want = one_at_a_time(model, tiny_tokenizer, prompts, completions)
+    want[5] = -3.0
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_auto_cost_model(tiny_rm, tiny_tokenizer):
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer)
+    assert scorer.prefix_sharing == "auto"
+    ratio = scorer._linear_to_attention_cost()
+    p, cs = 100, [20, 30]
+    plain = sum((p + c) * ratio + (p + c) ** 2 for c in cs)
+    shared = p * ratio + p**2 + sum(c * ratio + c * (p + c) for c in cs)
+    assert scorer.sharing_saves(p, cs) == pytest.approx(1 - shared / plain)
+    assert scorer.sharing_saves(500, [10] * 8) > 0.8  # long prompt, short answers
+    assert scorer.sharing_saves(3, [200] * 8) < 0.1  # a template's few shared tokens: not worth a second pass
+
+
+def test_scorer_modes_and_fallbacks(tiny_tokenizer, caplog):
+    assert [normalize_prefix_sharing(v) for v in (None, "AUTO", "true", "False", True, False)] == [
+        "auto", "auto", True, False, True, False,
+    ]
+    with pytest.raises(ValueError, match="prefix_sharing must be True, False or 'auto', got 'maybe'"):
+        normalize_prefix_sharing("maybe")
+    model = build_tiny_reward_model(tiny_tokenizer, seed=8)
+    assert RewardScorer(model, tiny_tokenizer, prefix_sharing=False).prefix_sharing is False
+    # FlashAttention-2 takes the same cache layout (not installable on this CPU machine: only checked).
+    model.config._attn_implementation = "flash_attention_2"
+    assert kv_sharing_unsupported(model) is None
+    # Sliding-window layers would count the padded context slots: plain path, with a warning when forced.
+    sliding = build_tiny_reward_model(tiny_tokenizer, seed=8, use_sliding_window=True, sliding_window=16,
+                                      max_window_layers=0)
+    assert "not all full attention" in kv_sharing_unsupported(sliding)
+    with caplog.at_level(logging.INFO):
+        scorer = RewardScorer(sliding, tiny_tokenizer, prefix_sharing=True)
+    assert scorer.prefix_sharing is False and "scoring each sequence separately" in caplog.text
+    prompts, completions = chat_groups(2, 3, seed=5)
+    want = one_at_a_time(sliding, tiny_tokenizer, prompts, completions)
+    torch.testing.assert_close(scorer.score(prompts, completions), want, atol=1e-4, rtol=0)
+
+
+def test_training_under_activation_checkpointing_is_not_the_kv_path(tiny_tokenizer):
+    model = build_tiny_reward_model(tiny_tokenizer, seed=9).train()
+    assert kv_sharing_unsupported(model, training=True) is None
+    model.gradient_checkpointing_enable()
+    assert kv_sharing_unsupported(model, training=True) == "activation checkpointing drops the KV cache"
+    assert kv_sharing_unsupported(model) is None  # scoring (no backward replay) is fine
+
+
+# ---------------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("value, expected", [(None, "auto"), ("auto", "auto"), ("true", True), ("false", False)])
+def test_command_line_and_yaml_values(tmp_path, value, expected):
+    from trl import TrlParser
+
+    parser = TrlParser((RankedRewardConfig,))
+    argv = ["--output_dir", str(tmp_path)] + ([] if value is None else ["--prefix_sharing", value])
+    (config,) = parser.parse_args_and_config(args=argv)
+    assert config.prefix_sharing == expected
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text(f"output_dir: {tmp_path}\nprefix_sharing: {'true' if expected is True else 'false'}\n")
+    (from_yaml,) = parser.parse_args_and_config(args=["--config", str(yaml_file)])
+    assert from_yaml.prefix_sharing is (expected is True)
+    with pytest.raises(SystemExit):
+        parser.parse_args_and_config(args=["--output_dir", str(tmp_path), "--prefix_sharing", "maybe"])
