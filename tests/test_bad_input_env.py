@@ -138,3 +138,34 @@ def test_finite_scores_log_zero_nonfinite(env):
     logged = {}
     env([USER], [answer()], log_metric=logged.__setitem__)
     assert logged["reward_model_env/num_nonfinite"] == 0.0
+
+
+TOOL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] %}{{ m['content'] }}{% endif %}"
+    "{% for call in m.get('tool_calls') or [] %}<tool>{{ call['function']['name'] }}"
+    "{{ call['function']['arguments'] | tojson }}</tool>{% endfor %}<|im_end|>\n{% endfor %}"
+)
+
+
+def test_tool_call_without_text_is_scored_not_refused_nor_empty(tiny_rm, tiny_tokenizer):
+    """TRL's tool-calling rollouts hold assistant messages with `tool_calls` and no text (content None or absent),
+    as the data schema accepts: scored through the template, never counted empty; without tool_calls, None is
+    still refused."""
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = TOOL_TEMPLATE
+    env = RewardModelEnvironment(tiny_rm, tokenizer, device="cpu", empty_completion_reward=-7.0)
+
+    def call(name, **extra):
+        return [{"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": name,
+                                                                                   "arguments": {"a": 1}}}], **extra}]
+
+    completions = [call("add", content=None), call("subtract"), call("add", content="")]
+    rewards = env(prompts=[USER] * 3, completions=completions)
+    want = [score_one(tiny_rm, tokenizer.apply_chat_template(USER + c, tokenize=True, return_dict=False))
+            for c in completions]
+    assert rewards == pytest.approx(want, abs=1e-4)
+    assert -7.0 not in rewards and len(set(rewards[:2])) == 2
+    with pytest.raises(TypeError, match=r"^completions\[0\]\[0\]\.content must be a string, got NoneType"):
+        env(prompts=[USER], completions=[answer(None)])
+    with pytest.raises(TypeError, match=r"^completions\[0\]\[0\]\.tool_calls must be a list of objects"):
+        env(prompts=[USER], completions=[[{"role": "user", "content": None, "tool_calls": [{}]}]])

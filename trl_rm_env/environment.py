@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .data.schema import COMPLETION_ROLES, KNOWN_ROLES
+from .data.schema import COMPLETION_ROLES, KNOWN_ROLES, message_is_blank
 from .distributed import FullWeights, fsdp_requested, fsdp_version, shard_reward_model
 from .scoring.scorer import RewardScorer, _strip_completion, as_pairs
 
@@ -74,7 +74,9 @@ _OUR_KEYS = {
 
 def _check_content(value: Any, where: str, completion: bool = False) -> None:
     """Refuse, with one line naming `where` and the field, a sample that is not text or a list of messages with a
-    string `role` and string `content`; for completions, also roles other than the data schema's `COMPLETION_ROLES`.
+    string `role` and string `content` (an assistant message with `tool_calls`, a non-empty list of objects, may
+    have `content` None or none at all, as in TRL's tool-calling rollouts and the data schema); for completions,
+    also roles other than the data schema's `COMPLETION_ROLES`.
 
     A completion holds the policy's answer and, in a multi-turn tool-calling rollout, the tool results (TRL's
     GRPOTrainer appends `{"role": "tool", ...}` messages): a `user` or `system` turn in a completion would let a
@@ -86,6 +88,20 @@ def _check_content(value: Any, where: str, completion: bool = False) -> None:
         for j, message in enumerate(value):
             if not isinstance(message, Mapping):
                 raise TypeError(f"{where}[{j}] must be a message with 'role' and 'content', got {message!r:.80}")
+            tool_calls = message.get("tool_calls")
+            if tool_calls is not None and (
+                message.get("role") != "assistant"
+                or not isinstance(tool_calls, list)
+                or not all(isinstance(call, Mapping) for call in tool_calls)
+            ):
+                raise TypeError(
+                    f"{where}[{j}].tool_calls must be a list of objects on an assistant message, got "
+                    f"{type(tool_calls).__name__} on role {message.get('role')!r}"
+                )
+            if tool_calls and message.get("content") is None:  # a tool call without text
+                if not isinstance(message.get("role"), str):
+                    raise TypeError(f"{where}[{j}].role must be a string")
+                continue
             for key in ("role", "content"):
                 if key not in message:
                     raise TypeError(
@@ -168,7 +184,7 @@ def _nemo_chat_template(value: str | None, tokenizer: PreTrainedTokenizerBase) -
 def _is_empty(completion: Any) -> bool:
     if isinstance(completion, str):
         return not completion.strip()
-    return all(not m["content"].strip() for m in completion)
+    return all(message_is_blank(m) for m in completion)
 
 
 class RewardModelEnvironment:
@@ -258,7 +274,9 @@ class RewardModelEnvironment:
 
             device = PartialState().device
         if isinstance(model, (str, os.PathLike)):
-            model_path = str(model)
+            from .model_source import check_model_source
+
+            model_path = check_model_source(str(model), "reward model")  # a typo'd folder: one line, not a Hub id
             kwargs = {"dtype": PRECISIONS[precision], "trust_remote_code": trust_remote_code, **(model_init_kwargs or {})}
             model = AutoModelForSequenceClassification.from_pretrained(model_path, **kwargs)
             if tokenizer is None:
