@@ -172,6 +172,26 @@ def test_a_subclass_with_its_own_compute_loss_gets_the_plain_layout_under_auto(t
     assert not isinstance(trainer.data_collator, DataCollatorForRankedPreference)
 
 
+def test_compute_metrics_with_inputs_gets_input_ids_under_auto(tmp_path, tiny_tokenizer):
+    """TRL users may ask for the inputs in compute_metrics (`include_for_metrics=["inputs"]`); transformers reads
+    `input_ids` from the batch, which only the plain layout has: "auto" picks it."""
+    seen = []
+
+    def metrics(pred):
+        seen.append(pred.inputs.shape)
+        return {"rows": float(pred.inputs.shape[0])}
+
+    data = load_rank_dataset("sample:in_domain").select(range(6))
+    args = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", disable_tqdm=True,
+                              per_device_eval_batch_size=3, include_for_metrics=["inputs"])
+    trainer = RankedRewardTrainer(model=build_tiny_reward_model(tiny_tokenizer, seed=0), args=args,
+                                  train_dataset=data, eval_dataset=data, processing_class=tiny_tokenizer,
+                                  compute_metrics=metrics)
+    assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+    out = trainer.evaluate()
+    assert seen and out["eval_rows"] == sum(len(r["completions"]) for r in data)
+
+
 def test_unsupported_attention_falls_back_with_a_warning(tmp_path, tiny_tokenizer, caplog):
     train = load_rank_dataset("sample:train").select(range(8))
     model = build_tiny_reward_model(tiny_tokenizer, seed=0)

@@ -198,6 +198,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             logger.info("prefix_sharing='auto': %s overrides compute_loss; using the plain batch layout.",
                         type(self).__name__)
             return False
+        if mode == "auto" and "inputs" in (getattr(self.args, "include_for_metrics", None) or []):
+            # transformers hands `batch["input_ids"]` to compute_metrics: the plain layout has it.
+            logger.info("prefix_sharing='auto': include_for_metrics has 'inputs'; using the plain batch layout.")
+            return False
         reason = kv_sharing_unsupported(model, training=True)
         if reason is None and getattr(self.args, "activation_checkpointing", False):
             reason = "activation checkpointing drops the KV cache"
