@@ -47,3 +47,16 @@ def reference_scores(model, tok, prompts, completions):
         enc = tok(reference_text(tok, prompt, completion), return_tensors="pt")
         out.append(model(**enc).logits[0][0].float().item())
     return torch.tensor(out)
+
+
+def assert_same_loss_and_gradients(model, scores, reference, batch, loss_ref, grads_ref):
+    """`scores` of a shared layout equal the plain `reference` (1e-4), and so do the ranked loss over `batch`'s
+    ranks and its gradients with respect to every parameter (the plain ones given as `loss_ref`, `grads_ref`)."""
+    from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
+
+    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    loss = ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"]).loss
+    assert abs(loss.item() - loss_ref.item()) < 1e-4
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from reference import _one_thread, score_one  # noqa: F401
+from reference import _one_thread, assert_same_loss_and_gradients, score_one  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RewardScorer, load_rank_dataset
 from trl_rm_env.scoring.prefix_sharing import (
@@ -134,12 +134,7 @@ def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_nam
     tokens = shared["prefix_mask"].sum() + shared["completion_mask"].sum()
     assert tokens < plain["attention_mask"].sum()  # each context once
     scores, _ = shared_context_scores(model, shared)
-    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
-    loss = ranked_bradley_terry_loss(scores, shared["ranks"], shared["record_index"]).loss
-    assert abs(loss.item() - loss_ref.item()) < 1e-4
-    grads = torch.autograd.grad(loss, list(model.parameters()))
-    for g, g_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)
+    assert_same_loss_and_gradients(model, scores, reference, shared, loss_ref, grads_ref)
 
 
 def test_peft_lora_scores_and_gradients(tiny_tokenizer):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference import assert_same_loss_and_gradients
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.scoring.prefix_sharing import (
@@ -85,12 +86,7 @@ def test_scores_loss_and_gradients_equal_the_plain_path(request, tokenizer_name,
     if pack:
         assert shared["input_ids"].shape[0] < len(examples)
     scores, _ = shared_prefix_scores(model, shared, torch.float32)
-    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
-    loss = ranked_bradley_terry_loss(scores, shared["ranks"], shared["record_index"]).loss
-    assert abs(loss.item() - loss_ref.item()) < 1e-4
-    grads = torch.autograd.grad(loss, list(model.parameters()))
-    for g, g_ref in zip(grads, grads_ref):
-        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)
+    assert_same_loss_and_gradients(model, scores, reference, shared, loss_ref, grads_ref)
 
 
 def test_plain_text_records(tiny_tokenizer):

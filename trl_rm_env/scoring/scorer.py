@@ -15,7 +15,7 @@ import contextlib
 import logging
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,14 +202,21 @@ class RewardScorer:
     def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Group item indices into micro-batches: longest first, within `batch_size` rows and the token budget."""
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        budget = self.max_tokens_per_batch
+
+        def fits(current: list[int], i: int) -> bool:  # longest first: the batch's longest is its first
+            return budget is None or (len(current) + 1) * lengths[current[0]] <= budget
+
+        return self._greedy_batches(order, fits)
+
+    def _greedy_batches(self, order: Sequence[int], fits: Callable[[list[int], int], bool]) -> list[list[int]]:
+        """Cut `order` into batches: a batch takes the next index while it has fewer than `batch_size` and
+        `fits(batch, index)`; an index that does not fit starts a new batch (alone, it always gets one)."""
         batches: list[list[int]] = []
         current: list[int] = []
         for i in order:
-            rows = len(current) + 1
-            longest = lengths[current[0]] if current else lengths[i]
-            too_many_rows = self.batch_size is not None and rows > self.batch_size
-            over_budget = self.max_tokens_per_batch is not None and rows * longest > self.max_tokens_per_batch
-            if current and (too_many_rows or over_budget):
+            full = self.batch_size is not None and len(current) + 1 > self.batch_size
+            if current and (full or not fits(current, i)):
                 batches.append(current)
                 current = []
             current.append(i)
@@ -365,20 +372,14 @@ class RewardScorer:
         `max_tokens_per_batch` padded context tokens, and every completion row able to fit the budget with the
         batch's longest context (`rows x (context + completion)`)."""
         order = sorted(range(len(groups)), key=lambda g: -groups[g][0])
-        budget, batches, current = self.max_tokens_per_batch, [], []
-        for g in order:
-            prefix = groups[current[0]][0] if current else groups[g][0]
+        budget = self.max_tokens_per_batch
+
+        def fits(current: list[int], g: int) -> bool:  # longest context first: the batch's longest is its first
+            prefix = groups[current[0]][0]
             longest_own = max(len(sequences[i]) - groups[g][0] for i in groups[g][1])
-            rows = len(current) + 1
-            too_many = self.batch_size is not None and rows > self.batch_size
-            over = budget is not None and (rows * prefix > budget or prefix + longest_own > budget)
-            if current and (too_many or over):
-                batches.append(current)
-                current = []
-            current.append(g)
-        if current:
-            batches.append(current)
-        return batches
+            return budget is None or ((len(current) + 1) * prefix <= budget and prefix + longest_own <= budget)
+
+        return self._greedy_batches(order, fits)
 
     @contextlib.contextmanager
     def _in_eval_mode(self, batches: list[list[int]], progress: bool | None) -> Iterator[Any]:
