@@ -42,10 +42,10 @@ class RankedRewardConfig(RewardConfig):
             cache, then every completion against its record's cached context (position ids continuing after it),
             the score read at each completion's last token; backward goes through both. Equal to the plain path
             within float rounding (scores, loss, gradients), with no mask over a whole row, for eager, SDPA and
-            FlashAttention-2. Where the KV path cannot run (activation checkpointing, sliding-window layers), a
-            block-mask row (context once, completions under a block mask) is used with eager/SDPA. `"auto"`
-            (default): on where the model supports it, else the plain path, logged once. `True`: on (a warning when
-            the model cannot); `False`: never. On the command line: `--prefix_sharing auto|true|false`.
+            FlashAttention-2. `"auto"` (default): on where the model supports it, else the plain path, logged once.
+            `True`: on; where the KV path cannot run (activation checkpointing, FSDP, sliding-window layers) a
+            block-mask row (context once, completions under a block mask; eager/SDPA) is used instead, else the
+            plain path with a warning. `False`: never. On the command line: `--prefix_sharing auto|true|false`.
         pack_max_tokens (`int` or `None`, *optional*, defaults to `None`):
             Only for the block-mask fallback of `prefix_sharing`: pack several records of a batch into one row of
             up to this many tokens (a row is never shorter than the longest record), each record its own block. The
@@ -130,8 +130,11 @@ class RankedRewardConfig(RewardConfig):
         from ..scoring.scorer import normalize_prefix_sharing
 
         self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)
-        if self.pack_max_tokens is not None and self.prefix_sharing is False:
-            raise ValueError("pack_max_tokens needs prefix_sharing=True or 'auto'.")
+        if self.pack_max_tokens is not None and self.prefix_sharing is not True:
+            raise ValueError(
+                f"pack_max_tokens packs block-mask rows, which only prefix_sharing=True uses (where the KV path cannot "
+                f"run); got prefix_sharing={self.prefix_sharing!r}. The KV path (the default) needs no packing."
+            )
         if self.bf16 is None:
             import torch
 
