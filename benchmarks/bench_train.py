@@ -1,15 +1,23 @@
-"""Reward-model training speed: TRL's `RewardTrainer` vs `RankedRewardTrainer` (plain, prefix-shared, packed).
+"""Reward-model training speed: TRL's `RewardTrainer` vs `RankedRewardTrainer` (defaults, plain, shared).
 
     python benchmarks/bench_train.py                      # hh-rlhf harmless-base test from ../shared/data if present
     python benchmarks/bench_train.py --steps 30 --batch-size 8 --max-length 1024 --data generated
+    python benchmarks/bench_train.py --long --context 4096    # long shared contexts, Qwen3-0.6B width, 1 layer
 
-Every run trains the same offline Qwen3 (4 layers, hidden 256, random init from one seed) on the same records in
-the same order with the same hyperparameters, each in a fresh child process (so peak memory is its own). The table
-shows pairs/s over the timed steps (after one warm-up step), tokens through the model (padded positions and real
-tokens) against the unique tokens of the data, peak memory (CUDA: max allocated; CPU: peak RSS of the process), and
+Every run trains the same offline Qwen3 (random init from one seed) on the same records in the same order (sequential
+sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process (so peak memory
+is its own). `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
+against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`. The table shows
+pairs/s over the timed steps (after one warm-up step), tokens through the model (padded positions and real tokens)
+against the unique tokens of the data, the FLOP floor of the timed steps (forward + backward, 3x the forward FLOPs of
+the unique tokens: context once, each completion once, each completion's causal attention over its context and itself)
+and `floor %` (floor FLOPs at this machine's measured matmul rate, the best of the rates measured at the start and
+right after the run's own steps / measured time), peak memory (CUDA: max allocated; CPU: peak RSS of the process), and
 the largest per-step loss difference from TRL. Data: Anthropic hh-rlhf harmless-base test (real multi-turn
-conversations, long shared context) when `../shared/data/hh-rlhf/` exists, else generated conversations with a
-similar length profile.
+conversations, long shared context) when `../shared/data/hh-rlhf/` exists, else generated conversations with a similar
+length profile; `--long`: generated records with a `--context`-token context and two answers of about 200 tokens.
+Models: `small` (4 layers, hidden 256) or `wide` (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072; `--layers`,
+default 1).
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ import resource
 import sys
 import time
 from pathlib import Path
+
+from floor import group_floor, matmul_gflops  # benchmarks/floor.py (the script's folder is on sys.path)
 
 HH_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
@@ -45,6 +55,35 @@ def generated_records(n: int, seed: int = 0) -> list[dict]:
         completions = [{"rank": r, "completion": [{"role": "assistant", "content": text(5, 50)}]} for r in (0, 1)]
         records.append({"context": context, "completions": completions})
     return records
+
+
+def long_records(n: int, context_tokens: int, answer_tokens: int = 200, seed: int = 0) -> list[dict]:
+    """Records with one long user turn (about `context_tokens` tokens) and two answers of about `answer_tokens`."""
+    from trl_rm_env.testing import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    rng = random.Random(seed)
+
+    def text(tokens):
+        words = [rng.choice(WORDS) for _ in range(tokens)]
+        while (n := len(tokenizer(" ".join(words))["input_ids"])) > tokens:  # words are several tokens: trim
+            words = words[: len(words) - max(1, (n - tokens) // 4)]  # by about the excess, never far below it
+        return " ".join(words)
+
+    return [
+        {"context": [{"role": "user", "content": text(context_tokens)}],
+         "completions": [{"rank": r, "completion": [{"role": "assistant", "content": text(answer_tokens)}]}
+                         for r in (0, 1)]}
+        for _ in range(n)
+    ]
+
+
+MODELS = {
+    "small": dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64),
+    "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+}
+METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared"]
 
 
 def load_records(kind: str, limit: int) -> tuple[list[dict], str]:
@@ -70,6 +109,7 @@ def peak_memory_mb() -> float:
 
 def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
     """Train one configuration; put its measurements on `queue`."""
+    os.dup2(2, 1)  # the child's prints (e.g. DeepSpeed's accelerator warning) to stderr: the table alone on stdout
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -80,16 +120,16 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
 
     torch.set_num_threads(opts["threads"])
     tokenizer = build_tiny_tokenizer()
+    tokenizer.model_max_length = 10**6
     model = build_tiny_reward_model(
-        tokenizer, seed=0, num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64,
+        tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536, **opts["model_kwargs"]
     ).train()
     common = dict(
         output_dir=os.path.join(opts["tmp"], name), max_steps=opts["steps"] + 1,
         per_device_train_batch_size=opts["batch_size"], learning_rate=1e-4, lr_scheduler_type="constant",
         logging_steps=1, save_strategy="no", report_to="none", seed=0, use_cpu=not torch.cuda.is_available(),
         bf16=False, max_length=opts["max_length"], disable_tqdm=True, dataloader_num_workers=0,
-        gradient_checkpointing=False,
+        gradient_checkpointing=False, train_sampling_strategy="sequential",  # dataset order: the timed records known
     )
 
     class Timer(TrainerCallback):
@@ -102,16 +142,21 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
             self.marks.append(time.perf_counter())
 
     timer = Timer()
-    counts = {"padded": 0, "real": 0, "steps": 0}
+    counts: list[tuple[int, int]] = []  # (padded positions, real tokens) of every collated batch, in order
 
-    def count(module, args, kwargs):
-        """Tokens through the model per forward: padded positions, and real (non-padding) tokens."""
-        ids, mask = kwargs["input_ids"], kwargs.get("attention_mask")
-        if counts["steps"] >= 1:  # the warm-up step is not timed, so not counted either
-            counts["padded"] += ids.numel()
-            plain_mask = mask is not None and mask.dim() == 2
-            counts["real"] += int(mask.sum()) if plain_mask else int((ids != tokenizer.pad_token_id).sum())
-        counts["steps"] += 1
+    def count(batch):
+        """Tokens through the model per batch, from the collated batch: padded positions and real tokens."""
+        if "prefix_ids" in batch:  # contexts once, completions against their cache (in passes of similar length)
+            passes = batch.get("prefix_chunks", []) + batch.get("completion_chunks", [])
+            padded = (sum(len(rows) * length for rows, length in passes) if passes
+                      else batch["prefix_ids"].numel() + batch["completion_ids"].numel())
+            real = int(batch["prefix_mask"].sum() + batch["completion_mask"].sum())
+        elif "record_ids" in batch:  # block-mask rows
+            padded, real = batch["input_ids"].numel(), int((batch["record_ids"] >= 0).sum())
+        else:
+            padded, real = batch["input_ids"].numel(), int(batch["attention_mask"].sum())
+        counts.append((padded, real))
+        return batch
 
     if name == "TRL RewardTrainer":
         rows = [
@@ -122,65 +167,88 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
         trainer = RewardTrainer(model=model, args=RewardConfig(**common), train_dataset=Dataset.from_list(rows),
                                 processing_class=tokenizer, callbacks=[timer])
     else:
-        extra = {"plain": {}, "prefix-shared": {"prefix_sharing": True},
-                 "prefix-shared + packed": {"prefix_sharing": True, "pack_max_tokens": opts["pack"]}}[name.split(": ")[1]]
-        trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra),
+        extra = {"defaults": {}, "plain": {"prefix_sharing": False}, "shared": {"prefix_sharing": True}}
+        trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra[name.split(": ")[1]]),
                                       train_dataset=Dataset.from_list(records), processing_class=tokenizer,
                                       callbacks=[timer])
+    collate = trainer.data_collator
+    trainer.data_collator = lambda features: count(collate(features))
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     for callback in (PrinterCallback, ProgressCallback):  # keep the table the only thing on stdout
         trainer.remove_callback(callback)
-    hook = trainer.model.register_forward_pre_hook(count, with_kwargs=True)
     n_records = len(trainer.train_dataset)
     trainer.train()
-    hook.remove()
     steps = opts["steps"]
     seconds = timer.marks[-1] - timer.marks[0]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    timed = counts[1 : steps + 1]  # not the warm-up batch, nor the one the data loader fetches ahead
     queue.put({
         "name": name, "pairs_per_s": steps * opts["batch_size"] / seconds, "seconds": seconds,
-        "padded": counts["padded"], "real": counts["real"], "peak_mb": peak_memory_mb(), "losses": losses,
-        "records": n_records,
+        "padded": sum(c[0] for c in timed), "real": sum(c[1] for c in timed), "peak_mb": peak_memory_mb(), "losses": losses,
+        "records": n_records, "gflops": matmul_gflops(opts["threads"]),  # the rate right after the run, too
     })
 
 
-def unique_tokens(records: list[dict], max_length: int, steps: int, batch_size: int) -> int:
-    """Tokens of the context once plus each completion's own tokens, over the timed records (an estimate: the
-    first `steps * batch_size` records after the warm-up batch in dataset order; the trainers shuffle)."""
-    from trl_rm_env.scoring.prefix_sharing import record_row
+def timed_floor(records: list[dict], max_length: int, steps: int, batch_size: int, model_kwargs: dict) -> tuple[int, float]:
+    """(unique tokens, forward + backward GFLOP (3x forward)) of the timed records, the `steps * batch_size` records
+    after the warm-up batch in dataset order (every run samples sequentially): context once, each completion once,
+    causal attention of each completion over its context and itself."""
+    from trl_rm_env.scoring.prefix_sharing import shared_prefix_length
     from trl_rm_env.testing import build_tiny_tokenizer
     from trl_rm_env.trainer.collator import tokenize_rank_record
 
     tokenizer = build_tiny_tokenizer()
-    total, kept = 0, 0
+    groups, kept = [], 0
     for record in records:
         example, _ = tokenize_rank_record(record, tokenizer, max_length, "drop")
         if example is None:
             continue
         kept += 1
-        if batch_size <= kept <= batch_size * (steps + 1):
-            total += len(record_row(example["completion_ids"])[0])
-    return total
+        if batch_size < kept <= batch_size * (steps + 1):  # after the warm-up batch
+            seqs = example["completion_ids"]
+            groups.append((seqs, shared_prefix_length(seqs)))
+    tokens, flops = group_floor(groups, model_kwargs)
+    return tokens, 3 * flops / 1e9
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", choices=["auto", "hh", "generated"], default="auto")
+    parser.add_argument("--data", choices=["auto", "hh", "generated", "long"], default=None,
+                        help="default: auto (hh-rlhf if present); --long: long")
     parser.add_argument("--records", type=int, default=400)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--max-length", type=int, default=1024)
-    parser.add_argument("--pack", type=int, default=2048, help="pack_max_tokens of the packed run")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --long: 2)")
+    parser.add_argument("--batch-size", type=int, default=None, help="pairs per step (default 8; --long: 2)")
+    parser.add_argument("--max-length", type=int, default=None, help="default 1024 (--long: context + 1024)")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
+    parser.add_argument("--long", action="store_true", help="long contexts (--context tokens), wide model")
+    parser.add_argument("--context", type=int, default=4096, help="context tokens of --data long")
+    parser.add_argument("--model", choices=sorted(MODELS), default=None, help="default: small (--long: wide)")
+    parser.add_argument("--layers", type=int, default=None, help="layers of the model (wide default: 1)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
     args = parser.parse_args()
 
+    import subprocess
     import tempfile
 
-    records, description = load_records(args.data, args.records)
-    opts = {"steps": args.steps, "batch_size": args.batch_size, "max_length": args.max_length, "pack": args.pack,
-            "threads": args.threads, "tmp": tempfile.mkdtemp()}
-    names = ["TRL RewardTrainer", "ours: plain", "ours: prefix-shared", "ours: prefix-shared + packed"]
+    long = args.long
+    data = args.data or ("long" if long else "auto")
+    steps = args.steps or (2 if long else 20)
+    batch_size = args.batch_size or (2 if long else 8)
+    max_length = args.max_length or ((args.context + 1024) if data == "long" else 1024)
+    model = args.model or ("wide" if long else "small")
+    model_kwargs = dict(MODELS[model])
+    if args.layers is not None or model == "wide":
+        model_kwargs["num_hidden_layers"] = args.layers or 1
+    if data == "long":
+        n = batch_size * (steps + 1)
+        records, description = long_records(n, args.context), f"generated, {args.context}-token contexts ({n} records)"
+    else:
+        records, description = load_records(data, args.records)
+    opts = {"steps": steps, "batch_size": batch_size, "max_length": max_length, "threads": args.threads,
+            "tmp": tempfile.mkdtemp(), "model_kwargs": model_kwargs}
+    names = [m for m in METHODS if m in args.methods.split(",")]
+    gflops = matmul_gflops(args.threads)
     ctx = mp.get_context("spawn")
     results = []
     for name in names:
@@ -191,18 +259,25 @@ def main() -> None:
         proc.join()
         print(f"  done: {name} ({results[-1]['seconds']:.1f} s timed)", file=sys.stderr)
 
-    unique = unique_tokens(records, args.max_length, args.steps, args.batch_size)
+    unique, floor = timed_floor(records, max_length, steps, batch_size, model_kwargs)
     base = results[0]
-    print(f"\nData: {description}; {args.steps} timed steps of {args.batch_size} pairs; max_length {args.max_length}")
-    print(f"Model: Qwen3, 4 layers, hidden 256 (random init, fp32); device: "
-          f"{'cuda' if __import__('torch').cuda.is_available() else f'cpu x{args.threads} threads'}")
-    print(f"Unique tokens in the timed batches (context once + completions), approx.: {unique}\n")
-    header = ["run", "pairs/s", "speed-up", "padded tokens", "real tokens", "peak MB", "max |loss - TRL|"]
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"\nData: {description}; {steps} timed steps of {batch_size} pairs; max_length {max_length}")
+    print(f"Model: {model}, {model_kwargs['num_hidden_layers']} layers, hidden {model_kwargs['hidden_size']} (random "
+          f"init, fp32, SDPA); device: {'cuda' if __import__('torch').cuda.is_available() else f'cpu x{args.threads} threads'}"
+          f"; matmul {gflops:.0f} GFLOP/s")
+    print(f"Unique tokens in the timed batches (context once + completions): {unique}; FLOP floor of the "
+          f"timed steps (forward + backward): {floor:.0f} GFLOP")
+    print(f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")
+    short = "TRL" if base["name"].startswith("TRL") else base["name"]
+    header = ["run", "pairs/s", f"vs {short}", "padded tokens", "real tokens", "floor %", "peak MB",
+              f"max \\|loss - {short}\\|"]  # pipes escaped for Markdown
     rows = []
     for r in results:
         diff = max((abs(a - b) for a, b in zip(r["losses"], base["losses"])), default=float("nan"))
         rows.append([r["name"], f"{r['pairs_per_s']:.2f}", f"{r['pairs_per_s'] / base['pairs_per_s']:.2f}x",
-                     str(r["padded"]), str(r["real"]), f"{r['peak_mb']:.0f}", "-" if r is base else f"{diff:.2e}"])
+                     str(r["padded"]), str(r["real"]), f"{100 * floor / max(gflops, r['gflops']) / r['seconds']:.0f}%",
+                     f"{r['peak_mb']:.0f}", "-" if r is base else f"{diff:.2e}"])
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
