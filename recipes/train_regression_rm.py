@@ -22,16 +22,6 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
     from trl_rm_env.trainer.regression import RegressionRewardConfig
 
 
-def build_tiny_regression_model(path: str, num_labels: int) -> dict[str, str]:
-    """Save a tiny random Qwen3 sequence classifier with `num_labels` outputs and its tokenizer at `path`."""
-    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    build_tiny_reward_model(tokenizer, num_labels=num_labels).save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    return {"regression_model": path}
-
-
 def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
     from trl import get_peft_config
 
@@ -59,8 +49,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
     # --- model -----------------------------------------------------------------------------------------------
     model_path = model_args.model_name_or_path
     if data_args.build_tiny_model:  # at .../regression_model or in a new folder; elsewhere a missing path is a typo
-        build = lambda: build_tiny_regression_model(model_path, len(attributes))  # noqa: E731
-        ensure_tiny_model(model_path, "regression_model", build, exact_name=False)
+        ensure_tiny_model(model_path, "regression_model", exact_name=False, num_labels=len(attributes))
     check_model_source(model_path, "model")
     model_init_kwargs = dict(
         revision=model_args.model_revision,

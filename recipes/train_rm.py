@@ -13,7 +13,6 @@ merged) with its tokenizer and reward statistics.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
@@ -29,7 +28,6 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
     from trl_rm_env.data.schema import MAX_COMPLETIONS_PER_RECORD
     from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
     from trl_rm_env.model_source import check_model_source, ensure_tiny_model
-    from trl_rm_env.testing import make_tiny
     from trl_rm_env.trainer import RankedRewardTrainer
     from trl_rm_env.trainer.saving import (
         check_distributed_setup,
@@ -52,9 +50,7 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
     # --- model -----------------------------------------------------------------------------------------------
     model_path = model_args.model_name_or_path
     if data_args.build_tiny_model:  # only at .../reward_model: any other missing path is a typo
-        ensure_tiny_model(
-            model_path, "reward_model", lambda: make_tiny(os.path.dirname(os.path.normpath(model_path)) or ".")
-        )
+        ensure_tiny_model(model_path, "reward_model")
     check_model_source(model_path, "model")
     model_init_kwargs = dict(
         revision=model_args.model_revision,

@@ -115,19 +115,85 @@ def _missing(name: str, what: str, hint: str | None, offline_note: bool = False)
     return ModelSourceError(message)
 
 
+def _local_rank() -> int:
+    """This process's rank on its machine (`LOCAL_RANK`, set by torchrun / `accelerate launch`); 0 when alone."""
+    value = os.environ.get("LOCAL_RANK", "0").strip()
+    return int(value) if value.lstrip("-").isdigit() else 0
+
+
+# Variables a launcher sets for its workers: a child process that inherits them could join (or wait for) the
+# workers' process group. The tiny-model builder must stay outside it.
+_LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+
+
+def _build_in_child(path: str, kind: str, num_labels: int | None, timeout: float) -> dict[str, str]:
+    """Run `python -m trl_rm_env.testing KIND PATH` (the builder) in a fresh interpreter and return `{name: path}`
+    of what it built.
+
+    Why a child: under DeepSpeed ZeRO-3, transformers builds every model inside `deepspeed.zero.Init` once the
+    `TrainingArguments` exist (a `*ForSequenceClassification` creates its body with `AutoModel.from_config`), and
+    `zero.Init` broadcasts each parameter: a collective. Built on one process while the others wait, it can never
+    finish. A fresh interpreter holds no DeepSpeed, FSDP or process-group state, whatever the accelerate config.
+    """
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "trl_rm_env.testing", kind, path]
+    if num_labels is not None:
+        cmd += ["--num-labels", str(num_labels)]
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "FSDP_")) and k not in _LAUNCH_VARIABLES
+    }
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"building the tiny offline models at {path} took over {timeout:g} s and was stopped; run "
+            f"`{' '.join(cmd[1:])}` by hand to see why"
+        ) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"building the tiny offline models at {path} failed (exit {done.returncode}): {last}")
+    built = {}
+    for line in done.stdout.splitlines():
+        name, sep, where = line.strip().partition(": ")
+        if sep:
+            built[name] = where
+    return built
+
+
 def ensure_tiny_model(
-    path: str, kind: str, build: Callable[[], Mapping[str, object] | None], exact_name: bool = True
+    path: str,
+    kind: str,
+    build: Callable[[], Mapping[str, object] | None] | None = None,
+    exact_name: bool = True,
+    num_labels: int | None = None,
+    timeout: float | None = None,
 ) -> None:
-    """Build the tiny offline model at `path` with `build()` when it is missing (`build_tiny_model: true`), printing
-    what it built (`build()` may return `{name: path}`).
+    """Build the tiny offline model at `path` when it is missing (`build_tiny_model: true`), printing what it built.
 
     A missing `path` is built only when its folder name is `kind` (`reward_model`, `policy`: what `make-tiny`
-    writes); with `exact_name=False` (a builder that writes exactly `path`) also when its parent folder does not
-    exist yet. Any other missing path (`outputs/rm-tinyy` beside `outputs/rm-tiny`) is a typo, reported by
-    [`check_model_source`] instead of silently training a random model. One process builds; the others wait.
+    writes; `regression_model`); with `exact_name=False` (a builder that writes exactly `path`) also when its parent
+    folder does not exist yet. Any other missing path (`outputs/rm-tinyy` beside `outputs/rm-tiny`) is a typo,
+    reported by [`check_model_source`] instead of silently training a random model.
+
+    Under `accelerate launch`, local process 0 of each machine builds and the others wait for the folder to appear
+    (a file-system poll, bounded by `TRL_RM_ENV_WAIT_TIMEOUT`, default 600 s), so no collective is involved. The
+    build runs in a child process (`trl_rm_env.testing.build_in_place`, folders renamed into place when complete),
+    outside any DeepSpeed ZeRO-3 or FSDP context of the launch (see `_build_in_child`).
+
+    Args:
+        path: The model folder a recipe was given.
+        kind: `reward_model`, `policy` (both built by `make_tiny` in `path`'s parent) or `regression_model`.
+        build: Build it in this process instead (tests); returns `{name: path}` of what it built.
+        exact_name: See above.
+        num_labels: Outputs of a `regression_model`.
+        timeout: Seconds the build (local process 0) or the wait (the others) may take; None: the default above.
 
     Raises:
         ModelSourceError: `path` is missing and is not a place the tiny models are built.
+        RuntimeError: the build failed or took too long (local process 0).
+        trl_rm_env.waiting.WaitTimeoutError: the folder did not appear in time (the other processes).
     """
     if os.path.exists(path):
         return
@@ -136,11 +202,18 @@ def ensure_tiny_model(
         if not _looks_local(path) and not _offline():
             return  # a Hub id: nothing to build
         raise _missing(path, "model", f"build_tiny_model builds only a missing folder named {kind}")
-    from accelerate import PartialState
+    from .waiting import default_wait_timeout, wait_for_path
 
-    with PartialState().main_process_first():
-        if not os.path.exists(path):
-            PartialState().print(f"{path} not found: building the tiny offline models (build_tiny_model: true)")
-            built = build()
-            for name, where in (built or {}).items():
-                PartialState().print(f"  {name}: {where}")
+    limit = default_wait_timeout() if timeout is None else timeout
+    if _local_rank() != 0:
+        wait_for_path(
+            path,
+            f"local process 0 to build the tiny offline models at {path}",
+            "check process 0's output above: its build failed or is still running",
+            timeout=limit,
+        )
+        return
+    print(f"{path} not found: building the tiny offline models (build_tiny_model: true)", flush=True)
+    built = build() if build is not None else _build_in_child(path, kind, num_labels, limit)
+    for name, where in (built or {}).items():
+        print(f"  {name}: {where}", flush=True)

@@ -17,6 +17,8 @@ Variants used by the tests:
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -167,3 +169,67 @@ def make_tiny(outdir: str | os.PathLike, seed: int = 0, bos_in_template: bool = 
     for path in paths.values():
         tokenizer.save_pretrained(path)
     return paths
+
+
+def build_tiny_regression_model(path: str | os.PathLike, num_labels: int) -> dict[str, Path]:
+    """Save a tiny random Qwen3 sequence classifier with `num_labels` outputs and its tokenizer at `path`."""
+    tokenizer = build_tiny_tokenizer()
+    build_tiny_reward_model(tokenizer, num_labels=num_labels).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return {"regression_model": Path(path)}
+
+
+# ------------------------------------------------------------------------------------------------ recipe builds
+def build_in_place(kind: str, path: str | os.PathLike, num_labels: int | None = None) -> dict[str, Path]:
+    """Build the tiny model(s) a recipe's `build_tiny_model: true` asks for, so that each folder appears complete or
+    not at all: they are written into a hidden staging folder beside `path` and renamed into place.
+
+    `kind` `reward_model` or `policy` builds both `make_tiny` folders in `path`'s parent (each only if missing);
+    `regression_model` builds a `num_labels`-output classifier at `path`. A folder that appeared meanwhile (another
+    machine sharing the file system built it) is kept. Returns `{name: path}` of the folders this call moved into
+    place. The recipes run this in a child process (`python -m trl_rm_env.testing`), away from any DeepSpeed or FSDP
+    state of the launching process (see `trl_rm_env.model_source.ensure_tiny_model`).
+    """
+    target = Path(path)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".incomplete-{target.name}-", dir=parent))
+    try:
+        if kind == "regression_model":
+            if num_labels is None or num_labels < 1:
+                raise ValueError(f"a tiny regression model needs num_labels >= 1, got {num_labels}")
+            built = build_tiny_regression_model(staging / target.name, num_labels)
+        elif kind in ("reward_model", "policy"):
+            built = make_tiny(staging)
+        else:
+            raise ValueError(f"unknown tiny model kind {kind!r}; one of reward_model, policy, regression_model")
+        placed = {}
+        for name, folder in built.items():
+            final = parent / Path(folder).name
+            try:
+                os.rename(folder, final)  # atomic; fails if `final` exists (built meanwhile by someone else)
+            except OSError:
+                if not final.exists():
+                    raise
+                continue
+            placed[name] = final
+        return placed
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trl_rm_env.testing", description=build_in_place.__doc__)
+    parser.add_argument("kind", choices=["reward_model", "policy", "regression_model"])
+    parser.add_argument("path")
+    parser.add_argument("--num-labels", type=int, default=None)
+    args = parser.parse_args(argv)
+    for name, where in build_in_place(args.kind, args.path, args.num_labels).items():
+        print(f"  {name}: {where}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -8,8 +8,11 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 
 from transformers import Trainer
+
+from ..waiting import wait_for_everyone
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ def save_reward_model(trainer: Trainer, output_dir: str) -> None:
             os.makedirs(output_dir, exist_ok=True)
             merged.save_pretrained(output_dir, safe_serialization=True)
             trainer.processing_class.save_pretrained(output_dir)
-        trainer.accelerator.wait_for_everyone()
+        wait_for_everyone(trainer.accelerator, f"finish saving the merged reward model to {output_dir}")
         return
     trainer.save_model(output_dir)
 
@@ -135,6 +138,49 @@ def checkpoint_problem(path: str) -> str | None:
     sharded_state = any(n.startswith(("global_step", "pytorch_model_fsdp")) for n in names)
     if not sharded_state and not names.intersection(_WEIGHT_FILES):
         return "no model weights (the save was interrupted)"
+    for root, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            problem = _file_problem(os.path.join(root, name))
+            if problem:
+                return f"{os.path.relpath(os.path.join(root, name), path)} {problem}"
+    return None
+
+
+_ZIP_MAGIC = b"PK\x03\x04"
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+
+
+def _file_problem(path: str) -> str | None:
+    """Why a checkpoint file cannot be read back, from its structure alone (no tensor is loaded), or None.
+
+    A `.safetensors` file must hold its JSON header and every byte the header's offsets point to; a torch file
+    (`.pt`, `.pth`, `.bin`: `torch.save`'s zip format) must end with its zip directory. A copy or save cut short
+    fails both.
+    """
+    try:
+        size = os.path.getsize(path)
+        if path.endswith(".safetensors"):
+            with open(path, "rb") as f:
+                head = f.read(8)
+                if len(head) < 8:
+                    return f"is truncated ({size} bytes, not even a safetensors header)"
+                length = int.from_bytes(head, "little")
+                if length > size - 8:
+                    return f"is truncated ({size} bytes; its header alone needs {8 + length})"
+                header = json.loads(f.read(length))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if 8 + length + end > size:
+                return f"is truncated ({size} bytes of {8 + length + end})"
+        elif path.endswith(_TORCH_SUFFIXES):
+            with open(path, "rb") as f:
+                magic = f.read(4)
+            if magic == _ZIP_MAGIC:
+                with zipfile.ZipFile(path):  # reads the directory at the end of the file
+                    pass
+    except zipfile.BadZipFile:
+        return f"is truncated or corrupt ({size} bytes; no zip directory at its end)"
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
+        return f"cannot be read ({type(err).__name__}: {err})"
     return None
 
 
@@ -187,13 +233,27 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_
                 f"{detail}; start without --resume_from_checkpoint or give a checkpoint path"
             )
         logger.warning("Resuming from %s (the newest complete checkpoint in %s).", path, output_dir)
+        _warn_without_rng_state(path)
         return path
     problem = checkpoint_problem(value)
     if problem is not None:
         newest, _ = last_complete_checkpoint(os.path.dirname(os.path.normpath(value)) or ".")
         tip = f"; the newest complete one there is {newest}" if newest else ""
         raise CheckpointError(f"cannot resume from {value}: {problem}{tip}")
+    _warn_without_rng_state(value)
     return value
+
+
+def _warn_without_rng_state(path: str) -> None:
+    """transformers resumes without the RNG states (`rng_state.pth`, or `rng_state_<rank>.pth` per process) with
+    only an info-level note: the run goes on, but its sampling, dropout and data order differ from an uninterrupted
+    run's. Say so where a user sees it."""
+    if not any(name.startswith("rng_state") and name.endswith(".pth") for name in os.listdir(path)):
+        logger.warning(
+            "%s has no RNG state (rng_state*.pth): the resumed run continues, but its random draws (data order, "
+            "dropout, sampling) will not be those of an uninterrupted run.",
+            path,
+        )
 
 
 class AtomicCheckpointMixin:
@@ -223,7 +283,7 @@ class AtomicCheckpointMixin:
         main = self.args.should_save
         if main and os.path.exists(staging_root):
             shutil.rmtree(staging_root)  # left by a killed save of this step
-        self.accelerator.wait_for_everyone()
+        wait_for_everyone(self.accelerator, f"start writing {name} (the main process clears its staging folder)")
         # transformers' `_save_checkpoint` writes into `_get_output_dir()/checkpoint-N`: point it at the staging
         # folder for this call only (an instance attribute shadows the method).
         self._get_output_dir = lambda trial=None: staging_root
@@ -237,7 +297,7 @@ class AtomicCheckpointMixin:
         finally:
             del self._get_output_dir
             self.args.save_total_limit = limit
-        self.accelerator.wait_for_everyone()  # every process has written its shards
+        wait_for_everyone(self.accelerator, f"finish writing {name}")  # every process has written its shards
         best = self.state.best_model_checkpoint
         if best is not None and os.path.normpath(best).startswith(os.path.normpath(staging_root)):
             self.state.best_model_checkpoint = final
@@ -254,7 +314,7 @@ class AtomicCheckpointMixin:
                 best_model_checkpoint=self.state.best_model_checkpoint,
                 use_mtime=True,
             )
-        self.accelerator.wait_for_everyone()
+        wait_for_everyone(self.accelerator, f"see {name} renamed into place")
 
 
 def with_atomic_checkpoints(trainer_class: type) -> type:
