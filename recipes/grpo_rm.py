@@ -10,8 +10,6 @@ Order: set up the reward model, the prompts and the policy; train; save the poli
 from __future__ import annotations
 
 import argparse
-import os
-import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
@@ -26,7 +24,6 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     from trl_rm_env import RewardModelEnvironment
     from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
     from trl_rm_env.model_source import check_model_source, ensure_tiny_model
-    from trl_rm_env.testing import make_tiny
     from trl_rm_env.trainer.saving import (
         check_distributed_setup,
         resolve_resume_checkpoint,
@@ -34,10 +31,9 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         with_atomic_checkpoints,
     )
 
-    # TRL 1.16's generation path reads `model.is_gradient_checkpointing`, deprecated in transformers 5: a FutureWarning
-    # on every launch that the user cannot act on. Silence exactly that one.
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
     enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
+    if training_args.ddp_find_unused_parameters is None:  # every policy parameter gets a gradient: skip DDP's search
+        training_args.ddp_find_unused_parameters = False
     # Fail in one line before loading anything: a missing resume checkpoint, a missing model folder.
     resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
@@ -50,9 +46,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         )
     policy_path = model_args.model_name_or_path
     if rm_args.build_tiny_model:  # only the untrained tiny policy (and RM) at .../policy; never a stand-in RM
-        ensure_tiny_model(
-            policy_path, "policy", lambda: make_tiny(os.path.dirname(os.path.normpath(policy_path)) or ".")
-        )
+        ensure_tiny_model(policy_path, "policy")
     check_model_source(policy_path, "policy")
     reward = RewardModelEnvironment(rm_args.reward_model, **rm_args.environment_kwargs())
     training_args.model_init_kwargs = {

@@ -25,96 +25,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from launching import SAMPLE, launch, needs_deepspeed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parent.parent
-ACCELERATE_CONFIGS = ROOT / "accelerate_configs"
-SAMPLE = ROOT / "trl_rm_env" / "data" / "sample"
-TIMEOUT = 600  # seconds per launch; a first DeepSpeed run also JIT-builds its shm comm op (~1-2 min, cached)
 
 MAX_STEPS = 10
 PER_DEVICE_EVAL_BATCH = 8  # 2 processes x 8 = 16 records per eval step
 EVAL_SIZES = {"in_domain": 37, "harder": 23}  # 37 = 2*16 + 5 and 23 = 16 + 7: uneven, padded last batches
 MAX_LENGTH, TRUNCATION = 256, "left"  # as in recipes/configs/rm_tiny.yaml
-
-
-def _has_deepspeed() -> bool:
-    try:
-        import deepspeed  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-# DeepSpeed's CPU backend JIT-compiles its shared-memory comm op when it starts: it needs a C++ compiler.
-needs_deepspeed = pytest.mark.skipif(
-    not _has_deepspeed() or shutil.which(os.environ.get("CXX", "c++")) is None,
-    reason="needs deepspeed and a C++ compiler (DeepSpeed JIT-builds its CPU comm op)",
-)
-
-
-# ---------------------------------------------------------------------------------------------------- launching
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def launch(config: str, script: str, *args: str, timeout: int = TIMEOUT, processes: int | None = None) -> str:
-    """`accelerate launch --config_file accelerate_configs/<config> <script> args...`; returns its output.
-
-    `script` is relative to the repository root; `processes` overrides the config's `num_processes`.
-    """
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", str(ACCELERATE_CONFIGS / config),
-        "--main_process_port", str(port),
-        *(["--num_processes", str(processes)] if processes else []),
-        script, *args,
-    ]  # fmt: skip
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ACCELERATE_", "FSDP_"))
-        and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    }
-    env.update(
-        MASTER_PORT=str(port),
-        OMP_NUM_THREADS="1",
-        MKL_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
-        HF_DATASETS_DISABLE_PROGRESS_BARS="1",
-        TQDM_DISABLE="1",
-        PYTHONUNBUFFERED="1",
-        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    )
-    # A new session, so that on a timeout the launcher and its worker processes are killed together.
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"{config} {script} ran over {timeout}s:\n{output[-6000:]}")
-    assert proc.returncode == 0, f"{config} {script} exited with {proc.returncode}:\n{output[-6000:]}"
-    return output
 
 
 def held_share(output: str) -> float:

@@ -40,7 +40,7 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, out_dir: str,
     import torch.distributed as dist
 
     from trl_rm_env import RewardModelEnvironment
-    from trl_rm_env.distributed import held_parameters
+    from trl_rm_env.distributed import exit_process, held_parameters
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
@@ -64,8 +64,12 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, out_dir: str,
             record.setdefault("local_after_calls", []).append(held_parameters(env.model)[0])
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w", encoding="utf-8") as f:
             json.dump(record, f)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # As the recipes end: a gloo process group torn down at interpreter finalization can abort the process
+    # ("terminate called without an active exception"); exit_process never tears it down (trl_rm_env/distributed.py).
+    exit_process(0)
 
 
 def _free_port() -> int:

@@ -1,6 +1,9 @@
 """FSDP2 for reward models: sharding a scoring-only RM with `fully_shard`, and FSDP on CPU process groups.
 
-Two pieces, both used by the recipes and usable from any TRL script:
+Three pieces, all used by the recipes and usable from any TRL script:
+
+- `prepare_process()` / `exit_process()`: what a launched process sets up before its process group exists, and how
+  it ends once its work is done, so that it exits 0 (see "clean exit" below).
 
 - `enable_fsdp_on_cpu()`: accelerate (checked up to 1.15) turns an FSDP config into FSDP only for accelerator
   process groups (`AcceleratorState.__init__` lists MULTI_GPU, MULTI_XPU, MULTI_NPU, ... but never MULTI_CPU), so
@@ -17,10 +20,83 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import sys
+import warnings
+from typing import NoReturn
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------------- clean exit
+# A gloo process group runs worker threads. A worker that drops the last reference to a finished collective's work
+# item frees its tensors, and a tensor created in Python has a Python owner: freeing it takes the GIL. Tearing the
+# group down (`~ProcessGroupGloo`) joins those workers, so:
+# - torn down during interpreter finalization (where a script's process group normally goes, kept alive by DDP's
+#   reducer and by default arguments that `torch.distributed.nn` and DeepSpeed bind at import time), a worker that
+#   asks for the GIL is unwound with `pthread_exit` through C++ code: "terminate called without an active exception",
+#   SIGABRT, `accelerate launch` exit 1, after all the work is done, now and then;
+# - torn down while the interpreter runs, from the thread that holds the GIL (freeing the last model that holds it),
+#   the join waits for a worker that waits for the GIL: a deadlock (seen with a freed DDP reducer).
+# Neither can happen if the group is never torn down: `exit_process` ends a launched process without interpreter
+# finalization, once its work and its exit handlers are done.
+
+# DeepSpeed calls these deprecated torch.distributed functions under ZeRO-3 (ten warnings per short run); TRL 1.16's
+# generation path reads a property transformers 5 deprecates. Neither is anything a user can act on.
+_UNACTIONABLE_WARNINGS = (
+    r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated",
+    r"`is_gradient_checkpointing` is deprecated",
+)
+
+
+def prepare_process() -> None:
+    """Set up a recipe process before its arguments (and so its process group) exist.
+
+    Tells DeepSpeed it runs on the CPU when there is no accelerator (`DS_ACCELERATOR=cpu`, unless set: DeepSpeed
+    would warn in every process that it could not find a GPU) and silences the warnings in `_UNACTIONABLE_WARNINGS`.
+    """
+    if not _has_accelerator():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    for message in _UNACTIONABLE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
+def launched() -> bool:
+    """True in a worker of a multi-process launch (`accelerate launch`, torchrun: `WORLD_SIZE` > 1)."""
+    value = os.environ.get("WORLD_SIZE", "1").strip()
+    return value.isdigit() and int(value) > 1
+
+
+def exit_process(code: int = 0, thread_timeout: float = 60.0) -> NoReturn:
+    """End this process with `code` as the interpreter would, minus its finalization (see "clean exit" above).
+
+    In the order of a normal exit: waits for the other non-daemon threads (at most `thread_timeout` seconds each,
+    warning about any still running), runs the `atexit` handlers (loggers, experiment trackers, TRL's event loop),
+    flushes stdout and stderr, then `os._exit(code)`: the process group is never torn down, and its threads end with
+    the process. For the end of a launched script, after everything that needs the other processes
+    (`trainer.end()` included). The recipes call it when `launched()`.
+    """
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.daemon or not thread.is_alive():
+            continue
+        thread.join(thread_timeout)
+        if thread.is_alive():
+            logger.warning("thread %r still running after %g s at exit; ending the process anyway", thread.name,
+                           thread_timeout)
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):  # closed or replaced streams: nothing left to flush
+                pass
+        os._exit(code)
+
 
 _PATCHED = "_trl_rm_env_fsdp_on_cpu"
 
@@ -100,7 +176,6 @@ def shard_reward_model(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
 
     if is_fsdp2_sharded(model):
         return model
-    _collect_garbage_at_exit()
     names = set(getattr(model, "_no_split_modules", None) or [])
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
@@ -139,18 +214,6 @@ def describe_sharding(model: torch.nn.Module) -> str:
     `"Model parameters held by this process: 50.0% of 384,128"`."""
     held, total = held_parameters(model)
     return f"Model parameters held by this process: {held / max(total, 1):.1%} of {total:,}"
-
-
-@functools.cache
-def _collect_garbage_at_exit() -> None:
-    """Free unreachable FSDP2 state while the interpreter is still whole. A sharded model that is garbage at exit
-    (a trainer dropped at the end of `main`) lives in reference cycles that Python otherwise frees only during
-    interpreter finalization, where releasing the gloo objects it holds sometimes aborts the process ("terminate
-    called without an active exception") after all the work is done."""
-    import atexit
-    import gc
-
-    atexit.register(gc.collect)
 
 
 class FullWeights:

@@ -62,6 +62,8 @@ def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: l
 
     Exits 2 for a missing `--config` file (checked before the recipe's heavy imports) and 1 for any other expected
     error; `TRL_RM_ENV_DEBUG=1` re-raises with the traceback. (`--debug` is `TrainingArguments.debug` in a recipe.)
+    In a worker of a multi-process launch the process then ends with `trl_rm_env.distributed.exit_process` (exit
+    handlers run, no interpreter finalization), so that its process group is never torn down (see there).
     """
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0]) or None
@@ -70,6 +72,9 @@ def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: l
         if _is_main_process():
             print(f"{prog}: error: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
+    from .distributed import exit_process, launched, prepare_process
+
+    prepare_process()  # before the arguments, and with them the process group, exist
     try:
         parsed = make_parser().parse_args_and_config(args=argv)
         main(*parsed)
@@ -77,4 +82,8 @@ def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: l
         if debug_enabled():
             raise
         report_expected_error(err, prog)
+        if launched():
+            exit_process(1)
         sys.exit(1)
+    if launched():  # a worker of `accelerate launch`: never tear its gloo process group down (see exit_process)
+        exit_process(0)

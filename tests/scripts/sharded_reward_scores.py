@@ -21,7 +21,7 @@ from accelerate import PartialState
 from transformers import TrainingArguments
 
 from trl_rm_env import RewardModelEnvironment
-from trl_rm_env.distributed import held_parameters
+from trl_rm_env.distributed import exit_process, held_parameters
 
 
 def main(model_dir: str, items_path: str, out_path: str) -> None:
@@ -44,9 +44,9 @@ def main(model_dir: str, items_path: str, out_path: str) -> None:
     if state.is_main_process:
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump(gathered, f)
-    # As `trainer.end()` in the recipes: without it gloo's threads (FSDP2's device mesh adds a group) can abort
-    # the interpreter at exit ("terminate called without an active exception").
-    state.destroy_process_group()
+    # As the recipes end: a gloo process group torn down at interpreter finalization can abort the process
+    # ("terminate called without an active exception"); exit_process never tears it down (trl_rm_env/distributed.py).
+    exit_process(0)
 
 
 if __name__ == "__main__":

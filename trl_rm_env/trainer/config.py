@@ -55,8 +55,10 @@ class RankedRewardConfig(RewardConfig):
     > [!NOTE]
     > Defaults that differ from TRL's `RewardConfig`: activation (gradient) checkpointing is off unless
     > `activation_checkpointing: true` is set (TRL turns it on, and its `gradient_checkpointing=True` default trips
-    > transformers 5's deprecation warning on every run), and `bf16` is on only on CUDA devices that support it (TRL
-    > turns it on whenever fp16 is off, which makes CPU runs slow and inexact).
+    > transformers 5's deprecation warning on every run), `bf16` is on only on CUDA devices that support it (TRL
+    > turns it on whenever fp16 is off, which makes CPU runs slow and inexact), and `ddp_find_unused_parameters` is
+    > False unless set (a reward model uses every parameter in every forward: transformers' default, True without
+    > activation checkpointing, only adds a graph traversal per step and a warning on every DDP process).
     """
 
     truncation: str = field(
@@ -135,6 +137,8 @@ class RankedRewardConfig(RewardConfig):
                 f"pack_max_tokens packs block-mask rows, which only prefix_sharing=True uses (where the KV path cannot "
                 f"run); got prefix_sharing={self.prefix_sharing!r}. The KV path (the default) needs no packing."
             )
+        if self.ddp_find_unused_parameters is None:
+            self.ddp_find_unused_parameters = False
         if self.bf16 is None:
             import torch
 
