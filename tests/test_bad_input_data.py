@@ -90,6 +90,22 @@ def test_huge_int_margin_is_not_finite(tmp_path):
         validate_rank_record(record(0, 1, margin=10**400), "mem", 0, "row")
 
 
+@pytest.mark.parametrize("value", ["1e30", "-1e30", "1000.5"])
+def test_margin_too_large_to_be_a_reward_difference_is_rejected(tmp_path, capsys, value):
+    path = bad_second_line(tmp_path, GOOD_LINE[:-1] + f', "margin": {value}}}'.encode())
+    assert_rejected(path, "line 2, field 'margin'", rf"margin {re.escape(f'{float(value):g}')} is larger than 1000 in "
+                    r"size: margins are in reward units .*; rescale the column")
+    code, out, _ = run_validate(capsys, path)
+    assert code == 1 and "2 valid record(s), 1 invalid" in out
+    assert validate_rank_record(record(0, 1, margin=1000), "mem", 0, "row")["margin"] == 1000.0  # the bound itself
+
+
+def test_margin_too_large_in_trl_preference_rows_is_rejected():
+    rows = [{"prompt": "2 + 2 =", "chosen": " 4", "rejected": " 5", "margin": 1e30}]
+    with pytest.raises(DataValidationError, match=r"row 0, field 'margin': margin 1e\+30 is larger than 1000"):
+        load_rank_records(rows, data_format="binary", name="mem")
+
+
 def test_margin_is_normalised_to_float_and_null_means_none():
     assert validate_rank_record(record(0, 1, margin=2))["margin"] == 2.0
     assert isinstance(validate_rank_record(record(0, 1, margin=2))["margin"], float)
@@ -437,12 +453,15 @@ def test_3000_completions_in_one_record_through_the_pair_code():
 
 
 def test_non_finite_margin_that_bypassed_validation_stops_the_loss():
-    """Pre-tokenized data (`chosen_ids`, `rejected_ids`, `margin`) is not re-validated: the loss refuses NaN/inf."""
+    """Pre-tokenized data (`chosen_ids`, `rejected_ids`, `margin`) is not re-validated: the loss refuses NaN/inf and
+    margins over the bound, as validation does."""
     scores = torch.tensor([1.0, 0.0, 2.0, 0.5], requires_grad=True)
     ranks, record_index = torch.tensor([0, 1, 0, 1]), torch.tensor([0, 0, 1, 1])
-    for value in (math.nan, math.inf):
+    for value in (math.nan, math.inf, 1e30):
         with pytest.raises(
-            ValueError, match=r"margin is not finite for batch record\(s\) \[1\] \(values \[(nan|inf)\]\)"
+            ValueError,
+            match=r"margin is not finite or larger than 1000 in size for batch record\(s\) \[1\] \(values "
+            r"\[(nan|inf|1\.0+\d*e\+30)\]\)",
         ):
             ranked_bradley_terry_loss(scores, ranks, record_index, margin=torch.tensor([0.5, value]))
     assert torch.isfinite(ranked_bradley_terry_loss(scores, ranks, record_index, margin=torch.tensor([0.5, 0.0])).loss)

@@ -60,6 +60,30 @@ def test_role_not_a_string(env):
         env([USER], [[{"role": None, "content": "4"}]])
 
 
+@pytest.mark.parametrize("which", ["prompts", "completions"])
+@pytest.mark.parametrize("value", [None, "a prompt", {"role": "user", "content": "hi"}, 3])
+def test_prompts_or_completions_not_a_list(env, which, value):
+    args = {"prompts": [USER], "completions": [answer()]}
+    args[which] = value
+    with pytest.raises(TypeError, match=rf"^{which} must be a list \(one item per completion, as TRL passes them\), got "
+                       rf"{type(value).__name__}$"):
+        env(**args)
+
+
+@pytest.mark.parametrize(
+    "prompts, completions, field",
+    [
+        ([[{"role": "user", "content": "2 + 2 \ud800?"}]], [answer()], r"prompts\[0\]\[0\]\.content"),
+        ([USER], [answer("four \udfff")], r"completions\[0\]\[0\]\.content"),
+        (["2 + 2 = "], ["4\ud83d"], r"completions\[0\]"),
+    ],
+    ids=["prompt-message", "completion-message", "plain-text"],
+)
+def test_lone_surrogate_is_refused_naming_the_field(env, prompts, completions, field):
+    with pytest.raises(ValueError, match=rf"^{field}: text holds a lone surrogate .* \(not valid Unicode"):
+        env(prompts, completions)
+
+
 def test_unknown_role_in_completion(env):
     with pytest.raises(
         ValueError, match=r"^completions\[1\]\[0\]\.role is 'wizard', not a known role .*roles \['assistant', 'tool'\]"

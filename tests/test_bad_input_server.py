@@ -308,6 +308,10 @@ def test_200k_tiny_strings_are_refused_by_the_item_cap(servers):
             "messages[1].content holds a lone surrogate ('\\udfff' at character 1), which is not valid Unicode; send "
             "UTF-8 text",
         ),
+        (
+            b'{"messages": [{"role": "wizard", "content": "a"}, {"role": "assistant", "content": "b"}]}',
+            "messages[0].role is 'wizard', not a known role (system, developer, user, assistant, tool)",
+        ),
         (b'{"input": [1e999]}', "input[0] must be a string or a non-empty list of token ids in [0, 690)"),
         (b'{"input": [[-1]]}', "input[0] must be a string or a non-empty list of token ids in [0, 690)"),
         (b"[1, 2]", "request body must be a JSON object, got list"),
@@ -328,6 +332,7 @@ def test_200k_tiny_strings_are_refused_by_the_item_cap(servers):
         "huge-int",
         "lone-surrogate",
         "surrogate-in-message",
+        "unknown-role",
         "inf-item",
         "negative-id",
         "not-an-object",

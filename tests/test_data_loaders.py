@@ -51,9 +51,21 @@ def test_jsonl_invalid_record_on_line_3_names_file_line_and_field(tmp_path):
 
 def test_jsonl_invalid_json_line(tmp_path):
     path = write_jsonl(tmp_path / "broken.jsonl", [rec(0), "", '{"context": [', rec(1)])
-    with pytest.raises(DataValidationError, match=r"broken\.jsonl, line 3: invalid JSON: Expecting") as info:
+    # The position is within the line (15: past the newline after the cut), never the JSON parser's own "line 2".
+    with pytest.raises(DataValidationError, match=r"broken\.jsonl, line 3: invalid JSON: Expecting value at character "
+                       r"15 of the line$") as info:
         load_rank_records(str(path))
     assert (info.value.row, info.value.field) == (3, None)
+
+
+def test_validate_names_one_line_for_a_truncated_json_line(tmp_path, capsys):
+    from trl_rm_env.cli import main as cli_main
+
+    path = write_jsonl(tmp_path / "cut.jsonl", [rec(0), rec(1), '{"context": [{"role": "user", "content": "1 +'])
+    assert cli_main(["validate", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}, line 3: invalid JSON: Invalid control character at character 46 of the line\n" in out
+    assert "column" not in out and "line 1" not in out and "line 2" not in out  # nothing of the parser's own lines
 
 
 def test_json_list_file_uses_zero_based_rows(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import subprocess
 import sys
 
 import pytest
@@ -102,3 +103,12 @@ def test_report_without_matplotlib_is_one_line(tiny_dir, tmp_path, monkeypatch):
     args = ["eval", "--model", str(tiny_dir / "reward_model"), "--data", "sample:harder", "--report", str(tmp_path)]
     with pytest.raises(SystemExit, match=r"^error: eval --report needs matplotlib: pip install trl-rm-env\[report\]$"):
         main(args)
+    # Before anything heavy is imported or loaded (transformers and the model take seconds): in a fresh process.
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"
+        "from trl_rm_env.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as err:\n    print(err)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out == "error: eval --report needs matplotlib: pip install trl-rm-env[report]\n[]\n"

@@ -79,6 +79,13 @@ def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
 
 
 def _eval(args: argparse.Namespace) -> int:
+    if args.report:  # fail before importing or loading anything (seconds), not after scoring
+        from .report import _pyplot
+
+        try:
+            _pyplot()
+        except ImportError as err:
+            raise SystemExit(f"error: {err}") from None
     from transformers import AutoConfig
 
     from .data.loaders import load_rank_records
@@ -105,13 +112,6 @@ def _eval(args: argparse.Namespace) -> int:
         raise SystemExit(f"--format {data_format} is for regression reward models; {args.model} is not one")
     if regression and (args.scores or args.report):
         raise SystemExit("--scores and --report apply to preference reward models, not to a regression one")
-    if args.report:
-        from .report import _pyplot
-
-        try:
-            _pyplot()  # fail before scoring, not after
-        except ImportError as err:
-            raise SystemExit(f"error: {err}") from None
     datasets, skipped, ties = {}, {}, {}
     if data_format == "rewardbench2":
         datasets, skipped, ties = _eval_rewardbench2_sets(args.data, args.on_invalid)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .data.schema import COMPLETION_ROLES, KNOWN_ROLES, message_is_blank
+from .data.schema import COMPLETION_ROLES, KNOWN_ROLES, bad_text, message_is_blank
 from .distributed import FullWeights, fsdp_requested, fsdp_version, shard_reward_model
 from .scoring.scorer import RewardScorer, _strip_completion, as_pairs
 
@@ -473,6 +473,11 @@ class RewardModelEnvironment:
     # ------------------------------------------------------------------ shared by local and remote scoring
     def _check_inputs(self, prompts: Sequence[Any], completions: Sequence[Any]) -> list[int]:
         """Validate TRL's inputs; return the indices of empty completions."""
+        for what, value in (("prompts", prompts), ("completions", completions)):
+            if isinstance(value, str | bytes | Mapping) or not isinstance(value, Sequence):
+                raise TypeError(
+                    f"{what} must be a list (one item per completion, as TRL passes them), got {type(value).__name__}"
+                )
         if len(prompts) != len(completions):
             raise ValueError(
                 f"{self.name}: got {len(prompts)} prompts but {len(completions)} completions; there must be one "
@@ -481,6 +486,10 @@ class RewardModelEnvironment:
         for i, (prompt, completion) in enumerate(zip(prompts, completions)):
             _check_content(prompt, f"prompts[{i}]")
             _check_content(completion, f"completions[{i}]", completion=True)
+            for where, value in ((f"prompts[{i}]", prompt), (f"completions[{i}]", completion)):
+                found = bad_text(value, where)  # a lone surrogate: no tokenizer can encode it
+                if found:
+                    raise ValueError(f"{found[0]}: {found[1]}")
             if isinstance(prompt, str) != isinstance(completion, str):
                 raise TypeError(
                     f"prompts[{i}] and completions[{i}] must both be text or both be message lists, got "

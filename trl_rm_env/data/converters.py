@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trl_rm_env.data.schema import DataValidationError, validate_messages
+from trl_rm_env.data.schema import DataValidationError, margin_problem, validate_messages
 
 Converter = Callable[..., dict[str, Any] | None]
 
@@ -53,6 +53,9 @@ def _margin_metadata(row: Mapping[str, Any], source: str, row_num: int | None, r
         )
     if not math.isfinite(margin):
         raise DataValidationError(source, row_num, "margin", f"margin must be finite, got {margin!r}", row_label)
+    problem = margin_problem(margin)
+    if problem:
+        raise DataValidationError(source, row_num, "margin", problem, row_label)
     return {"margin": margin}
 
 

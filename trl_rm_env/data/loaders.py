@@ -175,7 +175,11 @@ def parse_json(text: str, source: str, row: int | None, row_label: str = "line")
     except RecursionError:
         reason = "invalid JSON: nested too deeply to parse (more than about 1000 levels of lists or objects)"
     except ValueError as err:  # JSONDecodeError, and int() past sys.get_int_max_str_digits()
-        if isinstance(err, json.JSONDecodeError):
+        if isinstance(err, json.JSONDecodeError) and row is not None and row_label == "line":
+            # One line of a .jsonl file: the error's own "line 2 column 1" would count lines within this one.
+            message = err.msg.removesuffix(" at")  # "Invalid control character at": the position follows
+            reason = f"invalid JSON: {message} at character {err.pos + 1} of the line"
+        elif isinstance(err, json.JSONDecodeError):
             reason = f"invalid JSON: {err}"
         else:
             reason = f"invalid JSON: a number of more than {sys.get_int_max_str_digits()} digits"

@@ -45,6 +45,11 @@ MAX_COMPLETIONS_PER_RECORD = 1024
 ordered pair is a loss term (N(N-1)/2 of them), so a record of thousands is nearly always a data error."""
 MAX_NESTING = 100
 """Deepest nesting of lists and objects in an in-memory record (files are limited by the JSON parser)."""
+MAX_MARGIN = 1000.0
+"""Largest |margin|. A margin is in reward units (the model's logits: reward models score within a few tens), so one
+of thousands cannot be met by any score difference and only swamps the loss (a margin of 1e30 trains at a loss of
+4.5e28); it is a scaling error in the data."""
+"""Deepest nesting of lists and objects in an in-memory record (files are limited by the JSON parser)."""
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -219,7 +224,8 @@ def validate_margin(record: Mapping[str, Any], source: str, row: int | None, row
     """`{"margin": float}` for a record with a margin, `{}` without one (missing or None).
 
     Raises:
-        DataValidationError: a margin that is not a finite number (a string, a bool, NaN, infinity).
+        DataValidationError: a margin that is not a finite number (a string, a bool, NaN, infinity) or whose size is
+            over `MAX_MARGIN`.
     """
     value = record.get("margin")
     if value is None:
@@ -229,7 +235,20 @@ def validate_margin(record: Mapping[str, Any], source: str, row: int | None, row
         raise DataValidationError(
             source, row, "margin", f"margin must be a finite number, got {_type_name(value)} {value!r}", row_label
         )
+    problem = margin_problem(number)
+    if problem:
+        raise DataValidationError(source, row, "margin", problem, row_label)
     return {"margin": number}
+
+
+def margin_problem(margin: float) -> str | None:
+    """Why a finite `margin` cannot be trained on (its size is over `MAX_MARGIN`), or None."""
+    if abs(margin) > MAX_MARGIN:
+        return (
+            f"margin {margin:g} is larger than {MAX_MARGIN:g} in size: margins are in reward units (reward models "
+            "score within a few tens), so this one can never be met and only swamps the loss; rescale the column"
+        )
+    return None
 
 
 def validate_rank_record(

@@ -68,6 +68,7 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("The scoring server needs aiohttp: pip install aiohttp") from err
 
+from trl_rm_env.data.schema import KNOWN_ROLES
 from trl_rm_env.scoring.scorer import RewardScorer, split_conversation
 from trl_rm_env.scoring.templating import encode_text
 from trl_rm_env.serving.connections import (
@@ -179,6 +180,12 @@ def _parse_messages(messages: Any) -> list[dict[str, str]]:
             )
         content = _message_content(message["content"], f"messages[{i}]")
         _check_text(message["role"], f"messages[{i}].role")
+        if message["role"] not in KNOWN_ROLES:  # as the data loader and the environment refuse them
+            raise RequestError(
+                400,
+                f"messages[{i}].role is {message['role'][:40]!r}, not a known role ({', '.join(KNOWN_ROLES)})",
+                param=f"messages[{i}].role",
+            )
         _check_text(content, f"messages[{i}].content")
         parsed.append({"role": message["role"], "content": content})
     return parsed

@@ -98,11 +98,15 @@ def ranked_bradley_terry_loss(
         raise ValueError("The batch holds no strictly ordered pair (every record's completions are tied).")
     diff = scores[better] - scores[worse]  # (P,)
     if margin is not None:
-        if not torch.isfinite(margin).all():  # data that skipped validation (pre-tokenized columns): fail loudly
-            bad = (~torch.isfinite(margin)).nonzero().flatten().tolist()
+        # Data that skipped validation (pre-tokenized columns): fail loudly, as validation does.
+        from ..data.schema import MAX_MARGIN  # here: this module stays importable on its own (torch only)
+
+        bad = (~torch.isfinite(margin) | (margin.abs() > MAX_MARGIN)).nonzero().flatten().tolist()
+        if bad:
             raise ValueError(
-                f"margin is not finite for batch record(s) {bad} (values {margin[bad].tolist()}); fix the dataset's "
-                "margin column (a missing margin is 0)"
+                f"margin is not finite or larger than {MAX_MARGIN:g} in size for batch record(s) {bad} (values "
+                f"{margin[bad].tolist()}); margins are in reward units: fix the dataset's margin column (a missing "
+                "margin is 0)"
             )
         diff = diff - margin.to(diff.dtype)[record_index[better]]
     pair_losses = -F.logsigmoid(diff)
