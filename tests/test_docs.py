@@ -240,3 +240,30 @@ def test_index_links_every_page():
     linked = {target.partition("#")[0] for target in relative_links(DOCS_DIR / "index.md")}
     missing = [path.name for path in DOC_FILES if path.name != "index.md" and path.name not in linked]
     assert not missing, f"docs pages not linked from docs/index.md: {missing}"
+
+
+# --- install --------------------------------------------------------------------------------------------------------
+
+
+def test_every_extra_is_in_the_install_table():
+    """docs/index.md's extras table lists every extra of pyproject.toml (`serve` is an empty alias kept for old docs)."""
+    import tomllib
+
+    extras = tomllib.loads(_read(REPO_ROOT / "pyproject.toml"))["project"]["optional-dependencies"]
+    table = {line.split("|")[1].strip().strip("`") for line in _read(DOCS_DIR / "index.md").splitlines()
+             if line.startswith("| `")}
+    missing = sorted(name for name, requirements in extras.items() if requirements and name not in table)
+    assert not missing, f"extras missing from docs/index.md's table: {missing}"
+
+
+def test_deepspeed_launch_commands_come_with_the_install_hint():
+    """A page or config that shows a DeepSpeed launch says how to install DeepSpeed: the quickstart install leaves it
+    out, and accelerate then stops with "DeepSpeed is not installed"."""
+    pages = [*LINKED_FILES, *(REPO_ROOT / "recipes" / "configs").glob("*.yaml"),
+             *(REPO_ROOT / "accelerate_configs").glob("zero*.yaml")]
+    offenders = [
+        str(path.relative_to(REPO_ROOT)) for path in pages
+        if re.search(r"accelerate launch [^\n]*accelerate_configs/zero[23]", _read(path))
+        and not re.search(r"pip install[^\n]*deepspeed", _read(path))
+    ]
+    assert not offenders, f"DeepSpeed launch commands without `pip install ... deepspeed`: {offenders}"
