@@ -75,8 +75,8 @@ def make_batch(tokenizer, prompts: int, generations: int, prompt_len: int, compl
 def floor_flops(tokenizer, prompts, completions, config: dict) -> tuple[int, float]:
     """(unique tokens, forward FLOPs on them) of a batch: each group's shared token prefix once, each completion's own
     tokens once, causal attention of each completion over its prefix and itself."""
-    from trl_rm_env.scoring.prefix_sharing import shared_prefix_length
-    from trl_rm_env.scoring.templating import encode_conversation
+    from trl_rm_env.sharing import shared_prefix_length
+    from trl_rm_env.tokenization import encode_conversation
 
     groups: dict[int, list[list[int]]] = {}
     for p, c in zip(prompts, completions):

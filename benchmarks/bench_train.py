@@ -194,7 +194,7 @@ def timed_floor(records: list[dict], max_length: int, steps: int, batch_size: in
     """(unique tokens, forward + backward GFLOP (3x forward)) of the timed records, the `steps * batch_size` records
     after the warm-up batch in dataset order (every run samples sequentially): context once, each completion once,
     causal attention of each completion over its context and itself."""
-    from trl_rm_env.scoring.prefix_sharing import shared_prefix_length
+    from trl_rm_env.sharing import shared_prefix_length
     from trl_rm_env.testing import build_tiny_tokenizer
     from trl_rm_env.trainer.collator import tokenize_rank_record
 

@@ -21,21 +21,13 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
     from trl import GRPOTrainer, get_peft_config
 
-    from trl_rm_env import RewardModelEnvironment
-    from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
-    from trl_rm_env.model_source import check_model_source, ensure_tiny_model
-    from trl_rm_env.trainer.saving import (
-        check_distributed_setup,
-        resolve_resume_checkpoint,
-        tty_aware_progress,
-        with_atomic_checkpoints,
-    )
+    from trl_rm_env import RewardModelEnvironment, recipe
+    from trl_rm_env.model_source import check_model_source
+    from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
 
-    enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
+    resume = recipe.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
     if training_args.ddp_find_unused_parameters is None:  # every policy parameter gets a gradient: skip DDP's search
         training_args.ddp_find_unused_parameters = False
-    # Fail in one line before loading anything: a missing resume checkpoint, a missing model folder.
-    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 
     # --- models ----------------------------------------------------------------------------------------------
     if not rm_args.reward_remote_url:  # a reward model that does not exist is an error, never a random stand-in
@@ -44,20 +36,11 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
             "reward model",
             hint="train it first, e.g. `accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml`",
         )
-    policy_path = model_args.model_name_or_path
-    if rm_args.build_tiny_model:  # only the untrained tiny policy (and RM) at .../policy; never a stand-in RM
-        ensure_tiny_model(policy_path, "policy")
-    check_model_source(policy_path, "policy")
+    # The untrained tiny policy (and RM) only at a missing .../policy folder; never a stand-in RM.
+    policy_path = recipe.prepare_model(
+        model_args, training_args, build_tiny=rm_args.build_tiny_model, kind="policy", what="policy"
+    )
     reward = RewardModelEnvironment(rm_args.reward_model, **rm_args.environment_kwargs())
-    training_args.model_init_kwargs = {
-        k: v
-        for k, v in dict(
-            revision=model_args.model_revision,
-            attn_implementation=model_args.attn_implementation,
-            dtype=model_args.dtype,
-        ).items()
-        if v is not None
-    } | (training_args.model_init_kwargs or {})
 
     # --- data ------------------------------------------------------------------------------------------------
     prompts = rm_args.load_prompts()
@@ -70,10 +53,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         train_dataset=prompts,
         peft_config=get_peft_config(model_args),
     )
-    trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
-    tty_aware_progress(trainer)  # no nested evaluation bar (escape codes) in a log file
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
+    recipe.train(trainer, resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the full log history (rewards/<name>/mean per step)
     trainer.accelerator.print(f"Policy saved to {training_args.output_dir}")

@@ -25,40 +25,21 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, model_args: ModelConfig) -> dict:
     from trl import get_peft_config
 
-    from trl_rm_env.data.schema import MAX_COMPLETIONS_PER_RECORD
-    from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
-    from trl_rm_env.model_source import check_model_source, ensure_tiny_model
+    from trl_rm_env import recipe
     from trl_rm_env.trainer import RankedRewardTrainer
-    from trl_rm_env.trainer.saving import (
-        check_distributed_setup,
-        format_metrics_table,
-        resolve_resume_checkpoint,
-        save_reward_model,
-        tty_aware_progress,
-    )
+    from trl_rm_env.trainer.saving import format_metrics_table
 
-    enable_fsdp_on_cpu()  # an FSDP accelerate config shards on CPU too (accelerate alone falls back to DDP there)
-    # Fail in one line before loading anything: a missing resume checkpoint, a typo'd model folder.
-    resume = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    resume = recipe.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
 
     # --- data ------------------------------------------------------------------------------------------------
-    limit = getattr(training_args, "max_completions", MAX_COMPLETIONS_PER_RECORD)  # the trainer's guard, one place
-    train_dataset, eval_datasets = data_args.load(on_invalid=training_args.on_invalid, max_completions=limit)
+    train_dataset, eval_datasets = data_args.load(
+        on_invalid=training_args.on_invalid, max_completions=training_args.max_completions
+    )
     if not eval_datasets:
         training_args.eval_strategy = "no"
 
-    # --- model -----------------------------------------------------------------------------------------------
-    model_path = model_args.model_name_or_path
-    if data_args.build_tiny_model:  # only at .../reward_model: any other missing path is a typo
-        ensure_tiny_model(model_path, "reward_model")
-    check_model_source(model_path, "model")
-    model_init_kwargs = dict(
-        revision=model_args.model_revision,
-        attn_implementation=model_args.attn_implementation,
-        dtype=model_args.dtype,
-    )
-    model_init_kwargs.update(training_args.model_init_kwargs or {})
-    training_args.model_init_kwargs = {k: v for k, v in model_init_kwargs.items() if v is not None}
+    # --- model (a typo'd folder fails in one line; the tiny offline model is built only at .../reward_model) ----
+    model_path = recipe.prepare_model(model_args, training_args, build_tiny=data_args.build_tiny_model)
 
     # --- train -----------------------------------------------------------------------------------------------
     trainer = RankedRewardTrainer(
@@ -68,22 +49,16 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
         eval_dataset=eval_datasets or None,
         peft_config=get_peft_config(model_args),
     )
-    trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
-    tty_aware_progress(trainer)  # no nested evaluation bar (escape codes) in a log file
-    trainer.train(resume_from_checkpoint=resume)
-    trainer.accelerator.print(describe_sharding(trainer.model))  # ZeRO-3 / FSDP: about 1/processes
+    recipe.train(trainer, resume)
 
     # --- evaluate and save -----------------------------------------------------------------------------------
-    metrics = trainer.final_evaluation() if eval_datasets else {}  # reuses train()'s evaluation at this step
-    save_reward_model(trainer, training_args.output_dir)
-    if eval_datasets:
-        trainer.save_metrics("eval", metrics)  # eval_results.json, per-set names
-    trainer.save_state()  # trainer_state.json: the full log history
-    if eval_datasets:
-        trainer.accelerator.print(format_metrics_table(metrics, list(eval_datasets)))
-    trainer.accelerator.print(f"Reward model saved to {training_args.output_dir}")
-    trainer.end()
-    return metrics
+    return recipe.finish_reward_model(
+        trainer,
+        training_args.output_dir,
+        eval_datasets,
+        table=lambda metrics: format_metrics_table(metrics, list(eval_datasets)),
+        saved=f"Reward model saved to {training_args.output_dir}",
+    )
 
 
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:

@@ -18,7 +18,7 @@ import torch
 
 from trl_rm_env.cli import build_parser, main
 from trl_rm_env.data import DataValidationError, load_rank_dataset, load_rank_records, validate_rank_record
-from trl_rm_env.data.loaders import ALL_CONVERTERS
+from trl_rm_env.data.converters import ALL_CONVERTERS
 from trl_rm_env.data.regression import REGRESSION_FORMATS, load_regression_records
 from trl_rm_env.data.schema import KNOWN_ROLES, MAX_COMPLETIONS_PER_RECORD
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss, ranked_pairs

@@ -25,8 +25,8 @@ aiohttp = pytest.importorskip("aiohttp", reason="aiohttp is not installed")
 from reference import _one_thread, score_one  # noqa: E402,F401
 from test_server import ServerProcess  # noqa: E402
 
-from trl_rm_env.scoring.templating import encode_text  # noqa: E402
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
+from trl_rm_env.tokenization import encode_text  # noqa: E402
 
 KEY, VKEY, FLAG_KEY = "hostile-key", "vllm-env-key", "flag-key"
 AT = "@"  # its embedding is NaN in the hostile model

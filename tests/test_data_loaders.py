@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from datasets import Dataset
 
-from trl_rm_env.data import DataValidationError, load_rank_dataset, load_rank_records, loaders, parse_data_spec
+from trl_rm_env.data import DataValidationError, load_rank_dataset, load_rank_records, parse_data_spec, sources
 
 
 def rec(i: int, ranks=(0, 1), **extra) -> dict:
@@ -187,7 +187,7 @@ def fake_hub(monkeypatch):
         calls.append((path, name, split))
         return Dataset.from_list([rec(0), rec(1, (2, 1, 0))])
 
-    monkeypatch.setattr(loaders, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(sources, "load_dataset", fake_load_dataset)
     return calls
 
 
@@ -207,7 +207,7 @@ def test_hub_id_default_and_inline_split(fake_hub):
 
 
 def test_hub_errors_name_dataset_config_and_split(monkeypatch):
-    monkeypatch.setattr(loaders, "load_dataset", lambda path, name=None, split=None: Dataset.from_list([{"x": 1}]))
+    monkeypatch.setattr(sources, "load_dataset", lambda path, name=None, split=None: Dataset.from_list([{"x": 1}]))
     with pytest.raises(DataValidationError, match=r"^org/prefs\[cfg\]:dev, row 0, field 'context'"):
         load_rank_dataset("org/prefs", hub_config="cfg", split="dev")
 

@@ -149,7 +149,7 @@ def check_same_losses_as_one_process(output_dir: Path, reference: list[float]) -
 def score_one_at_a_time(model, tokenizer, path: Path) -> dict[str, float]:
     """The per-set metrics recomputed from scratch: every completion scored alone (no padding, no batching)."""
     from trl_rm_env.data.loaders import load_rank_records
-    from trl_rm_env.trainer.collator import tokenize_rank_record
+    from trl_rm_env.trainer.examples import tokenize_rank_record
 
     records, _ = load_rank_records(str(path))
     scores, pairs = [], []
@@ -361,7 +361,7 @@ def test_reward_model_is_sharded_and_scores_exactly(config, sharding, tiny, tmp_
     rewards every rank gets for its own completions (uneven shares) equal the plain model's scores one at a time."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from trl_rm_env.scoring.templating import encode_conversation
+    from trl_rm_env.tokenization import encode_conversation
 
     records = [json.loads(line) for line in (SAMPLE / "in_domain.jsonl").read_text().splitlines()[:4]]
     items = [(r["context"], c["completion"]) for r in records for c in r["completions"]][:11]  # 6 and 5 per rank

@@ -10,7 +10,7 @@ import torch
 
 from trl_rm_env.cli import main
 from trl_rm_env.data import DataValidationError, load_rank_records
-from trl_rm_env.data.real_formats import hh_to_rank, llmbar_to_rank, pandalm_to_rank
+from trl_rm_env.data.converters import hh_to_rank, llmbar_to_rank, pandalm_to_rank
 from trl_rm_env.evaluation import (
     REWARDBENCH_EXAMPLE_COUNTS,
     evaluate_reward_model,
@@ -18,7 +18,7 @@ from trl_rm_env.evaluation import (
     rewardbench_sections,
 )
 from trl_rm_env.scoring.scorer import RewardScorer
-from trl_rm_env.scoring.templating import encode_conversation
+from trl_rm_env.tokenization import encode_conversation
 
 # ---------------------------------------------------------------------------------------------------- helpers
 

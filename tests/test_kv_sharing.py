@@ -12,17 +12,17 @@ import torch
 from reference import _one_thread, assert_same_loss_and_gradients, score_one  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RewardScorer, load_rank_dataset
-from trl_rm_env.scoring.prefix_sharing import (
-    DataCollatorForSharedContext,
+from trl_rm_env.sharing import (
     collate_shared_context,
     kv_sharing_unsupported,
+    normalize_prefix_sharing,
     plan_passes,
     shared_context_scores,
 )
-from trl_rm_env.scoring.scorer import normalize_prefix_sharing
-from trl_rm_env.scoring.templating import encode_conversation
 from trl_rm_env.testing import build_tiny_reward_model
-from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, tokenize_rank_record
+from trl_rm_env.tokenization import encode_conversation
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedContext
+from trl_rm_env.trainer.examples import tokenize_rank_record
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
 WORDS = "add two and 3 please the answer is 4 because numbers".split()

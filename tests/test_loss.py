@@ -7,13 +7,8 @@ import math
 import pytest
 import torch
 
-from trl_rm_env.trainer.loss import (
-    STAT_COLUMNS,
-    ranked_bradley_terry_loss,
-    ranked_pairs,
-    record_statistics,
-    summarize_statistics,
-)
+from trl_rm_env.metrics import STAT_COLUMNS, record_statistics, summarize_statistics
+from trl_rm_env.trainer.loss import ranked_bradley_terry_loss, ranked_pairs
 
 
 def nll(x: float) -> float:

@@ -7,16 +7,10 @@ import torch
 from reference import assert_same_loss_and_gradients
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
-from trl_rm_env.scoring.prefix_sharing import (
-    DataCollatorForSharedPrefix,
-    plan_rows,
-    record_row,
-    shared_prefix_length,
-    shared_prefix_mask,
-    shared_prefix_scores,
-)
+from trl_rm_env.sharing import plan_rows, record_row, shared_prefix_length, shared_prefix_mask, shared_prefix_scores
 from trl_rm_env.testing import build_tiny_reward_model
-from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, tokenize_rank_record
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefix
+from trl_rm_env.trainer.examples import tokenize_rank_record
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
 
@@ -118,7 +112,7 @@ def make_trainer(tmp_path, tokenizer, dataset, eval_sets=None, **overrides):
 def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_tokenizer):
     """Default ("auto": KV path), forced KV, and the block-mask fallback (forced under activation checkpointing,
     packed) all train exactly like the plain path."""
-    from trl_rm_env.scoring.prefix_sharing import DataCollatorForSharedContext
+    from trl_rm_env.trainer.collator import DataCollatorForSharedContext
 
     train = load_rank_dataset("sample:train").select(range(48))
     eval_sets = {"harder": load_rank_dataset("sample:harder").select(range(21))}
@@ -223,7 +217,7 @@ def grpo_groups(num_prompts, generations, seed=0):
 @pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
 def test_group_shared_scoring_equals_one_at_a_time(request, tokenizer_name, budget):
     from trl_rm_env import RewardScorer
-    from trl_rm_env.scoring.templating import encode_conversation
+    from trl_rm_env.tokenization import encode_conversation
 
     tokenizer = request.getfixturevalue(tokenizer_name)
     model = build_tiny_reward_model(tokenizer, seed=5)
@@ -271,7 +265,7 @@ def test_auto_shares_where_the_cost_model_says_and_stays_exact(
 ):
     """"auto": long completions behind a short prompt are scored plainly (little to share); a long prompt is shared."""
     from trl_rm_env import RewardScorer
-    from trl_rm_env.scoring.templating import encode_conversation
+    from trl_rm_env.tokenization import encode_conversation
 
     prompts = [[{"role": "user", "content": " ".join(["add two and 3"] * prompt_words)}]] * 6
     completions = [

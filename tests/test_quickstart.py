@@ -20,7 +20,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env import load_rank_dataset
 from trl_rm_env.data.schema import iter_pairs
-from trl_rm_env.scoring.templating import encode_conversation
+from trl_rm_env.tokenization import encode_conversation
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -120,8 +120,8 @@ def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch,
     from transformers.trainer_callback import ProgressCallback
 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
+    from trl_rm_env.recipe import tty_aware_progress
     from trl_rm_env.testing import build_tiny_reward_model
-    from trl_rm_env.trainer.saving import tty_aware_progress
 
     data = load_rank_dataset("sample:in_domain").select(range(16))
     args = RankedRewardConfig(

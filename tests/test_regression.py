@@ -12,23 +12,17 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from trl_rm_env.data.regression import (
-    RegressionDataArguments,
-    helpsteer2_to_regression,
-    load_regression_dataset,
-    load_regression_records,
-)
+from trl_rm_env.data.arguments import RegressionDataArguments
+from trl_rm_env.data.converters import helpsteer2_to_regression
+from trl_rm_env.data.regression import load_regression_dataset, load_regression_records
 from trl_rm_env.data.schema import DataValidationError
-from trl_rm_env.scoring.templating import encode_conversation
+from trl_rm_env.heads import regression_reward_weights
+from trl_rm_env.metrics import regression_statistics, summarize_regression_statistics
 from trl_rm_env.testing import build_tiny_reward_model
-from trl_rm_env.trainer.regression import (
-    RegressionRewardConfig,
-    RegressionRewardTrainer,
-    masked_mse_loss,
-    regression_reward_weights,
-    regression_statistics,
-    summarize_regression_statistics,
-)
+from trl_rm_env.tokenization import encode_conversation
+from trl_rm_env.trainer.config import RegressionRewardConfig
+from trl_rm_env.trainer.loss import masked_mse_loss
+from trl_rm_env.trainer.regression import RegressionRewardTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 NAN = float("nan")
@@ -465,7 +459,7 @@ def test_environment_refuses_unknown_attribute_weights(regression_rm_dir, tiny_r
 
 def test_attribute_weights_from_the_command_line():
     from trl_rm_env.grpo_args import RewardModelArguments
-    from trl_rm_env.trainer.regression import parse_attribute_weights
+    from trl_rm_env.heads import parse_attribute_weights
 
     assert parse_attribute_weights(["helpfulness=1", " verbosity = -0.25"]) == {"helpfulness": 1.0, "verbosity": -0.25}
     for bad in (["helpfulness"], ["=1"], ["helpfulness=high"]):

@@ -21,8 +21,8 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp", reason="the serving extra (aiohttp) is not installed")
 
 from trl_rm_env.scoring.scorer import RewardScorer  # noqa: E402
-from trl_rm_env.scoring.templating import encode_conversation, encode_text, render_conversation  # noqa: E402
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
+from trl_rm_env.tokenization import encode_conversation, encode_text, render_conversation  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- servers
 

@@ -25,7 +25,8 @@ from trl.trainer.reward_trainer import DataCollatorForPreference
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
 from trl_rm_env.data.converters import binary_to_rank
 from trl_rm_env.testing import build_tiny_reward_model
-from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, tokenize_rank_record
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
+from trl_rm_env.trainer.examples import tokenize_rank_record
 
 QUESTIONS = ["What is the capital of France?", "How many legs does a spider have?", "Name a primary colour.",
              "What is 2 + 2?", "Which planet is red?", "What do bees make?", "How many days in a week?",

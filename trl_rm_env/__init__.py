@@ -1,5 +1,7 @@
 """trl-rm-env: train Bradley-Terry reward models on ranked preferences and use them as GRPO rewards (TRL plugin).
 
+The layers, the data flow and where each concept lives: docs/architecture.md.
+
 Public names are imported lazily, so `import trl_rm_env` (and the CLI) does not pay for torch/transformers until a
 name that needs them is used.
 """
@@ -21,7 +23,7 @@ _EXPORTS = {
     "DataCollatorForRankedPreference": "trl_rm_env.trainer.collator",
     "RewardModelEnvironment": "trl_rm_env.environment",
     "RemoteRewardModelEnvironment": "trl_rm_env.environment",
-    "RegressionRewardConfig": "trl_rm_env.trainer.regression",
+    "RegressionRewardConfig": "trl_rm_env.trainer.config",
     "RegressionRewardTrainer": "trl_rm_env.trainer.regression",
     "load_regression_dataset": "trl_rm_env.data.regression",
     "load_regression_records": "trl_rm_env.data.regression",

@@ -60,8 +60,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
     """`FILE`, `FILE:name`, `name=SOURCE[:split]` or a Hub `SOURCE[:split]` -> `(name, source, split)`."""
-    from .data.loaders import parse_data_spec
-    from .evaluation import LLMBAR_FILE_SUBSETS
+    from .data.sources import parse_data_spec
+    from .evaluation.rewardbench import LLMBAR_FILE_SUBSETS
 
     head, sep, tail = spec.rpartition(":")
     if sep and "=" not in spec and Path(head).is_file():
@@ -80,10 +80,10 @@ def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
 
 def _eval(args: argparse.Namespace) -> int:
     if args.report:  # fail before importing or loading anything (seconds), not after scoring
-        from .report import _pyplot
+        from .evaluation.report import pyplot
 
         try:
-            _pyplot()
+            pyplot()
         except ImportError as err:
             raise SystemExit(f"error: {err}") from None
     from transformers import AutoConfig
@@ -147,7 +147,7 @@ def _eval(args: argparse.Namespace) -> int:
         write_scores_file(args.scores, rows)
         print(f"{len(rows)} per-completion scores written to {args.scores}")
     if args.report:
-        from .report import write_report
+        from .evaluation.report import write_report
 
         paths = write_report(_nan_to_none(results), rows, args.report)
         print(f"report written to {paths[-1]} ({len(paths) - 1} plots)")
@@ -156,7 +156,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _eval_rewardbench2_sets(specs: Sequence[str], on_invalid: str) -> tuple[dict, dict, dict]:
     """`eval --format rewardbench2`: one source of RewardBench 2 rows -> one set per subset."""
-    from .rewardbench2 import load_rewardbench2, split_by_subset
+    from .evaluation.rewardbench2 import load_rewardbench2, split_by_subset
 
     if len(specs) != 1:
         raise SystemExit("--format rewardbench2 takes one --data source (a file or allenai/reward-bench-2)")
@@ -181,7 +181,7 @@ def _nan_to_none(value: object) -> object:
 def _load_scorer(args: argparse.Namespace, **options: Any):
     """`load_reward_scorer` with the options `eval` and `serve` share (`_add_model_options`, `--batch-size`), plus
     `options`."""
-    from .evaluation import load_reward_scorer
+    from .scoring.loading import load_reward_scorer
 
     return load_reward_scorer(
         args.model,
@@ -197,8 +197,8 @@ def _load_scorer(args: argparse.Namespace, **options: Any):
 def _serve(args: argparse.Namespace) -> int:
     from transformers import AutoConfig
 
+    from .heads import parse_attribute_weights, regression_reward_weights
     from .serving.server import default_served_name, run_server
-    from .trainer.regression import parse_attribute_weights, regression_reward_weights
 
     # A regression RM serves one score per sample, the weighted sum of its attributes, as RewardModelEnvironment.
     weights = parse_attribute_weights(args.attribute_weights, "--attribute-weights") if args.attribute_weights else None

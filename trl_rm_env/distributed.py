@@ -9,14 +9,15 @@ Three pieces, all used by the recipes and usable from any TRL script:
   process groups (`AcceleratorState.__init__` lists MULTI_GPU, MULTI_XPU, MULTI_NPU, ... but never MULTI_CPU), so
   `accelerate launch --config_file accelerate_configs/fsdp2_cpu.yaml` silently trains as plain DDP on CPU. torch's
   FSDP2 itself works on CPU with gloo. This extends accelerate's check to MULTI_CPU, and only that.
-- `shard_reward_model` / `FullWeights`: the RM of `RewardModelEnvironment` under FSDP2 is sharded with
-  `fully_shard` (each transformer block, then the root), like the policy, and unsharded for one scoring call at a
-  time. TRL's GRPOTrainer only moves a reward *callable*'s model to the device: without this every rank would hold
+- `shard_if_requested` / `shard_reward_model` / `full_weights`: the RM of `RewardModelEnvironment` under FSDP2 is
+  sharded with `fully_shard` (each transformer block, then the root), like the policy, and unsharded for one scoring
+  call at a time; under ZeRO-3 `zero.Init` partitioned it and DeepSpeed gathers it. TRL's GRPOTrainer only moves a reward *callable*'s model to the device: without this every rank would hold
   a full replica.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -153,6 +154,44 @@ def enable_fsdp_on_cpu() -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------- RM sharding
+def is_zero3_partitioned(model: torch.nn.Module) -> bool:
+    """True when DeepSpeed ZeRO-3 sharded the weights: `from_pretrained` runs under `zero.Init` whenever a ZeRO-3
+    Accelerate config is active (after `TrainingArguments` is built), leaving each rank only its shard."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None, log: logging.Logger = logger) -> str:
+    """Shard the RM with FSDP2 when asked (or, for None, when the Accelerate config is FSDP v2 with several
+    processes); return how the weights are held: `zero3`, `fsdp2` or `none`. `log`: the caller's logger (the
+    environment's: its users filter on it)."""
+    if is_zero3_partitioned(model):
+        if fsdp_shard:
+            raise ValueError("fsdp_shard=True, but DeepSpeed ZeRO-3 already partitioned the reward model.")
+        return "zero3"
+    dist = torch.distributed
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    zero3_requested = (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
+    if zero3_requested and world_size > 1 and not fsdp_shard:
+        log.warning(
+            "The Accelerate config is DeepSpeed ZeRO-3 but the reward model is not partitioned: it was loaded before "
+            "the training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig "
+            "first, then RewardModelEnvironment (as recipes/grpo_rm.py does), to partition it."
+        )
+    if fsdp_shard is None:
+        fsdp_shard = fsdp_requested() and fsdp_version() == 2 and world_size > 1
+        if fsdp_requested() and fsdp_version() != 2 and world_size > 1:
+            log.info("FSDP version 1 config: the reward model is replicated on every rank (FSDP2 shards it).")
+    if not fsdp_shard:
+        return "none"
+    if world_size == 1:
+        raise ValueError("fsdp_shard=True needs an initialized process group with more than one process.")
+    shard_reward_model(model)
+    return "fsdp2"
+
+
 def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     from torch.distributed.fsdp import FSDPModule
 
@@ -235,3 +274,16 @@ class FullWeights:
     def __exit__(self, *exc) -> None:
         for module in self.modules:
             module.reshard()
+
+
+def full_weights(model: torch.nn.Module, sharding: str):
+    """The full weights of a sharded scoring model for one scoring call (`sharding` as `shard_if_requested` returns
+    it): DeepSpeed's `GatheredParameters` (read-only) under ZeRO-3, `FullWeights` under FSDP2, nothing otherwise.
+    A collective: every rank must enter it the same number of times, as GRPO's reward calls do."""
+    if sharding == "zero3":
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+    if sharding == "fsdp2":
+        return FullWeights(model)
+    return contextlib.nullcontext()

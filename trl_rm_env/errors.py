@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEBUG_ENV", "debug_enabled", "expected_errors", "report_expected_error", "run_recipe"]
+__all__ = ["DEBUG_ENV", "debug_enabled", "expected_errors", "is_main_process", "report_expected_error", "run_recipe"]
 
 DEBUG_ENV = "TRL_RM_ENV_DEBUG"
 
@@ -30,13 +30,19 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
-def _is_main_process() -> bool:
-    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) in ("0", "")
+def is_main_process() -> bool:
+    """True unless this is a non-zero rank of a distributed launch (`RANK`/`LOCAL_RANK` set by torchrun and
+    accelerate): one-line errors and summaries are printed by one process, not once per process."""
+    for name in ("RANK", "LOCAL_RANK"):
+        value = os.environ.get(name, "0")
+        if value.strip().lstrip("-").isdigit() and int(value) != 0:
+            return False
+    return True
 
 
 def report_expected_error(err: BaseException, prog: str | None = None) -> None:
     """Print `error: <message>` on one line to stderr (on the main process only)."""
-    if not _is_main_process():
+    if not is_main_process():
         return
     message = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in message:
@@ -69,7 +75,7 @@ def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: l
     prog = os.path.basename(sys.argv[0]) or None
     problem = _check_config_argument(argv)
     if problem and not debug_enabled():
-        if _is_main_process():
+        if is_main_process():
             print(f"{prog}: error: {problem}", file=sys.stderr, flush=True)
         sys.exit(2)
     from .distributed import exit_process, launched, prepare_process

@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 from datasets import Dataset
 
+from .data.loaders import load_rank_records
+from .data.sources import parse_data_spec
+from .heads import parse_attribute_weights
+from .sharing import normalize_prefix_sharing
+
 
 @dataclass
 class RewardModelArguments:
@@ -86,14 +91,11 @@ class RewardModelArguments:
         """
         if not self.reward_attribute_weights:
             return None
-        from .trainer.regression import parse_attribute_weights
-
         return parse_attribute_weights(self.reward_attribute_weights, "reward_attribute_weights")
 
     def environment_kwargs(self) -> dict:
-        """Keyword arguments for `RewardModelEnvironment` (besides the model)."""
-        from .scoring.scorer import normalize_prefix_sharing
-
+        """Keyword arguments for `RewardModelEnvironment` (besides the model): this recipe's `reward_*` keys mapped
+        onto the environment's own options and its `ScoringOptions`, in this one place."""
         if self.reward_remote_url:
             if self.reward_attribute_weights:
                 raise ValueError(
@@ -128,8 +130,6 @@ class RewardModelArguments:
 
     def load_prompts(self) -> Dataset:
         """A dataset with a `prompt` column (messages or text), as `GRPOTrainer` expects."""
-        from .data.loaders import load_rank_records, parse_data_spec
-
         _, source, split = parse_data_spec(self.prompt_data)
         if source.startswith("sample:") or source.endswith((".jsonl", ".json")) and self._is_rank_file(source):
             records, _ = load_rank_records(source, split=split)

@@ -13,7 +13,7 @@ then masked out of the loss), but a record needs at least one. Other keys are ke
 model predicts every attribute; a weighted sum of them becomes the reward (`attribute_weights`, see
 `docs/regression.md`).
 
-Sources and the `on_invalid` policy are the ones of the rank loaders (`loaders.py`, whose helpers are reused here)::
+Sources (`sources.py`) and the `on_invalid` policy (`loading.py`) are the ones of the rank loaders::
 
     from trl_rm_env.data.regression import load_regression_dataset
 
@@ -28,39 +28,20 @@ Errors name source, line/row and field, e.g.::
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
 
-from trl_rm_env.data.converters import _require
-from trl_rm_env.data.loaders import (
-    SAMPLE_DIR,
-    SAMPLE_PREFIX,
-    LoadReport,
-    _open_source,
-    parse_data_spec,
-    records_to_dataset,
-)
-from trl_rm_env.data.schema import (
-    DataValidationError,
-    OnInvalid,
-    check_completion_roles,
-    check_text,
-    finite_number,
-    message_is_blank,
-    validate_messages,
-)
+from .converters import HELPSTEER2_ATTRIBUTES, REGRESSION_CONVERTERS
+from .loaders import records_to_dataset
+from .loading import LoadReport, check_on_invalid, collect_records
+from .messages import finite_number, type_name
+from .schema import DataValidationError, OnInvalid, check_text, validate_exchange
+from .sources import open_source
 
-SAMPLE_REGRESSION_PREFIX = "regression_"
-HELPSTEER2_ATTRIBUTES = ("helpfulness", "correctness", "coherence", "complexity", "verbosity")
-"""The five attribute columns of nvidia/HelpSteer2 (each 0-4, higher is more)."""
-
-
-def _type_name(value: Any) -> str:
-    return type(value).__name__
+REGRESSION_FORMATS = ("regression", *REGRESSION_CONVERTERS)
+"""Every regression `data_format`: the native records and each converter's name."""
 
 
 # --- one record ---
@@ -99,7 +80,7 @@ def validate_regression_record(
         return DataValidationError(source, row, field_name, reason, row_label)
 
     if not isinstance(record, Mapping):
-        raise fail(None, f"a record must be a JSON object, got {_type_name(record)}")
+        raise fail(None, f"a record must be a JSON object, got {type_name(record)}")
     check_text(record, source, row, row_label)
     for key in ("context", "completion", "attributes"):
         if key not in record:
@@ -107,25 +88,11 @@ def validate_regression_record(
                 key,
                 f"missing required field {key!r} (a regression record has 'context', 'completion' and 'attributes')",
             )
-    context, completion = record["context"], record["completion"]
-    if isinstance(context, str):
-        if not isinstance(completion, str):
-            raise fail(
-                "completion",
-                f"context is plain text, so the completion must be a string too, got {_type_name(completion)}",
-            )
-        if not completion.strip():
-            raise fail("completion", "empty completion")
-    else:
-        context = validate_messages(context, "context", source, row, row_label)
-        completion = validate_messages(completion, "completion", source, row, row_label)
-        check_completion_roles(completion, "completion", bool(context), source, row, row_label)
-        if all(message_is_blank(m) for m in completion):
-            raise fail("completion", "empty completion")
+    context, completion = validate_exchange(record["context"], record["completion"], "completion", source, row, row_label)
 
     values = record["attributes"]
     if not isinstance(values, Mapping):
-        raise fail("attributes", f"must be an object mapping attribute names to numbers, got {_type_name(values)}")
+        raise fail("attributes", f"must be an object mapping attribute names to numbers, got {type_name(values)}")
     allowed = None if attributes is None else set(attributes)
     present: dict[str, float] = {}
     for name, value in values.items():
@@ -139,7 +106,7 @@ def validate_regression_record(
                 "(add it to `attributes`, or drop it from the data)",
             )
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise fail(where, f"must be a number, got {_type_name(value)} {value!r}")
+            raise fail(where, f"must be a number, got {type_name(value)} {value!r}")
         number = finite_number(value)
         if number is None:
             raise fail(
@@ -153,88 +120,8 @@ def validate_regression_record(
     return {"context": context, "completion": completion, "attributes": present, **metadata}
 
 
-# --- nvidia/HelpSteer2 ---
-
-_HELPSTEER2_TURN = re.compile(r"\n?<extra_id_1>(User|Assistant)\n?")
-
-
-def helpsteer2_prompt_to_messages(prompt: str) -> list[dict[str, str]]:
-    """Split a HelpSteer2 prompt into messages.
-
-    Multi-turn prompts (about 29% of HelpSteer2) hold every earlier turn, separated by `<extra_id_1>User` and
-    `<extra_id_1>Assistant` lines (the dataset card's format); the text before the first separator is the first
-    user turn.
-    """
-    parts = _HELPSTEER2_TURN.split(prompt)
-    messages = [{"role": "user", "content": parts[0]}]
-    for role, content in zip(parts[1::2], parts[2::2]):
-        messages.append({"role": role.lower(), "content": content})
-    return messages
-
-
-def helpsteer2_to_regression(
-    row: Any,
-    source: str,
-    row_num: int | None,
-    row_label: str = "row",
-    attributes: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """Turn a nvidia/HelpSteer2 row into a regression record.
-
-    The prompt becomes the context (split into turns, see `helpsteer2_prompt_to_messages`), the response the
-    assistant completion, and the attribute columns the `attributes`. With `attributes` set, exactly those columns
-    are read (each must exist); otherwise whichever of the five HelpSteer2 columns the row has.
-
-    Args:
-        row: `{"prompt": str, "response": str, "helpfulness": int, "correctness": int, "coherence": int,
-            "complexity": int, "verbosity": int}`.
-        source: Where it came from, used in errors.
-        row_num: Its line or row number, used in errors.
-        row_label: "line" or "row", the word used in errors.
-        attributes: The attribute columns to read; None reads the HelpSteer2 five that are present.
-
-    Returns:
-        `{"context": [messages], "completion": [assistant message], "attributes": {name: value}}`, for
-        `validate_regression_record` to check (the values are checked there).
-
-    Raises:
-        DataValidationError: a missing `prompt`/`response` or requested attribute column, or a non-string
-            prompt/response.
-    """
-    columns = tuple(attributes) if attributes is not None else ()
-    _require(row, ("prompt", "response", *columns), source, row_num, row_label)
-    for key in ("prompt", "response"):
-        if not isinstance(row[key], str):
-            raise DataValidationError(source, row_num, key, f"must be a string, got {_type_name(row[key])}", row_label)
-    names = columns or tuple(name for name in HELPSTEER2_ATTRIBUTES if name in row)
-    return {
-        "context": helpsteer2_prompt_to_messages(row["prompt"]),
-        "completion": [{"role": "assistant", "content": row["response"]}],
-        "attributes": {name: row[name] for name in names},
-    }
-
-
-REGRESSION_CONVERTERS: dict[str, Callable[..., dict[str, Any]]] = {"helpsteer2": helpsteer2_to_regression}
-"""`data_format` name -> converter to regression records ("regression" is the native format)."""
-REGRESSION_FORMATS = ("regression", *REGRESSION_CONVERTERS)
-
 
 # --- loading ---
-
-
-def _regression_source(source: Any, split: str | None) -> tuple[Any, str | None]:
-    """Map `sample:<split>` to the bundled `regression_<split>.jsonl` (`sample:train` -> `regression_train`)."""
-    if not isinstance(source, str) or not (source.startswith(SAMPLE_PREFIX) or (source == "sample" and split)):
-        return source, split
-    name = source[len(SAMPLE_PREFIX) :] if source != "sample" else split
-    if not name.startswith(SAMPLE_REGRESSION_PREFIX):
-        name = SAMPLE_REGRESSION_PREFIX + name
-    if not (SAMPLE_DIR / f"{name}.jsonl").is_file():
-        available = sorted(p.stem[len(SAMPLE_REGRESSION_PREFIX) :] for p in SAMPLE_DIR.glob("regression_*.jsonl"))
-        raise FileNotFoundError(
-            f"no bundled regression split {name[len(SAMPLE_REGRESSION_PREFIX) :]!r}; available: {', '.join(available)}"
-        )
-    return SAMPLE_PREFIX + name, None
 
 
 def load_regression_records(
@@ -251,8 +138,8 @@ def load_regression_records(
 ) -> tuple[list[dict[str, Any]], LoadReport]:
     """Load, convert and validate rows from `source` into normalised regression records.
 
-    Files are read as for rank data (`loaders.read_jsonl`/`read_json`: UTF-8 with an optional byte-order mark; a
-    line that is not UTF-8, not JSON or nested too deeply is a bad row naming its line).
+    Files are read as for rank data (`sources.py`: UTF-8 with an optional byte-order mark; a line that is not UTF-8,
+    not JSON or nested too deeply is a bad row naming its line).
 
     Args:
         source: A local `.jsonl` (errors cite 1-based lines) or `.json` file (errors cite 0-based rows),
@@ -277,29 +164,19 @@ def load_regression_records(
         FileNotFoundError: a missing local file or bundled split.
         ValueError: a bad option, or no valid record at all.
     """
-    if on_invalid not in ("raise", "skip"):
-        raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
+    check_on_invalid(on_invalid)
     if data_format not in REGRESSION_FORMATS:
         raise ValueError(f"unknown regression data_format {data_format!r}; choose one of {list(REGRESSION_FORMATS)}")
     converter = REGRESSION_CONVERTERS.get(data_format)
-    source, split = _regression_source(source, split)
-    source_name, rows, row_label = _open_source(source, split, hub_config, name)
+    source_name, rows, row_label = open_source(source, split, hub_config, name, sample_prefix="regression_")
     report = LoadReport(source_name)
-    records = []
-    for row_num, row in rows:
-        try:
-            if isinstance(row, DataValidationError):
-                raise row
-            if converter is not None:
-                row = converter(row, source_name, row_num, row_label, attributes=attributes)
-            records.append(validate_regression_record(row, source_name, row_num, row_label, attributes))
-        except DataValidationError as err:
-            if on_invalid == "raise":
-                raise
-            report.add_invalid(err)
-    report.kept = len(records)
-    if log:
-        report.log()
+
+    def convert(row: Any, row_num: int) -> dict[str, Any]:
+        if converter is not None:
+            row = converter(row, source_name, row_num, row_label, attributes=attributes)
+        return validate_regression_record(row, source_name, row_num, row_label, attributes)
+
+    records = collect_records(rows, convert, report, on_invalid, log)
     if not records and not allow_empty:
         raise ValueError(
             f"{source_name}: no valid records (skipped {report.skipped} invalid); check "
@@ -415,65 +292,3 @@ def mean_baseline_rmse(
             errors = [(row[k] - means[k]) ** 2 for row in rows if not math.isnan(row[k])]
             out[f"{name}_{attr}"] = math.sqrt(sum(errors) / len(errors)) if errors else math.nan
     return out
-
-
-# --- recipe arguments ---
-
-
-@dataclass
-class RegressionDataArguments:
-    """Where the training and validation data of a regression reward model come from.
-
-    A *source* is a local `.jsonl`/`.json` file, `sample:<split>` (the regression data bundled with the package:
-    `train`, `in_domain`, `harder`), or a Hub dataset id with an optional `:split` (`nvidia/HelpSteer2:validation`).
-    The attribute names are `RegressionRewardConfig.attributes` (None: every name found in the training data).
-
-    Args:
-        train_data: Source of the training set.
-        eval_data: Named validation sets, each `name=source`; every metric is reported per name and attribute
-            (`eval_<name>_<attribute>_rmse`, ...). A source without a name is called `eval`.
-        data_format: `regression` (records with `context`, `completion`, `attributes`) or `helpsteer2`.
-        hub_config: Dataset configuration name for Hub sources.
-        build_tiny_model: If the model path does not exist, build a tiny offline regression model there first (one
-            output per attribute); for the offline quickstart.
-    """
-
-    train_data: str = field(default="sample:train", metadata={"help": "Training data source."})
-    eval_data: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Validation sets as name=source (repeatable), e.g. in_domain=sample:in_domain."},
-    )
-    data_format: str = field(
-        default="regression", metadata={"help": "Format of the sources.", "choices": list(REGRESSION_FORMATS)}
-    )
-    hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
-    build_tiny_model: bool = field(
-        default=False,
-        metadata={"help": "Build a tiny offline regression model at the model path if it does not exist."},
-    )
-
-    def load(
-        self, attributes: Sequence[str] | None = None, on_invalid: OnInvalid = "raise"
-    ) -> tuple[Dataset, dict[str, Dataset]]:
-        """Load the training set and the named validation sets as regression `Dataset`s.
-
-        Args:
-            attributes: The attribute names; None takes those of the training set (and holds the validation sets to
-                them, so an attribute only a validation set has is an error).
-            on_invalid: "raise" or "skip" bad rows.
-
-        Returns:
-            `(train, {name: eval_set})`.
-        """
-        kwargs = dict(data_format=self.data_format, on_invalid=on_invalid, hub_config=self.hub_config)
-        _, source, split = parse_data_spec(self.train_data)
-        train = load_regression_dataset(source, split=split, name="train", attributes=attributes, **kwargs)
-        attributes = list(attributes) if attributes is not None else dataset_attributes(train)
-        evals: dict[str, Dataset] = {}
-        for spec in self.eval_data:
-            name, source, split = parse_data_spec(spec)
-            name = name or "eval"
-            if name in evals:
-                raise ValueError(f"eval_data names must be unique; {name!r} is given twice in {self.eval_data}.")
-            evals[name] = load_regression_dataset(source, split=split, name=name, attributes=attributes, **kwargs)
-        return train, evals

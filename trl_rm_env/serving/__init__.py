@@ -4,6 +4,11 @@ and an async client for all three.
     trl-rm-env serve --model PATH --port 8000          # the server (server.py)
     from trl_rm_env.serving import RemoteScorer         # the client (client.py), also works against vLLM
 
+- `protocol.py`: the dialects (endpoints, request and response shapes, API key), shared by server and client;
+- `requests.py`: reading a request and encoding its items; `batcher.py`: the queue and the batching worker (no
+  HTTP); `connections.py`: connection guards; `server.py`: the aiohttp application and its launch;
+- `client.py`: `RemoteScorer`, the remote backend of the `Scorer` protocol (`trl_rm_env.scoring.protocol`).
+
 Both use aiohttp; importing this package does not load it, the names load on first use.
 """
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import warnings
 from collections import Counter
 from collections.abc import Sequence
@@ -48,11 +47,12 @@ try:
     import aiohttp
 except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
+import torch
+
+from ..tokenization import has_special_text, render_conversation
+from .protocol import APIS, SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 
 RETRY_STATUSES = frozenset({502, 503, 504})
-APIS = {"pooling": "/pooling", "classify": "/classify", "openrlhf": "/get_reward"}
-_ENDPOINTS = ("/v1/classify", "/pooling", "/classify", "/get_reward")
-API_KEY_ENV_VARS = ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")  # as the server reads them
 
 
 class RemoteScoringError(RuntimeError):
@@ -61,22 +61,6 @@ class RemoteScoringError(RuntimeError):
     def __init__(self, message: str, url: str, status: int | None = None):
         super().__init__(message)
         self.url, self.status = url, status
-
-
-def _endpoint_url(url: str, api: str = "pooling") -> str:
-    """`http://host:port` (or any endpoint URL of it) -> the URL of `api`'s endpoint."""
-    url = url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
-    for endpoint in _ENDPOINTS:
-        if url.endswith(endpoint):
-            url = url[: -len(endpoint)]
-            break
-    return url + APIS[api]
-
-
-def _pooling_url(url: str) -> str:
-    return _endpoint_url(url, "pooling")
 
 
 def _payload(item: Any) -> dict[str, Any]:
@@ -165,7 +149,7 @@ class RemoteScorer:
                 f"backoff={backoff}, timeout={timeout}, max_concurrency={max_concurrency}"
             )
         self.api = api
-        self.urls = [_endpoint_url(u, api) for u in urls]
+        self.urls = [endpoint_url(u, api) for u in urls]
         self.model = model
         self.timeout = timeout
         self.retries = retries
@@ -173,15 +157,23 @@ class RemoteScorer:
         self.max_backoff = max_backoff
         self.max_concurrency = max_concurrency
         self.use_activation = use_activation
-        if api_key is None:
-            api_key = next((os.environ[n] for n in API_KEY_ENV_VARS if os.environ.get(n)), None)
-        self.api_key = api_key or None
+        self.api_key = (api_key if api_key is not None else api_key_from_env()) or None
         self.nonfinite_reward = nonfinite_reward
         self.tokenizer = tokenizer
         self._warned_special_text = False
         self._warned_activation = False
         self.last_nonfinite: list[int] = []
         self._next = 0  # round-robin position, kept across calls
+
+    # ------------------------------------------------------------------ the Scorer protocol
+    is_async = True
+    last_outputs = None  # a server returns one score per item
+
+    async def score_pairs(
+        self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None
+    ) -> torch.Tensor:
+        """The `Scorer` protocol's call: `score` of `(context, completion)` pairs, as an fp32 tensor."""
+        return torch.tensor(await self.score(list(zip(contexts, completions))), dtype=torch.float32)
 
     def __repr__(self) -> str:  # never shows the API key
         return f"RemoteScorer(urls={self.urls!r}, api={self.api!r}, api_key={'set' if self.api_key else None})"
@@ -233,8 +225,6 @@ class RemoteScorer:
                         "api='openrlhf' sends text (OpenRLHF's `query`): give RemoteScorer(tokenizer=...) (the reward "
                         "model's) to render conversations, or score rendered strings"
                     )
-                from ..scoring.templating import has_special_text, render_conversation
-
                 messages = payload["messages"]
                 if not self._warned_special_text and has_special_text(self.tokenizer, messages):
                     # OpenRLHF's protocol carries rendered text only: the server cannot tell content from the
@@ -314,16 +304,11 @@ class RemoteScorer:
         )
 
     def _read_score(self, body: Any, url: str) -> float:
-        where = {"pooling": "data[0].data", "classify": "data[0].probs", "openrlhf": "rewards[0]"}[self.api]
         try:
-            if self.api == "openrlhf":
-                value = body["rewards"][0]
-            else:
-                value = body["data"][0]["data" if self.api == "pooling" else "probs"]
-                if isinstance(value, list):
-                    value = value[0]
-            return math.nan if value is None else float(value)  # null: a server's way to say NaN
+            return read_score(body, self.api)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise RemoteScoringError(
-                f"reward model server {url} answered without a score in {where}: {str(body)[:300]}", url, 200
+                f"reward model server {url} answered without a score in {SCORE_FIELDS[self.api]}: {str(body)[:300]}",
+                url,
+                200,
             ) from err

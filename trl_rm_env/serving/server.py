@@ -20,12 +20,10 @@ Endpoints (docs/evaluate_and_serve.md has a curl for each):
   "extra_logs": {}}`, both lists the raw scores.
 - `GET /v1/models` (vLLM's model card list), `GET /health` (never needs the API key).
 
-Data path: the body is read under `body_timeout` (408 past it) and parsed; the items are counted (over
-`max_items_per_request`: 413), their lengths checked (a string longer than `max_length x` the longest token of the
-vocabulary, in characters, cannot fit the model and is refused with 400 without tokenizing it), then tokenized on an
-encoding thread, so the event loop keeps answering. The request is queued (full queue: 503 with `Retry-After`), and
-a single background worker takes the queued requests, as many as fit in the token budget, and scores them in one
-`RewardScorer.score_ids` call on a scoring thread. Scores are exact: batching never changes a score.
+Data path: the body is read and its items encoded by `requests.py` (size, time, UTF-8, JSON, lengths before
+tokenizing, tokenizing on an encoding thread); the request is queued (full queue: 503 with `Retry-After`) and scored
+by the batching worker of `batcher.py`, as many queued requests as fit in the token budget in one
+`RewardScorer.score_ids` call. Scores are exact: batching never changes a score. The dialects are in `protocol.py`.
 
 Failures stay with their request: if a batched call fails, each request in it is scored again alone; a request with
 a non-finite score (NaN/inf) gets HTTP 500 with error type `NonFiniteScoreError` naming its items, and the requests
@@ -50,16 +48,12 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import math
-import os
 import signal
 import time
 import uuid
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,136 +62,23 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("The scoring server needs aiohttp: pip install aiohttp") from err
 
-from trl_rm_env.data.schema import KNOWN_ROLES
-from trl_rm_env.scoring.scorer import RewardScorer, split_conversation
-from trl_rm_env.scoring.templating import encode_text
-from trl_rm_env.serving.connections import (
-    OPEN_GUARDS,
-    AcceptErrorFilter,
-    ConnectionGuards,
-    GuardedSite,
-    default_max_connections,
+from ..scoring.scorer import RewardScorer
+from .batcher import QueueFullError, ScoreBatcher
+from .connections import OPEN_GUARDS, AcceptErrorFilter, ConnectionGuards, GuardedSite, default_max_connections
+from .protocol import api_key_from_env, default_served_name, sigmoid
+from .requests import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_ITEMS_PER_REQUEST,
+    DEFAULT_MAX_REQUEST_BYTES,
+    RequestDecoder,
+    RequestError,
+    error_response,
 )
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_ITEMS_PER_REQUEST = 4096
 DEFAULT_HEADER_TIMEOUT = 10.0
-DEFAULT_BODY_TIMEOUT = 30.0
-# The server reads its key from the first of these that is set (after --api-key); so does RemoteScorer.
-API_KEY_ENV_VARS = ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP `status`, a message for the client and an error type name."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        err_type: str = "BadRequestError",
-        headers: dict | None = None,
-        param: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.err_type, self.headers, self.param = status, message, err_type, headers, param
-
-
-def error_response(
-    status: int, message: str, err_type: str, headers: dict | None = None, param: str | None = None
-) -> web.Response:
-    """vLLM's (OpenAI's) error body: `{"error": {"message", "type", "param", "code"}}`."""
-    body = {"error": {"message": message, "type": err_type, "param": param, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
-
-
-def api_key_from_env() -> str | None:
-    """The API key from the environment: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY` (None: neither is set)."""
-    for name in API_KEY_ENV_VARS:
-        if os.environ.get(name):
-            return os.environ[name]
-    return None
-
-
-def default_served_name(model: str) -> str:
-    """The name a model is served under: a local folder's own name (never its path), else the Hub id as given."""
-    path = Path(model)
-    return path.resolve().name if path.exists() else model
-
-
-def _sigmoid(x: float) -> float:
-    """Sigmoid without `math.exp` overflow for large |x|."""
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    z = math.exp(x)
-    return z / (1.0 + z)
-
-
-@dataclass
-class _Job:
-    """One request's token ids, waiting for its scores (a list of floats, NaN/inf kept)."""
-
-    ids: list[list[int]]
-    future: asyncio.Future
-    tokens: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.tokens = sum(len(x) for x in self.ids)
-
-
-def _check_text(text: str, where: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise RequestError(
-            400,
-            f"{where} holds a lone surrogate ({text[err.start : err.end]!r} at character {err.start}), which is not "
-            "valid Unicode; send UTF-8 text",
-            param=where,
-        ) from None
-
-
-def _message_content(content: Any, where: str) -> str:
-    """A message content: a string, or OpenAI's list of parts (`{"type": "text", "text": ...}`), joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text", ""), str) for p in content
-    ):
-        return "".join(p.get("text", "") for p in content)
-    raise RequestError(400, f"{where}.content must be a string or a list of text parts", param=where)
-
-
-def _parse_messages(messages: Any) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise RequestError(400, "'messages' must be a non-empty list of {'role', 'content'} objects", param="messages")
-    parsed = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) or "content" not in message:
-            raise RequestError(
-                400, f"messages[{i}] must be an object with a string 'role' and a 'content'", param=f"messages[{i}]"
-            )
-        content = _message_content(message["content"], f"messages[{i}]")
-        _check_text(message["role"], f"messages[{i}].role")
-        if message["role"] not in KNOWN_ROLES:  # as the data loader and the environment refuse them
-            raise RequestError(
-                400,
-                f"messages[{i}].role is {message['role'][:40]!r}, not a known role ({', '.join(KNOWN_ROLES)})",
-                param=f"messages[{i}].role",
-            )
-        _check_text(content, f"messages[{i}].content")
-        parsed.append({"role": message["role"], "content": content})
-    return parsed
-
-
-def _longest_token_chars(tokenizer: Any) -> int:
-    """Characters of the longest vocabulary entry: no token covers more text than this (special tokens included)."""
-    try:
-        vocab = tokenizer.get_vocab()
-    except Exception:  # noqa: BLE001 - a tokenizer without a readable vocabulary: no bound
-        return 0
-    return max((len(token) for token in vocab), default=0)
+__all__ = ["ScoringServer", "api_key_from_env", "default_served_name", "run_server"]
 
 
 class ScoringServer:
@@ -244,13 +125,13 @@ class ScoringServer:
             raise ValueError(f"body_timeout must be > 0, got {body_timeout}")
         self.scorer = scorer
         self.model_name = model_name
-        self.accepted_names = {model_name, *aliases}
         self.max_queue = max_queue
         self.max_request_bytes = max_request_bytes
-        self.max_batch_tokens = max_batch_tokens or scorer.max_tokens_per_batch or 16384
-        self.max_items_per_request = max_items_per_request
         self.api_key = api_key or None
-        self.body_timeout = body_timeout
+        self.decoder = RequestDecoder(scorer, {model_name, *aliases}, max_request_bytes, max_items_per_request, body_timeout)
+        self.batcher = ScoreBatcher(scorer, max_queue, max_batch_tokens or scorer.max_tokens_per_batch or 16384)
+        self.stats = self.batcher.stats  # requests, scored, batches, rejected_full; and nonfinite (answered 500)
+        self.stats["nonfinite"] = 0
         config = scorer.model.config
         self.num_labels = getattr(config, "num_labels", 1)
         # vLLM's classify activation: identity for regression heads, else sigmoid (one score per sequence here).
@@ -261,20 +142,10 @@ class ScoringServer:
             if self.num_labels == 1 and getattr(scorer, "output_weights", None) is None
             else "score"
         )
-        # A string longer than this cannot fit in max_length tokens: refused before tokenizing.
-        longest = _longest_token_chars(scorer.tokenizer)
-        self.max_chars = scorer.max_length * longest if scorer.max_length and longest else None
         # Paths that must not appear in error texts: the model's and tokenizer's as loaded, and resolved.
         hidden = {getattr(config, "_name_or_path", ""), getattr(scorer.tokenizer, "name_or_path", "")}
         hidden |= {str(Path(p).resolve()) for p in hidden if p and Path(p).exists()}
         self._hidden_paths = sorted((p for p in hidden if p and p != model_name), key=len, reverse=True)
-        # requests: accepted into the queue; scored: sequences; batches: scoring calls; rejected_full: 503s;
-        # nonfinite: requests answered NonFiniteScoreError.
-        self.stats = {"requests": 0, "scored": 0, "batches": 0, "rejected_full": 0, "nonfinite": 0}
-        self._queue: asyncio.Queue[_Job] | None = None
-        self._worker_task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rm-score")
-        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rm-encode")  # tokenizers: one thread
 
     # ------------------------------------------------------------------ app
     def make_app(self) -> web.Application:
@@ -291,18 +162,18 @@ class ScoringServer:
         return app
 
     async def _start(self, app: web.Application) -> None:
-        self._queue = asyncio.Queue(maxsize=self.max_queue)
-        self._worker_task = asyncio.create_task(self._worker(), name="rm-score-worker")
+        self.batcher.start()
 
     async def _stop(self, app: web.Application) -> None:
-        if self._worker_task is not None:
-            self._worker_task.cancel()
-            try:
-                await self._worker_task
-            except asyncio.CancelledError:
-                pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._encoder.shutdown(wait=False, cancel_futures=True)
+        await self.batcher.stop()
+        self.decoder.executor.shutdown(wait=False, cancel_futures=True)
+
+    # The decoder's and the batcher's threads and the encoding entry point, under the names they had here.
+    _encoder = property(lambda self: self.decoder.executor)
+    _executor = property(lambda self: self.batcher.executor)
+
+    def _encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.decoder.encode_messages(messages)
 
     def _scrub(self, message: str) -> str:
         for path in self._hidden_paths:
@@ -357,11 +228,11 @@ class ScoringServer:
     # ------------------------------------------------------------------ routes
     async def health(self, request: web.Request) -> web.Response:
         """`GET /health`: 200 while the worker runs, with the queue length. Never needs the API key (as vLLM's)."""
-        alive = self._worker_task is not None and not self._worker_task.done()
+        alive = self.batcher.alive
         body = {
             "status": "ok" if alive else "error",
             "model": self.model_name,
-            "queued": self._queue.qsize() if self._queue is not None else 0,
+            "queued": self.batcher.queued(),
             "max_queue": self.max_queue,
             **self.stats,
         }
@@ -382,13 +253,13 @@ class ScoringServer:
 
     async def pooling(self, request: web.Request) -> web.Response:
         """`POST /pooling` (vLLM): a conversation (`messages`) or texts/token ids (`input`); raw logits by default."""
-        body = await self._read_json(request)
+        body = await self.decoder.read_json(request)
         if body.get("task") not in (None, "classify"):
             raise RequestError(
                 400, f"task {body['task']!r} is not served; this server scores sequences ('classify')", param="task"
             )
-        use_activation = self._use_activation(body, default=False)
-        field_name, ids = await self._encode_request(body)
+        use_activation = self.decoder.use_activation(body, default=False)
+        field_name, ids = await self.decoder.encode_request(body)
         scores = await self._scores(ids, field_name)
         if use_activation:
             scores = [self._activate(s) for s in scores]
@@ -398,9 +269,9 @@ class ScoringServer:
     async def classify(self, request: web.Request) -> web.Response:
         """`POST /classify` (vLLM's classification API): `probs` is `[sigmoid(logit)]` unless `use_activation` is
         false (then the raw logit), as vLLM does for a one-label classifier."""
-        body = await self._read_json(request)
-        use_activation = self._use_activation(body, default=True)
-        field_name, ids = await self._encode_request(body)
+        body = await self.decoder.read_json(request)
+        use_activation = self.decoder.use_activation(body, default=True)
+        field_name, ids = await self.decoder.encode_request(body)
         scores = await self._scores(ids, field_name)
         if use_activation:
             scores = [self._activate(s) for s in scores]
@@ -410,71 +281,18 @@ class ScoringServer:
     async def get_reward(self, request: web.Request) -> web.Response:
         """`POST /get_reward` (OpenRLHF): `{"query": [text, ...]}` -> `{"rewards": [...], "scores": [...]}` (raw).
         OpenRLHF's other fields (`prompts`, `labels`) are accepted and ignored."""
-        body = await self._read_json(request, check_model=False)
+        body = await self.decoder.read_json(request, check_model=False)
         queries = body.get("query")
         if isinstance(queries, str):
             queries = [queries]
         if not isinstance(queries, list) or not queries or not all(isinstance(q, str) for q in queries):
             raise RequestError(400, "'query' must be a non-empty list of strings (rendered texts)", param="query")
-        ids = await self._encode_inputs(queries, "query")
+        ids = await self.decoder.encode_inputs(queries, "query")
         scores = await self._scores(ids, "query")
         return web.json_response({"rewards": scores, "scores": scores, "extra_logs": {}})
 
-    # ------------------------------------------------------------------ request reading
-    async def _read_json(self, request: web.Request, check_model: bool = True) -> dict[str, Any]:
-        """The body as a JSON object: size (413), time (408), UTF-8 and JSON (400) checked, `model` checked (404)."""
-        if request.content_length is not None and request.content_length > self.max_request_bytes:
-            raise RequestError(
-                413,
-                f"request body is {request.content_length} bytes, over the limit of {self.max_request_bytes} "
-                "(--max-request-bytes); send fewer or shorter inputs per request",
-                "RequestEntityTooLarge",
-            )
-        try:
-            raw = await asyncio.wait_for(request.read(), self.body_timeout)
-        except TimeoutError:  # answered, then the connection is closed (after at most 2 s of lingering)
-            raise RequestError(
-                408,
-                f"the request body did not arrive within {self.body_timeout:g} s (--body-timeout)",
-                "RequestTimeout",
-            ) from None
-        try:
-            text = raw.decode("utf-8-sig")
-        except UnicodeDecodeError as err:
-            raise RequestError(
-                400,
-                f"request body is not UTF-8 (byte 0x{raw[err.start]:02x} at offset {err.start}); send JSON in UTF-8",
-            ) from None
-        try:
-            body = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise RequestError(400, f"request body is not valid JSON: {err}") from None
-        except RecursionError:
-            raise RequestError(400, "request body is nested too deeply to parse; send a flat JSON object") from None
-        except ValueError as err:  # e.g. an integer of more than 4300 digits
-            raise RequestError(
-                400, f"request body has a value that cannot be read: {str(err).split(';')[0]}"
-            ) from None
-        if not isinstance(body, dict):
-            raise RequestError(400, f"request body must be a JSON object, got {type(body).__name__}")
-        model = body.get("model")
-        if check_model and model is not None and model not in self.accepted_names:
-            raise RequestError(404, f"The model `{str(model)[:200]}` does not exist.", "NotFoundError", param="model")
-        return body
-
-    @staticmethod
-    def _use_activation(body: dict[str, Any], default: bool) -> bool:
-        """`use_activation`, or its name before vLLM 0.11.2, `activation` (what older verl sends)."""
-        name = "use_activation" if body.get("use_activation") is not None else "activation"
-        value = body.get(name)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise RequestError(400, f"'{name}' must be true, false or null", param=name)
-        return value
-
     def _activate(self, score: float) -> float:
-        return score if self.activation == "identity" else _sigmoid(score)
+        return score if self.activation == "identity" else sigmoid(score)
 
     def _list_response(self, prefix: str, data: list[dict], ids: list[list[int]]) -> web.Response:
         tokens = sum(len(x) for x in ids)
@@ -494,116 +312,18 @@ class ScoringServer:
             }
         )
 
-    # ------------------------------------------------------------------ encoding (on the encoding thread)
-    async def _encode_request(self, body: dict[str, Any]) -> tuple[str, list[list[int]]]:
-        """`("messages" | "input", token ids)` of a `/pooling` or `/classify` body, or a 400/413 `RequestError`."""
-        if ("messages" in body) == ("input" in body):
-            raise RequestError(
-                400, "give either 'messages' (one conversation) or 'input' (a string, list of strings or token ids)"
-            )
-        if "messages" in body:
-            messages = _parse_messages(body["messages"])
-            chars = sum(len(m["content"]) for m in messages)
-            if self.max_chars is not None and chars > self.max_chars:
-                raise RequestError(400, self._too_long("messages", chars), param="messages")
-            return "messages", [await self._run_encoder(self._encode_messages, messages)]
-        items = body["input"]
-        if isinstance(items, str) or (isinstance(items, list) and items and type(items[0]) is int):
-            items = [items]  # one text, or one token-id sequence (checked on the encoding thread, not here)
-        if not isinstance(items, list) or not items:
-            raise RequestError(
-                400, "'input' must be a string, a non-empty list of strings, or token ids", param="input"
-            )
-        return "input", await self._encode_inputs(items, "input")
-
-    async def _encode_inputs(self, items: list[Any], where: str) -> list[list[int]]:
-        if len(items) > self.max_items_per_request:
-            raise RequestError(
-                413,
-                f"'{where}' has {len(items)} items, over the limit of {self.max_items_per_request} per request "
-                "(--max-items-per-request); split it into several requests",
-                "RequestEntityTooLarge",
-                param=where,
-            )
-        for i, item in enumerate(items):  # cheap: no tokenizing, so an over-long text costs nothing
-            if isinstance(item, str) and self.max_chars is not None and len(item) > self.max_chars:
-                raise RequestError(400, self._too_long(f"{where}[{i}]", len(item)), param=f"{where}[{i}]")
-        return await self._run_encoder(self._encode_items, items, where)
-
-    def _too_long(self, where: str, chars: int) -> str:
-        return (
-            f"{where} is {chars} characters: more than the model's max length of {self.scorer.max_length} tokens can "
-            f"hold (no token of this tokenizer is longer than {self.max_chars // self.scorer.max_length} characters); "
-            "shorten it"
-        )
-
-    async def _run_encoder(self, fn: Any, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._encoder, fn, *args)
-
-    def _encode_messages(self, messages: list[dict[str, str]]) -> list[int]:
-        try:
-            context, completion = split_conversation(messages)
-            encoded = self.scorer.encode([context], [completion])
-        except (ValueError, TypeError) as err:
-            raise RequestError(400, f"messages: {err}", param="messages") from err
-        except Exception as err:  # noqa: BLE001 - the chat template failed on this input (jinja errors)
-            raise RequestError(
-                400,
-                f"messages: the chat template could not render them: {type(err).__name__}: {err}",
-                param="messages",
-            ) from err
-        if encoded.ids[0] is None:
-            raise RequestError(
-                400,
-                f"messages: the conversation is over the model's max length {self.scorer.max_length}",
-                param="messages",
-            )
-        return encoded.ids[0]
-
-    def _encode_items(self, items: list[Any], where: str) -> list[list[int]]:
-        """Token ids of `input` / `query` items, or a 400 `RequestError` naming the first bad one."""
-        max_length = self.scorer.max_length
-        vocab = self.scorer.model.config.vocab_size
-        ids = []
-        for i, item in enumerate(items):
-            if isinstance(item, str):
-                _check_text(item, f"{where}[{i}]")
-                seq = encode_text(self.scorer.tokenizer, item)
-            elif isinstance(item, list) and item and all(type(t) is int and 0 <= t < vocab for t in item):
-                seq = list(item)
-            else:
-                raise RequestError(
-                    400,
-                    f"{where}[{i}] must be a string or a non-empty list of token ids in [0, {vocab})",
-                    param=f"{where}[{i}]",
-                )
-            if max_length is not None and len(seq) > max_length:
-                raise RequestError(
-                    400,
-                    f"{where}[{i}] is {len(seq)} tokens, over the model's max length {max_length}",
-                    param=f"{where}[{i}]",
-                )
-            ids.append(seq)
-        return ids
-
-    # ------------------------------------------------------------------ queue and batching worker
     async def _scores(self, ids: list[list[int]], where: str) -> list[float]:
         """Queue `ids`, wait for their scores; 503 when the queue is full, 500 when scoring failed or a score is
         not finite (type `NonFiniteScoreError`, naming the items)."""
-        job = _Job(ids, asyncio.get_running_loop().create_future())
         try:
-            self._queue.put_nowait(job)
-        except asyncio.QueueFull:
-            self.stats["rejected_full"] += 1
+            scores = await self.batcher.submit(ids)
+        except QueueFullError:
             raise RequestError(
                 503,
                 f"server busy: {self.max_queue} requests are already waiting (--max-queue); retry later",
                 "ServiceUnavailableError",
                 {"Retry-After": "1"},
             ) from None
-        self.stats["requests"] += 1
-        try:
-            scores = await job.future
         except Exception as err:  # the model failed on this request (out of memory, ...): say so, as JSON
             raise RequestError(500, f"scoring failed: {type(err).__name__}: {err}", "InternalServerError") from err
         bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
@@ -618,58 +338,6 @@ class ScoringServer:
                 param=where if where == "messages" else f"{where}[{bad[0]}]",
             )
         return scores
-
-    async def _worker(self) -> None:
-        """Take queued requests up to the token budget, score them in one call, hand each its scores.
-
-        If the batched call fails, each request is scored again on its own, so one bad request cannot fail the
-        others."""
-        loop = asyncio.get_running_loop()
-        carry: _Job | None = None
-        while True:
-            job = carry if carry is not None else await self._queue.get()
-            carry = None
-            jobs, tokens = [job], job.tokens
-            while not self._queue.empty():
-                nxt = self._queue.get_nowait()
-                if tokens + nxt.tokens > self.max_batch_tokens:
-                    carry = nxt  # first in line for the next call
-                    break
-                jobs.append(nxt)
-                tokens += nxt.tokens
-            jobs = [j for j in jobs if not j.future.done()]  # a client that went away
-            if not jobs:
-                continue
-            sequences = [seq for j in jobs for seq in j.ids]
-            try:
-                scores = await loop.run_in_executor(self._executor, self._score, sequences)
-            except Exception as err:  # noqa: BLE001
-                if len(jobs) == 1:
-                    logger.warning("scoring failed: %s: %s", type(err).__name__, err)
-                    jobs[0].future.done() or jobs[0].future.set_exception(err)
-                    continue
-                logger.warning("a batch of %d requests failed (%s); scoring each alone", len(jobs), type(err).__name__)
-                for j in jobs:
-                    try:
-                        result = await loop.run_in_executor(self._executor, self._score, j.ids)
-                    except Exception as alone:  # noqa: BLE001 - this request's own failure
-                        logger.warning("scoring failed: %s: %s", type(alone).__name__, alone)
-                        j.future.done() or j.future.set_exception(alone)
-                    else:
-                        self.stats["batches"] += 1
-                        self.stats["scored"] += len(j.ids)
-                        j.future.done() or j.future.set_result(result)
-                continue
-            self.stats["batches"] += 1
-            self.stats["scored"] += len(sequences)
-            offset = 0
-            for j in jobs:
-                if not j.future.done():
-                    j.future.set_result(scores[offset : offset + len(j.ids)])
-                offset += len(j.ids)
-
-    def _score(self, sequences: Sequence[Sequence[int]]) -> list[float]:
-        return self.scorer.score_ids(sequences, progress=False).tolist()
 
 
 def _is_loopback(host: str) -> bool:

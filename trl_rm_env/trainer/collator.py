@@ -1,18 +1,28 @@
-"""Rank records -> token ids -> padded batches.
+"""Collators: examples -> the padded batches `RankedRewardTrainer` and `RegressionRewardTrainer` train on.
 
-Data path: a validated record (`context`, `completions[rank, completion]`) becomes one example holding the token
-ids of every completion (context included) and their ranks. The collator flattens the completions of a batch of
-records into one padded tensor, so each completion goes through the model exactly once; `record_index` says which
-record each row belongs to, and the loss builds every ordered pair from that.
+Examples come in two forms (see `trl_rm_env.trainer.examples`):
 
-Two example forms are accepted:
+- ranked: `completion_ids` (one list of ids per completion, context included), `ranks`, optional `context_length`,
+  `margin`;
+- TRL's pairs: `chosen_ids`, `rejected_ids`, optional `margin`. A batch made only of pairs is laid out as TRL's
+  `DataCollatorForPreference` lays it out (every chosen, then every rejected) and carries no `ranks`: the trainer
+  reads that layout as "row i is better than row i + B".
 
-- ranked: `completion_ids` (one list of ids per completion), `ranks`, optional `context_length`, `margin`;
-- TRL's pairs: `chosen_ids`, `rejected_ids`, optional `margin` (what TRL's `RewardTrainer` and ours keep for two-way
-  preference data). A batch of pairs is laid out exactly as TRL's `DataCollatorForPreference` does (every chosen,
-  then every rejected) and carries no `ranks`: the trainer reads that layout as "row i is better than row i + B".
+A missing or `None` margin is 0. Three layouts, each a collator here:
 
-A missing or `None` margin is 0 (no margin), so a margin given for only some records is fine.
+- plain (`DataCollatorForRankedPreference`): every completion its own padded row, `record_index` tells which record
+  it belongs to, and the loss forms every ordered pair from that;
+- shared context by KV cache (`DataCollatorForSharedContext`, the default): each record's context once, its
+  completions against it (`trl_rm_env.sharing.kv`);
+- block-mask rows (`DataCollatorForSharedPrefix`, `prefix_sharing=True` under activation checkpointing or FSDP):
+  context and completions in one row under a block mask, optionally packed (`trl_rm_env.sharing.mask`).
+
+Regression examples (`input_ids`, `targets`) have their own, `DataCollatorForRegression`.
+
+    >>> collator = DataCollatorForRankedPreference(pad_token_id=0)
+    >>> batch = collator([{"completion_ids": [[5, 6, 7], [5, 8]], "ranks": [0, 1]}])
+    >>> batch["input_ids"].tolist(), batch["ranks"].tolist(), batch["record_index"].tolist()
+    ([[5, 6, 7], [5, 8, 0]], [0, 1], [0, 0])
 """
 
 from __future__ import annotations
@@ -21,69 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 from transformers.data.data_collator import DataCollatorMixin
 from trl.trainer.utils import pad
 
-from ..scoring.prefix_sharing import DataCollatorForSharedPrefix
-from ..scoring.templating import common_prefix_length, context_token_ids, encode_conversation, left_truncate
-
-
-def _is_empty_context(context: Any) -> bool:
-    return context == "" or context == []
-
-
-def tokenize_rank_record(
-    record: dict[str, Any],
-    tokenizer: PreTrainedTokenizerBase,
-    max_length: int | None = None,
-    truncation: str = "drop",
-    template_kwargs: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any] | None, str]:
-    """Encode every completion of `record` with its context.
-
-    Args:
-        record: A validated rank record.
-        tokenizer: The reward model's tokenizer.
-        max_length: Longest allowed sequence in tokens, or None for no limit.
-        truncation: `"drop"` the record when a sequence is too long, or `"left"`: cut the same number of tokens
-            from the left of the context of every completion (a leading BOS is kept). The completion is never cut.
-        template_kwargs: Extra keyword arguments for `apply_chat_template` (TRL's `tools` and
-            `chat_template_kwargs` columns), used for conversations only.
-
-    Returns:
-        `(example, status)`: `example` is `{"completion_ids": [[int]], "ranks": [int], "context_length": int}`
-        (plus `margin` when the record has one), or None when dropped; `status` is "ok", "truncated" or "dropped".
-        `context_length` is the number of leading tokens that are the context (shared by all completions).
-    """
-    kwargs = template_kwargs or {}
-    context = record["context"]
-    sequences = [encode_conversation(tokenizer, context, c["completion"], **kwargs) for c in record["completions"]]
-    ranks = [c["rank"] for c in record["completions"]]
-    if _is_empty_context(context):  # TRL's implicit prompt with nothing shared: no context tokens
-        context_length = 0
-    else:
-        context_ids = context_token_ids(tokenizer, context, **kwargs)
-        # The context's tokens are the prefix every sequence shares with the context encoded alone.
-        context_length = min(common_prefix_length(seq, context_ids) for seq in sequences)
-    status = "ok"
-    longest = max(len(seq) for seq in sequences)
-    if max_length is not None and longest > max_length:
-        if truncation == "drop":
-            return None, "dropped"
-        # Every completion loses the same number of context tokens (as many as the longest needs), so the
-        # truncated records still share their context.
-        cut = longest - max_length
-        truncated = [left_truncate(seq, context_length, len(seq) - cut, tokenizer.bos_token_id) for seq in sequences]
-        if any(seq is None for seq in truncated):  # only completion tokens would be left to cut
-            return None, "dropped"
-        sequences = truncated
-        context_length -= cut
-        status = "truncated"
-    example: dict[str, Any] = {"completion_ids": sequences, "ranks": ranks, "context_length": context_length}
-    if record.get("margin") is not None:
-        example["margin"] = float(record["margin"])
-    return example, status
+from ..sharing import collate_shared_context, plan_passes, plan_rows, record_row, shared_prefix_length
+from ..sharing.kv import pad_to_multiple
 
 
 def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
@@ -157,24 +109,130 @@ class DataCollatorForRankedPreference(DataCollatorMixin):
 
 
 @dataclass
-class DataCollatorForSharedPrefixPairs(DataCollatorForSharedPrefix):
-    """`DataCollatorForSharedPrefix` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`).
+class DataCollatorForSharedPrefix(DataCollatorMixin):
+    """Collate rank records into prefix-shared (and optionally packed) rows.
 
-    Pairs are turned into two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0). A batch made
-    only of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected) and no
+    The batch holds `input_ids`, `position_ids`, `record_ids`, `segment_ids` (all `(R, L)`, right-padded),
+    `score_index` `(C, 2)` (row, column of each completion's last token, completions in record order), `ranks` and
+    `record_index` `(C,)` as in `DataCollatorForRankedPreference`, and `margin` `(B,)` when present. The trainer
+    builds the 4-D mask from `record_ids` and `segment_ids`.
+
+    Args:
+        pad_token_id: Token id used for padding.
+        pack_max_tokens: If set, pack several records into a row of up to this many tokens.
+        pad_to_multiple_of: If set, pad the row length to a multiple of this value.
+    """
+
+    pad_token_id: int
+    pack_max_tokens: int | None = None
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        built = [record_row(example["completion_ids"]) for example in examples]
+        rows = plan_rows([len(b[0]) for b in built], self.pack_max_tokens)
+        row_len = max(sum(len(built[i][0]) for i in row) for row in rows)
+        if self.pad_to_multiple_of:
+            row_len = -(-row_len // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        shape = (len(rows), row_len)
+        input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
+        position_ids = torch.zeros(shape, dtype=torch.long)
+        record_ids = torch.full(shape, -1, dtype=torch.long)
+        segment_ids = torch.full(shape, -1, dtype=torch.long)
+        where: dict[int, tuple[int, int]] = {}  # record -> (row, start column)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                tokens, positions, segments, _ = built[i]
+                end = start + len(tokens)
+                input_ids[r, start:end] = torch.tensor(tokens)
+                position_ids[r, start:end] = torch.tensor(positions)
+                segment_ids[r, start:end] = torch.tensor(segments)
+                record_ids[r, start:end] = i
+                where[i] = (r, start)
+                start = end
+        score_index = [
+            (where[i][0], where[i][1] + offset) for i in range(len(examples)) for offset in built[i][3]
+        ]
+        output = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "record_ids": record_ids,
+            "segment_ids": segment_ids,
+            "score_index": torch.tensor(score_index, dtype=torch.long),
+            "ranks": torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long),
+            "record_index": torch.tensor(
+                [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
+            ),
+        }
+        if "margin" in examples[0]:
+            output["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
+        return output
+
+
+@dataclass
+class DataCollatorForSharedContext(DataCollatorForSharedPrefix):
+    """Collate rank records for the shared-context (KV cache) path of `RankedRewardTrainer`.
+
+    Each record's completions share its longest common token prefix (the rendered context), encoded once; the batch
+    holds the tensors of `collate_shared_context`, `score_index` `(C, 2)` (completion row, column of its last token;
+    completions in record order), `ranks`, `record_index` (and `margin`) as in `DataCollatorForRankedPreference`.
+    Records never attend to each other, so there is nothing to pack: `pack_max_tokens` is ignored; the contexts of
+    a batch are one padded forward, the completions another.
+
+    Args:
+        pad_token_id: Token id used for padding.
+        pad_to_multiple_of: If set, pad both lengths to a multiple of this value (one pass each).
+        split_passes: Run contexts (and completions) of similar lengths in separate passes (`plan_passes`: little
+            padding). Off under DeepSpeed ZeRO-3, where every rank must run the same number of layer calls.
+    """
+
+    split_passes: bool = True
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        groups, prefixes = [], []
+        for example in examples:
+            group = example["completion_ids"]
+            p = shared_prefix_length(group)
+            if p >= 1:
+                groups.append(group)
+                prefixes.append(p)
+                continue
+            # Completions that share no token: one group each, all but the last token as context (a single-token
+            # completion gets an empty context). Exact either way.
+            for seq in group:
+                groups.append([seq])
+                prefixes.append(len(seq) - 1)
+        output = collate_shared_context(groups, prefixes, self.pad_token_id)
+        if self.pad_to_multiple_of:
+            output = pad_to_multiple(output, self.pad_to_multiple_of, self.pad_token_id)
+        elif self.split_passes:  # contexts (and completions) of similar lengths in one pass each: little padding
+            output["prefix_chunks"] = plan_passes(prefixes)
+            output["completion_chunks"] = plan_passes(output["completion_mask"].sum(1).tolist())
+        rows = torch.arange(output["completion_ids"].shape[0])
+        output["score_index"] = torch.stack([rows, output.pop("last_index")], dim=1)
+        output["ranks"] = torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long)
+        output["record_index"] = torch.tensor(
+            [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
+        )
+        if "margin" in examples[0]:
+            output["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
+        return output
+
+
+class _TakesPairs:
+    """Lets a collator of ranked examples take TRL pair examples (`chosen_ids`/`rejected_ids`) too.
+
+    Pairs become two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0). A batch made only
+    of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected) and no
     `ranks`/`record_index`, so the trainer reads it as TRL pairs. Ranked examples pass through unchanged.
     """
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        if not any(is_pair_example(example) for example in examples):
-            margin = _margins(examples)
-            if margin is not None:  # the parent reads `margin` from every example when the first has one
-                examples = [{**e, "margin": float(m)} for e, m in zip(examples, margin.tolist())]
-            return super().torch_call(examples)
         pairs = all(is_pair_example(example) for example in examples)
         margin = _margins(examples)
         converted = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
-        if margin is not None:
+        if margin is not None:  # the layouts read `margin` from every example when the first has one
             converted = [{**e, "margin": float(m)} for e, m in zip(converted, margin.tolist())]
         output = super().torch_call(converted)
         if pairs and "score_index" in output:
@@ -184,3 +242,42 @@ class DataCollatorForSharedPrefixPairs(DataCollatorForSharedPrefix):
             output.pop("ranks", None)
             output.pop("record_index", None)
         return output
+
+
+@dataclass
+class DataCollatorForSharedPrefixPairs(_TakesPairs, DataCollatorForSharedPrefix):
+    """`DataCollatorForSharedPrefix` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
+
+
+@dataclass
+class DataCollatorForSharedContextPairs(_TakesPairs, DataCollatorForSharedContext):
+    """`DataCollatorForSharedContext` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
+
+
+@dataclass
+class DataCollatorForRegression(DataCollatorMixin):
+    """Pad a batch of regression examples (`input_ids`, `targets`).
+
+    The batch holds `input_ids`, `attention_mask`: `(B, L)` right-padded, and `targets`: `(B, K)` float32, NaN
+    where an attribute is missing.
+
+    Args:
+        pad_token_id: Token id used for padding.
+        pad_to_multiple_of: If set, pad the length to a multiple of this value.
+        return_tensors: Only `"pt"` is supported.
+    """
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        input_ids = [torch.tensor(example["input_ids"]) for example in examples]
+        attention_mask = [torch.ones_like(ids) for ids in input_ids]
+        return {
+            "input_ids": pad(
+                input_ids, self.pad_token_id, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of
+            ),
+            "attention_mask": pad(attention_mask, 0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of),
+            "targets": torch.tensor([example["targets"] for example in examples], dtype=torch.float32),
+        }

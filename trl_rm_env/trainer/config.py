@@ -1,4 +1,5 @@
-"""`RankedRewardConfig`: TRL's `RewardConfig` plus the fields of ranked (N-way) reward-model training."""
+"""`RankedRewardConfig` (TRL's `RewardConfig` plus the fields of ranked, N-way reward-model training) and
+`RegressionRewardConfig` (one output per attribute)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from dataclasses import dataclass, field
 
 from trl import RewardConfig
 
+from ..data.loading import ON_INVALID_MODES
 from ..data.schema import MAX_COMPLETIONS_PER_RECORD
+from ..sharing import normalize_prefix_sharing
 
 TRUNCATION_MODES = ("drop", "left")
-ON_INVALID_MODES = ("raise", "skip")
 
 
 @dataclass
@@ -129,8 +131,6 @@ class RankedRewardConfig(RewardConfig):
         if self.max_completions is not None and self.max_completions < 0:
             raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
         self.max_completions = self.max_completions or None
-        from ..scoring.scorer import normalize_prefix_sharing
-
         self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)
         if self.pack_max_tokens is not None and self.prefix_sharing is not True:
             raise ValueError(
@@ -146,3 +146,55 @@ class RankedRewardConfig(RewardConfig):
                 not self.fp16 and not self.use_cpu and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
             )
         super().__post_init__()
+
+
+@dataclass
+class RegressionRewardConfig(RankedRewardConfig):
+    r"""
+    Configuration for [`RegressionRewardTrainer`]. Everything of [`RankedRewardConfig`] (`truncation`, `on_invalid`,
+    ...) and TRL's `RewardConfig` holds, except `center_rewards_coefficient` (a Bradley-Terry term) and
+    `prefix_sharing` (a regression record has a single completion), which must stay unset. These fields are added:
+
+    Parameters:
+        attributes (`list[str]` or `None`, *optional*, defaults to `None`):
+            The attributes the model predicts, in output order (`num_labels = len(attributes)`). None takes them from
+            the model when it is already a regression RM (its `id2label`), else from the training data (every name
+            with a value, in order of first appearance). Data with any other attribute is an error.
+        attribute_weights (`list[float]` or `None`, *optional*, defaults to `None`):
+            Default weights of the reward, `reward = sum_a w_a * prediction_a`, one per attribute in the order of
+            `attributes`. Stored in the saved model config as `attribute_weights` (`{name: weight}`), for a reward
+            function to use when it is given no weights of its own. Training does not use them.
+    """
+
+    attributes: list[str] | None = field(
+        default=None,
+        metadata={"help": "Attributes to predict, in output order; default: those of the model or the training data."},
+    )
+    attribute_weights: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Default reward weights, one per attribute; saved in the model config (not used in training)."
+        },
+    )
+
+    def __post_init__(self):
+        if self.attributes is not None:
+            if not self.attributes or len(set(self.attributes)) != len(self.attributes):
+                raise ValueError(f"attributes must be a non-empty list of distinct names, got {self.attributes}.")
+            if self.attribute_weights is not None and len(self.attribute_weights) != len(self.attributes):
+                raise ValueError(
+                    f"attribute_weights has {len(self.attribute_weights)} values for {len(self.attributes)} "
+                    f"attributes {self.attributes}; give one weight per attribute, in the same order."
+                )
+        if self.center_rewards_coefficient is not None:
+            raise ValueError(
+                f"center_rewards_coefficient={self.center_rewards_coefficient} is a Bradley-Terry term with no "
+                "meaning for a regression reward model; leave it unset."
+            )
+        if str(getattr(self, "prefix_sharing", None)).lower() == "true":
+            raise ValueError(
+                "prefix_sharing shares a context between the completions of a ranked record; a regression record has "
+                "one completion, so there is nothing to share: leave it off."
+            )
+        super().__post_init__()
+        self.prefix_sharing = False  # "auto" (the default) has nothing to share here

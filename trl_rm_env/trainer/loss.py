@@ -9,6 +9,9 @@ with m the record's margin (0 when absent). Tied completions (k_i == k_j) form n
 K(K-1)/2 pairs of a prompt as one batch element so that each completion is run through the model once; we do the
 same: the pair matrix is built from one score vector. TRL's `center_rewards_coefficient` (Eisenstein et al. 2023,
 Eq. 2) adds `c * mean over pairs of (r_i + r_j)^2`, which is exactly TRL's term for two completions.
+
+Regression reward models (NeMo Aligner's second kind) train with `masked_mse_loss`. The exact statistics that the
+trainers log per set from these losses are in `trl_rm_env.metrics`.
 """
 
 from __future__ import annotations
@@ -17,19 +20,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-
-# Columns of the per-record statistics used for exact evaluation metrics (summed over a whole set).
-STAT_COLUMNS = (
-    "num_pairs",
-    "num_correct",
-    "margin_sum",
-    "better_sum",
-    "worse_sum",
-    "loss_sum",
-    "num_completions",
-    "score_sum",
-    "score_sq_sum",
-)
 
 
 @dataclass
@@ -116,53 +106,18 @@ def ranked_bradley_terry_loss(
     return PairwiseOutput(loss=loss, better=better, worse=worse, pair_losses=pair_losses)
 
 
-def record_statistics(
-    scores: torch.Tensor, record_index: torch.Tensor, out: PairwiseOutput, num_records: int
-) -> torch.Tensor:
-    """Per-record sums (columns `STAT_COLUMNS`), shape `(B, 9)`, float64, for exact metrics over a whole set.
+def masked_mse_loss(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over the attribute values present (NeMo Aligner's regression RM loss).
 
-    A pair is correct when the better completion scores strictly higher (a tie in score counts as wrong, as in
-    RewardBench). Summing rows over a set and dividing gives exact accuracy, margin, loss and reward moments,
-    whatever the batch sizes.
+        loss = sum_{i,a} m_ia (p_ia - y_ia)^2 / sum_{i,a} m_ia,    m_ia = 1 if y_ia is present (not NaN), else 0
+
+    Args:
+        predictions: `(B, K)` predicted attribute values.
+        targets: `(B, K)` rated values, NaN where an attribute is missing.
+
+    Returns:
+        The scalar loss (0 with a gradient when nothing is present).
     """
-    scores = scores.detach().double()
-    stats = torch.zeros(num_records, len(STAT_COLUMNS), dtype=torch.float64, device=scores.device)
-    pair_record = record_index[out.better]
-    s_better, s_worse = scores[out.better], scores[out.worse]
-    per_pair = torch.stack(
-        [
-            torch.ones_like(s_better),
-            (s_better > s_worse).double(),
-            s_better - s_worse,
-            s_better,
-            s_worse,
-            out.pair_losses.detach().double(),
-        ],
-        dim=1,
-    )
-    stats[:, :6].index_add_(0, pair_record, per_pair)
-    per_completion = torch.stack([torch.ones_like(scores), scores, scores**2], dim=1)
-    stats[:, 6:].index_add_(0, record_index, per_completion)
-    return stats
-
-
-def summarize_statistics(stats: torch.Tensor) -> dict[str, float]:
-    """Exact set-level metrics from summed `record_statistics` rows (`(9,)` or `(B, 9)`)."""
-    if stats.dim() == 2:
-        stats = stats.sum(0)
-    s = dict(zip(STAT_COLUMNS, stats.tolist()))
-    pairs = max(s["num_pairs"], 1.0)
-    n = max(s["num_completions"], 1.0)
-    mean = s["score_sum"] / n
-    var = max(s["score_sq_sum"] / n - mean**2, 0.0)
-    return {
-        "loss": s["loss_sum"] / pairs,
-        "accuracy": s["num_correct"] / pairs,
-        "margin": s["margin_sum"] / pairs,
-        "rewards_chosen_mean": s["better_sum"] / pairs,
-        "rewards_rejected_mean": s["worse_sum"] / pairs,
-        "num_pairs": int(s["num_pairs"]),
-        "num_completions": int(s["num_completions"]),
-        "reward_mean": mean,
-        "reward_std": var**0.5,
-    }
+    mask = ~torch.isnan(targets)  # (B, K)
+    err = torch.where(mask, predictions - torch.nan_to_num(targets).to(predictions.dtype), 0.0)
+    return (err**2).sum() / mask.sum().clamp(min=1)

@@ -20,300 +20,26 @@ import dataclasses
 import logging
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from datasets import Dataset, IterableDataset
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
-from transformers.data.data_collator import DataCollatorMixin
 from trl import RewardConfig
 from trl.trainer.reward_trainer import suppress_seqcls_warning
-from trl.trainer.utils import create_model_from_path, global_then_local_main_first, pad
+from trl.trainer.utils import create_model_from_path, global_then_local_main_first
 
 from ..data.regression import dataset_attributes, load_regression_records
-from .collator import tokenize_rank_record
-from .config import RankedRewardConfig
-from .trainer import RankedRewardTrainer, _column_names
+from ..heads import attribute_names, is_regression_model, set_regression_labels
+from ..metrics import ATTRIBUTE_METRICS, regression_statistics, summarize_regression_statistics
+from .collator import DataCollatorForRegression
+from .config import RegressionRewardConfig
+from .examples import column_names, tokenize_regression_record
+from .loss import masked_mse_loss
+from .trainer import RankedRewardTrainer
 
 logger = logging.getLogger(__name__)
-
-REWARD_MODEL_TYPE = "regression"
-ATTRIBUTE_METRICS = ("rmse", "mae", "pearson")
-# Per attribute, summed over examples whose value is present (x: prediction, y: target).
-STAT_COLUMNS = ("n", "sum_err2", "sum_abs", "sum_x", "sum_y", "sum_xy", "sum_x2", "sum_y2")
-
-
-# --------------------------------------------------------------------------------------------------------- config
-
-
-@dataclass
-class RegressionRewardConfig(RankedRewardConfig):
-    r"""
-    Configuration for [`RegressionRewardTrainer`]. Everything of [`RankedRewardConfig`] (`truncation`, `on_invalid`,
-    ...) and TRL's `RewardConfig` holds, except `center_rewards_coefficient` (a Bradley-Terry term) and
-    `prefix_sharing` (a regression record has a single completion), which must stay unset. These fields are added:
-
-    Parameters:
-        attributes (`list[str]` or `None`, *optional*, defaults to `None`):
-            The attributes the model predicts, in output order (`num_labels = len(attributes)`). None takes them from
-            the model when it is already a regression RM (its `id2label`), else from the training data (every name
-            with a value, in order of first appearance). Data with any other attribute is an error.
-        attribute_weights (`list[float]` or `None`, *optional*, defaults to `None`):
-            Default weights of the reward, `reward = sum_a w_a * prediction_a`, one per attribute in the order of
-            `attributes`. Stored in the saved model config as `attribute_weights` (`{name: weight}`), for a reward
-            function to use when it is given no weights of its own. Training does not use them.
-    """
-
-    attributes: list[str] | None = field(
-        default=None,
-        metadata={"help": "Attributes to predict, in output order; default: those of the model or the training data."},
-    )
-    attribute_weights: list[float] | None = field(
-        default=None,
-        metadata={
-            "help": "Default reward weights, one per attribute; saved in the model config (not used in training)."
-        },
-    )
-
-    def __post_init__(self):
-        if self.attributes is not None:
-            if not self.attributes or len(set(self.attributes)) != len(self.attributes):
-                raise ValueError(f"attributes must be a non-empty list of distinct names, got {self.attributes}.")
-            if self.attribute_weights is not None and len(self.attribute_weights) != len(self.attributes):
-                raise ValueError(
-                    f"attribute_weights has {len(self.attribute_weights)} values for {len(self.attributes)} "
-                    f"attributes {self.attributes}; give one weight per attribute, in the same order."
-                )
-        if self.center_rewards_coefficient is not None:
-            raise ValueError(
-                f"center_rewards_coefficient={self.center_rewards_coefficient} is a Bradley-Terry term with no "
-                "meaning for a regression reward model; leave it unset."
-            )
-        if str(getattr(self, "prefix_sharing", None)).lower() == "true":
-            raise ValueError(
-                "prefix_sharing shares a context between the completions of a ranked record; a regression record has "
-                "one completion, so there is nothing to share: leave it off."
-            )
-        super().__post_init__()
-        self.prefix_sharing = False  # "auto" (the default) has nothing to share here
-
-
-# ----------------------------------------------------------------------------------------------- loss and metrics
-
-
-def masked_mse_loss(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean squared error over the attribute values present (NeMo Aligner's regression RM loss).
-
-        loss = sum_{i,a} m_ia (p_ia - y_ia)^2 / sum_{i,a} m_ia,    m_ia = 1 if y_ia is present (not NaN), else 0
-
-    Args:
-        predictions: `(B, K)` predicted attribute values.
-        targets: `(B, K)` rated values, NaN where an attribute is missing.
-
-    Returns:
-        The scalar loss (0 with a gradient when nothing is present).
-    """
-    mask = ~torch.isnan(targets)  # (B, K)
-    err = torch.where(mask, predictions - torch.nan_to_num(targets).to(predictions.dtype), 0.0)
-    return (err**2).sum() / mask.sum().clamp(min=1)
-
-
-def regression_statistics(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-example, per-attribute sums (columns `STAT_COLUMNS`), shape `(B, K, 8)`, float64, zero where missing.
-
-    Summing over all examples of a set gives exact RMSE, MAE and Pearson correlation per attribute, whatever the
-    batch sizes or the number of processes.
-    """
-    x, y = predictions.detach().double(), targets.double()  # (B, K)
-    mask = ~torch.isnan(y)
-    x, y = torch.where(mask, x, 0.0), torch.nan_to_num(y)
-    err = x - y
-    columns = [mask.double(), err**2, err.abs(), x, y, x * y, x**2, y**2]
-    return torch.stack(columns, dim=-1)
-
-
-def summarize_regression_statistics(stats: torch.Tensor, attributes: Sequence[str]) -> dict[str, float]:
-    """Set-level metrics from summed `regression_statistics` (`(K, 8)`, or `(B, K, 8)` summed here).
-
-    Returns:
-        `loss` (MSE over every present value) and, per attribute, `<attr>_rmse`, `<attr>_mae`, `<attr>_pearson`
-        (NaN when the attribute has no value, or Pearson's r when predictions or targets are constant).
-    """
-    if stats.dim() == 3:
-        stats = stats.sum(0)
-    stats = stats.double().cpu()
-    total = stats[:, 0].sum().item()
-    out = {"loss": stats[:, 1].sum().item() / total if total else math.nan}
-    for name, row in zip(attributes, stats.tolist()):
-        n, err2, abs_err, sx, sy, sxy, sx2, sy2 = row
-        if n == 0:
-            out.update({f"{name}_{metric}": math.nan for metric in ATTRIBUTE_METRICS})
-            continue
-        var_x, var_y = n * sx2 - sx * sx, n * sy2 - sy * sy
-        denominator = math.sqrt(var_x * var_y) if var_x > 0 and var_y > 0 else 0.0
-        out[f"{name}_rmse"] = math.sqrt(err2 / n)
-        out[f"{name}_mae"] = abs_err / n
-        out[f"{name}_pearson"] = (n * sxy - sx * sy) / denominator if denominator else math.nan
-    return out
-
-
-def format_regression_table(
-    metrics: Mapping[str, float],
-    set_names: Sequence[str],
-    attributes: Sequence[str],
-    baseline: Mapping[str, float] | None = None,
-    prefix: str = "eval",
-) -> str:
-    """A text table of the per-set, per-attribute metrics.
-
-    With `baseline` (from `trl_rm_env.data.regression.mean_baseline_rmse`) it also shows the RMSE of predicting the
-    training mean and the relative gain `1 - rmse / mean_rmse`.
-    """
-    header = ["set", "attribute", "rmse", "mae", "pearson"] + (["mean_rmse", "gain"] if baseline else [])
-    rows = []
-    for name in set_names:
-        for attr in attributes:
-            values = [metrics.get(f"{prefix}_{name}_{attr}_{m}", math.nan) for m in ATTRIBUTE_METRICS]
-            if baseline:
-                reference = baseline.get(f"{name}_{attr}", math.nan)
-                values += [reference, 1 - values[0] / reference if reference else math.nan]
-            rows.append([name, attr, *(f"{v:.4f}" for v in values)])
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def parse_attribute_weights(entries: Sequence[str], option: str = "attribute_weights") -> dict[str, float]:
-    """`["helpfulness=1", "verbosity=-0.2"]` (command-line form) -> `{"helpfulness": 1.0, "verbosity": -0.2}`.
-
-    Raises:
-        ValueError: an entry that is not `name=<number>` or a name given twice; the message names `option`.
-    """
-    weights: dict[str, float] = {}
-    for entry in entries:
-        name, sep, value = str(entry).partition("=")
-        name = name.strip()
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = None
-        if not sep or not name or weight is None:
-            raise ValueError(f"{option} entry {entry!r} must be name=<number>, e.g. helpfulness=1.0")
-        if name in weights:
-            raise ValueError(f"{option} names {name!r} twice")
-        weights[name] = weight
-    return weights
-
-
-def regression_reward_weights(
-    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None
-) -> tuple[list[str], list[float]] | None:
-    """The attribute names of a regression RM's config and the weights that turn its outputs into one reward.
-
-    For a reward function: `reward = sum_a weights[a] * output[a]`. Weights come from `attribute_weights` (a dict by
-    name, where unnamed attributes weigh 0, or a list in output order), else from the checkpoint's own
-    `attribute_weights`; a single-attribute model needs none.
-
-    Args:
-        config: The model config (`reward_model_type`, `id2label`, optional `attribute_weights`).
-        attribute_weights: Weights given by the caller, or None.
-
-    Returns:
-        `(names, weights)` in output order, or None when the config is not a regression RM and no weights are given.
-
-    Raises:
-        ValueError: weights for a model that is not a regression RM, an unknown attribute name, a list of the wrong
-            length, or no weights for a model with several attributes.
-    """
-    if getattr(config, "reward_model_type", None) != REWARD_MODEL_TYPE:
-        if attribute_weights is not None:
-            raise ValueError(
-                "attribute_weights applies to regression reward models (config.reward_model_type == 'regression', "
-                f"as RegressionRewardTrainer saves them); this model has reward_model_type="
-                f"{getattr(config, 'reward_model_type', None)!r} and {config.num_labels} output(s)."
-            )
-        return None
-    names = [config.id2label[i] for i in range(config.num_labels)]
-    weights = attribute_weights if attribute_weights is not None else getattr(config, "attribute_weights", None)
-    if weights is None:
-        if len(names) == 1:
-            return names, [1.0]
-        raise ValueError(
-            f"This regression reward model predicts {names}: give attribute_weights, a dict by name (unnamed ones "
-            f"weigh 0) or a list in this order, e.g. {{{names[0]!r}: 1.0}}."
-        )
-    if isinstance(weights, Mapping):
-        unknown = sorted(set(weights) - set(names))
-        if unknown:
-            raise ValueError(
-                f"attribute_weights names {unknown}, which the model does not predict; it predicts {names}."
-            )
-        return names, [float(weights.get(name, 0.0)) for name in names]
-    weights = [float(w) for w in weights]
-    if len(weights) != len(names):
-        raise ValueError(f"attribute_weights has {len(weights)} values for the {len(names)} attributes {names}.")
-    return names, weights
-
-
-# ---------------------------------------------------------------------------------------------- tokens and batches
-
-
-def tokenize_regression_record(
-    record: Mapping[str, Any],
-    tokenizer: PreTrainedTokenizerBase,
-    attributes: Sequence[str],
-    max_length: int | None = None,
-    truncation: str = "drop",
-) -> tuple[dict[str, Any] | None, str]:
-    """Encode `context + completion` (the rank trainer's encoding, see `tokenize_rank_record`) and the targets.
-
-    Returns:
-        `({"input_ids": [int], "targets": [float] (K, NaN where missing)}, status)`, or `(None, "dropped")` when
-        over `max_length`; status is "ok", "truncated" or "dropped".
-    """
-    one = {"context": record["context"], "completions": [{"rank": 0, "completion": record["completion"]}]}
-    example, status = tokenize_rank_record(one, tokenizer, max_length, truncation)
-    if example is None:
-        return None, status
-    values = record["attributes"]
-    targets = [math.nan if values.get(name) is None else float(values[name]) for name in attributes]
-    return {"input_ids": example["completion_ids"][0], "targets": targets}, status
-
-
-@dataclass
-class DataCollatorForRegression(DataCollatorMixin):
-    """Pad a batch of regression examples (`input_ids`, `targets`).
-
-    The batch holds `input_ids`, `attention_mask`: `(B, L)` right-padded, and `targets`: `(B, K)` float32, NaN
-    where an attribute is missing.
-
-    Args:
-        pad_token_id: Token id used for padding.
-        pad_to_multiple_of: If set, pad the length to a multiple of this value.
-        return_tensors: Only `"pt"` is supported.
-    """
-
-    pad_token_id: int
-    pad_to_multiple_of: int | None = None
-    return_tensors: str = "pt"
-
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        input_ids = [torch.tensor(example["input_ids"]) for example in examples]
-        attention_mask = [torch.ones_like(ids) for ids in input_ids]
-        return {
-            "input_ids": pad(
-                input_ids, self.pad_token_id, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of
-            ),
-            "attention_mask": pad(attention_mask, 0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of),
-            "targets": torch.tensor([example["targets"] for example in examples], dtype=torch.float32),
-        }
-
-
-# -------------------------------------------------------------------------------------------------------- trainer
 
 
 @contextmanager
@@ -426,7 +152,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 f"{self.attributes}: build it with num_labels={len(self.attributes)} (or pass its path and it is "
                 "loaded with that many)."
             )
-        self._set_label_config(model.config, args.attribute_weights)
+        set_regression_labels(model.config, self.attributes, args.attribute_weights)  # what each output means
         self._train_stats: torch.Tensor | None = None
         self._regression_eval_stats: list[torch.Tensor] = []
         self._last_regression_stats: dict[str, tuple[int, torch.Tensor]] = {}
@@ -452,8 +178,8 @@ class RegressionRewardTrainer(RankedRewardTrainer):
             )
         else:
             config = model.config
-        if getattr(config, "reward_model_type", None) == REWARD_MODEL_TYPE:
-            return [config.id2label[i] for i in range(config.num_labels)]
+        if is_regression_model(config):
+            return attribute_names(config)
         if isinstance(train_dataset, IterableDataset) or train_dataset is None:
             raise ValueError("Cannot infer the attribute names from this training dataset; set `attributes`.")
         return dataset_attributes(train_dataset)
@@ -498,15 +224,6 @@ class RegressionRewardTrainer(RankedRewardTrainer):
             return config.num_labels
         return None
 
-    def _set_label_config(self, config, weights: Sequence[float] | None) -> None:
-        """Write what each output means (and the default reward weights) into the model config, for the checkpoint."""
-        config.id2label = dict(enumerate(self.attributes))
-        config.label2id = {name: i for i, name in enumerate(self.attributes)}
-        config.problem_type = "regression"
-        config.reward_model_type = REWARD_MODEL_TYPE
-        if weights is not None:
-            config.attribute_weights = dict(zip(self.attributes, map(float, weights)))
-
     def _check_metric_names(self, set_names: list[str]) -> None:
         names = [f"eval_{s}_loss" for s in set_names]
         names += [f"eval_{s}_{a}_{m}" for s in set_names for a in self.attributes for m in ATTRIBUTE_METRICS]
@@ -530,7 +247,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 f"Dataset {dataset_name!r} is an IterableDataset; RegressionRewardTrainer needs a `datasets.Dataset` "
                 "(HelpSteer2 has 21k rows: load it without streaming)."
             )
-        columns = _column_names(dataset)
+        columns = column_names(dataset)
         if "input_ids" in columns and "targets" in columns:
             return dataset
         if "completion" in columns and "attributes" in columns:
@@ -565,7 +282,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 out = out or {"input_ids": [], "targets": [math.nan] * len(self.attributes)}
                 return {**out, "status": status}
 
-            tokenized = self._tokenize_dataset(base, tokenize, args, dataset_name)
+            tokenized = self._examples.tokenize(base, tokenize, args, dataset_name)
         return tokenized
 
     def _set_signature_columns_if_needed(self):
@@ -650,16 +367,3 @@ class RegressionRewardTrainer(RankedRewardTrainer):
         pooled = sum(self._last_regression_stats[p][1] for p in prefixes.values())
         self.accelerator.unwrap_model(self.model).config.attribute_stats = moments(pooled)
         return per_set
-
-
-__all__ = [
-    "DataCollatorForRegression",
-    "RegressionRewardConfig",
-    "RegressionRewardTrainer",
-    "format_regression_table",
-    "masked_mse_loss",
-    "regression_reward_weights",
-    "regression_statistics",
-    "summarize_regression_statistics",
-    "tokenize_regression_record",
-]

@@ -33,85 +33,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import time
-import warnings
-from collections import Counter
-from typing import Any
 
 import torch
-from datasets import Dataset, IterableDataset
-from transformers import PreTrainedTokenizerBase
 from trl import RewardTrainer
-from trl.trainer.utils import global_then_local_main_first
 
-from ..data.schema import DataValidationError, validate_rank_record, validate_records
-from ..scoring.prefix_sharing import (
-    SUPPORTED_ATTENTION,
-    find_score_head,
-    kv_sharing_unsupported,
-    shared_context_collator,
-    shared_context_scores,
-    shared_prefix_scores,
+from ..metrics import STAT_COLUMNS, record_statistics, summarize_statistics
+from ..sharing import shared_context_scores, shared_prefix_scores, training_layout
+from .checkpoints import AtomicCheckpointMixin
+from .collator import (
+    DataCollatorForRankedPreference,
+    DataCollatorForSharedContextPairs,
+    DataCollatorForSharedPrefixPairs,
 )
-from ..scoring.templating import common_prefix_length, left_truncate
-from .collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefixPairs, tokenize_rank_record
 from .config import RankedRewardConfig
-from .loss import STAT_COLUMNS, ranked_bradley_terry_loss, record_statistics, summarize_statistics
-from .saving import AtomicCheckpointMixin
+from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
+from .loss import ranked_bradley_terry_loss
 
 logger = logging.getLogger(__name__)
 
-PROCESSED_COLUMNS = ("completion_ids", "ranks")
-PAIR_COLUMNS = ("chosen_ids", "rejected_ids")
-LEGACY_PAIR_COLUMNS = ("chosen_input_ids", "rejected_input_ids")
 SET_METRICS = ("loss", "accuracy", "margin", "rewards_chosen_mean", "rewards_rejected_mean", "num_pairs")
-
-
-def _column_names(dataset: Dataset | IterableDataset) -> list[str]:
-    names = dataset.column_names
-    if names is None:  # an IterableDataset whose features are unknown
-        names = list(next(iter(dataset)).keys())
-    return list(names)
-
-
-def _template_kwargs(example: dict[str, Any], dataset_name: str, row: int | None) -> dict[str, Any]:
-    """`apply_chat_template` keyword arguments of a TRL row: its `tools` (a list, or JSON text) and its
-    `chat_template_kwargs`, as TRL's `RewardTrainer` passes them."""
-    tools = example.get("tools")
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as err:
-            raise DataValidationError(
-                dataset_name, row, "tools", f"tools is a string but not valid JSON: {err}", "row"
-            ) from None
-    extra = example.get("chat_template_kwargs") or {}
-    if not isinstance(extra, dict):
-        raise DataValidationError(
-            dataset_name, row, "chat_template_kwargs", f"must be an object, got {type(extra).__name__}", "row"
-        )
-    return {"tools": tools, **extra}
-
-
-def _limit_pair(
-    chosen: list[int], rejected: list[int], max_length: int | None, truncation: str, bos_token_id: int | None
-) -> tuple[list[int], list[int], str]:
-    """Apply `max_length` to a tokenized pair: "dropped" (TRL's filter), or with `truncation="left"` cut their
-    shared leading tokens (the prompt) from the left, the same number from both."""
-    longest = max(len(chosen), len(rejected))
-    if max_length is None or longest <= max_length:
-        return chosen, rejected, "ok"
-    if truncation != "left":
-        return chosen, rejected, "dropped"
-    shared = common_prefix_length(chosen, rejected)
-    shared = min(shared, len(chosen) - 1, len(rejected) - 1)
-    cut = longest - max_length
-    out = [left_truncate(ids, shared, len(ids) - cut, bos_token_id) for ids in (chosen, rejected)]
-    if any(ids is None for ids in out):
-        return chosen, rejected, "dropped"
-    return out[0], out[1], "truncated"
 
 
 class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
@@ -155,7 +97,8 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = RankedRewardConfig(f"{str(name).rstrip('/').split('/')[-1]}-RankedReward")
-        self._data_counts: dict[str, Counter] = {}
+        self._examples = ExamplePreparer()  # TRL's __init__ prepares the datasets through `_prepare_dataset`
+        self._data_counts = self._examples.counts
         self._eval_stats: list[torch.Tensor] = []
         self._eval_extremes: list[torch.Tensor] = []
         self._last_eval_summary: dict[str, tuple[int, dict[str, float]]] = {}
@@ -170,11 +113,13 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             # iterable train set; we do it for every set, including an iterable passed to `evaluate` later.
             args.accelerator_config.dispatch_batches = False
         super().__init__(model, args, data_collator, *a, **kwargs)
-        self._prefix_sharing = self.args.prefix_sharing and self._check_prefix_sharing()
+        self._prefix_sharing = self._check_prefix_sharing()
         if user_collator is None:
             if self._prefix_sharing == "kv":
-                self.data_collator = shared_context_collator(  # ZeRO-3: the same layer calls on every rank
-                    self.processing_class.pad_token_id, self.args.pad_to_multiple_of, not self.is_deepspeed_enabled
+                self.data_collator = DataCollatorForSharedContextPairs(
+                    pad_token_id=self.processing_class.pad_token_id,
+                    pad_to_multiple_of=self.args.pad_to_multiple_of,
+                    split_passes=not self.is_deepspeed_enabled,  # ZeRO-3: the same layer calls on every rank
                 )
             elif self._prefix_sharing:
                 self.data_collator = DataCollatorForSharedPrefixPairs(
@@ -188,234 +133,24 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
                 )
 
     def _check_prefix_sharing(self) -> str | bool:
-        """Which prefix-sharing path the model can run: `"kv"` (the contexts once with a KV cache, the completions
-        against it), `"mask"` (block-mask rows: eager/SDPA, only with `prefix_sharing=True` where the KV path cannot
-        run, e.g. under activation checkpointing) or False (the plain path). Logged once."""
-        model = self.accelerator.unwrap_model(self.model)
-        mode = self.args.prefix_sharing
-        if mode == "auto" and type(self).compute_loss is not RankedRewardTrainer.compute_loss:
-            # A subclass's compute_loss reads the batch it knows (TRL's `input_ids`/`attention_mask`): keep it.
-            logger.info("prefix_sharing='auto': %s overrides compute_loss; using the plain batch layout.",
-                        type(self).__name__)
-            return False
-        if mode == "auto" and "inputs" in (getattr(self.args, "include_for_metrics", None) or []):
-            # transformers hands `batch["input_ids"]` to compute_metrics: the plain layout has it.
-            logger.info("prefix_sharing='auto': include_for_metrics has 'inputs'; using the plain batch layout.")
-            return False
-        reason = kv_sharing_unsupported(model, training=True)
-        if reason is None and getattr(self.args, "activation_checkpointing", False):
-            reason = "activation checkpointing drops the KV cache"
-        if reason is None and getattr(self, "is_fsdp_enabled", False):
-            reason = "FSDP reshards each layer between the context and completion passes, before backward"
-        if reason is None:
-            logger.info("prefix_sharing=%r: each record's context runs once, its completions against its KV cache.", mode)
-            return "kv"
-        log = logger.warning if mode is True else logger.info
-        attention = getattr(model.config, "_attn_implementation", None)
-        if mode is True and attention in SUPPORTED_ATTENTION and find_score_head(model) is not None:
-            log("prefix_sharing=True: %s; using block-mask rows (their attention grows with the square of the row).",
-                reason)
-            return "mask"
-        log("prefix_sharing=%r: %s; using the plain path.", mode, reason)
-        return False
-
-    # ------------------------------------------------------------------ data
-    def _prepare_dataset(
-        self,
-        dataset: Dataset | IterableDataset,
-        processing_class: PreTrainedTokenizerBase,
-        args: RankedRewardConfig,
-        dataset_name: str,
-    ) -> Dataset | IterableDataset:
-        columns = _column_names(dataset)
-        if all(c in columns for c in LEGACY_PAIR_COLUMNS) and not all(c in columns for c in PAIR_COLUMNS):
-            warnings.warn(  # TRL 1.16's warning, word for word
-                "Detected legacy dataset columns `chosen_input_ids`/`rejected_input_ids`; they are deprecated and "
-                "will not be supported in v1. Please migrate to `chosen_ids`/`rejected_ids`.",
-                FutureWarning,
-                stacklevel=2,
-            )
-            dataset = dataset.rename_column("chosen_input_ids", "chosen_ids")
-            dataset = dataset.rename_column("rejected_input_ids", "rejected_ids")
-            columns = _column_names(dataset)
-        if all(c in columns for c in PROCESSED_COLUMNS):
-            return dataset
-        if all(c in columns for c in PAIR_COLUMNS):  # TRL's tokenized format (or our processed pairs)
-            return self._prepare_pretokenized(dataset, processing_class, args, dataset_name)
-        if "chosen" in columns and "context" not in columns:
-            return self._prepare_preference(dataset, processing_class, args, dataset_name, columns)
-        if isinstance(dataset, IterableDataset):
-            return self._prepare_iterable(dataset, processing_class, args, dataset_name, columns)
-
-        with global_then_local_main_first():
-            if "context" in columns and "completions" in columns:
-                records, _ = validate_records(
-                    enumerate(dataset), dataset_name, args.on_invalid, row_label="row", max_completions=args.max_completions
-                )
-            else:
-                raise ValueError(
-                    f"Dataset {dataset_name!r} has columns {columns}: expected rank-schema records "
-                    "('context', 'completions'), TRL preference data ('chosen', 'rejected', optional 'prompt'), or "
-                    "tokenized data ('chosen_ids', 'rejected_ids')."
-                )
-            if not records:
-                raise ValueError(f"Dataset {dataset_name!r} has no valid record.")
-            # Metadata columns of varying types would only get in the way of Arrow: keep what training needs.
-            keep = [{"context": r["context"], "completions": r["completions"], "margin": r.get("margin")} for r in records]
-            has_margin = any(r["margin"] is not None for r in keep)
-            base = Dataset.from_list(keep if has_margin else [{k: r[k] for k in ("context", "completions")} for r in keep])
-
-            def tokenize(example):
-                out, status = tokenize_rank_record(example, processing_class, args.max_length, args.truncation)
-                if out is None:
-                    out = {"completion_ids": [], "ranks": [], "context_length": 0}
-                # A record without a margin, in a set where others have one, has margin 0.
-                out["margin"] = float(example["margin"]) if example.get("margin") is not None else 0.0
-                out["status"] = status
-                return out
-
-            tokenized = self._tokenize_dataset(base, tokenize, args, dataset_name)
-            if not has_margin:
-                tokenized = tokenized.remove_columns(["margin"])
-        return tokenized
-
-    def _prepare_preference(
-        self,
-        dataset: Dataset | IterableDataset,
-        processing_class: PreTrainedTokenizerBase,
-        args: RankedRewardConfig,
-        dataset_name: str,
-        columns: list[str],
-    ) -> Dataset | IterableDataset:
-        """TRL preference rows -> TRL's processed columns: the original columns (text responses with EOS appended,
-        as TRL does), plus `chosen_ids`/`rejected_ids` holding the ids TRL's `RewardTrainer` produces, and `margin`
-        (0 where missing) when the dataset has the column."""
-        from ..data.converters import binary_to_rank, fold_context_into_completions, record_validation_view
-
-        has_margin = "margin" in columns
-        eos = processing_class.eos_token
-        on_invalid, max_length, truncation = args.on_invalid, args.max_length, args.truncation
-
-        def process(example, row):
-            out: dict[str, Any] = {}
-            for key in ("chosen", "rejected"):  # TRL appends EOS to plain-text responses
-                if isinstance(example.get(key), str) and eos and not example[key].endswith(eos):
-                    out[key] = example[key] + eos
-            try:
-                # TRL responses may run for several turns: then they are whole conversations of an empty context.
-                record = fold_context_into_completions(binary_to_rank(example, dataset_name, row, "row"))
-                validate_rank_record(record_validation_view(record), dataset_name, row, "row")
-                kwargs = _template_kwargs(example, dataset_name, row)
-            except DataValidationError as err:
-                if on_invalid == "raise":
-                    raise
-                out.update(chosen_ids=[], rejected_ids=[], status="invalid", reason=err.reason)
-                if has_margin:
-                    out["margin"] = 0.0
-                return out
-            tokenized, status = tokenize_rank_record(record, processing_class, max_length, truncation, kwargs)
-            ids = tokenized["completion_ids"] if tokenized is not None else [[], []]
-            out.update(chosen_ids=ids[0], rejected_ids=ids[1], status=status, reason="")
-            if has_margin:
-                out["margin"] = float(record.get("margin", 0.0))
-            return out
-
-        with global_then_local_main_first():
-            if isinstance(dataset, IterableDataset):  # lazy: no counts up front
-                mapped = dataset.map(process, with_indices=True)
-                mapped = mapped.filter(lambda status: status in ("ok", "truncated"), input_columns="status")
-                return mapped.remove_columns(["status", "reason"])
-            mapped = dataset.map(
-                process, with_indices=True, num_proc=args.dataset_num_proc, desc=f"Tokenizing {dataset_name} dataset"
-            )
-            return self._finish_tokenized(mapped, args, dataset_name)
-
-    def _prepare_pretokenized(
-        self,
-        dataset: Dataset | IterableDataset,
-        processing_class: PreTrainedTokenizerBase,
-        args: RankedRewardConfig,
-        dataset_name: str,
-    ) -> Dataset | IterableDataset:
-        """`chosen_ids`/`rejected_ids` given: TRL's `max_length` filter (or left truncation of the shared prefix)."""
-        if args.max_length is None:
-            return dataset
-        max_length, truncation, bos = args.max_length, args.truncation, processing_class.bos_token_id
-        if truncation != "left":  # exactly TRL's filter
-            kwargs = {} if isinstance(dataset, IterableDataset) else {"num_proc": args.dataset_num_proc}
-            with global_then_local_main_first():
-                return dataset.filter(
-                    lambda chosen, rejected: len(chosen) <= max_length and len(rejected) <= max_length,
-                    input_columns=list(PAIR_COLUMNS),
-                    **kwargs,
-                )
-
-        def limit(example):
-            chosen, rejected, status = _limit_pair(example["chosen_ids"], example["rejected_ids"], max_length, truncation, bos)
-            return {"chosen_ids": chosen, "rejected_ids": rejected, "status": status}
-
-        with global_then_local_main_first():
-            if isinstance(dataset, IterableDataset):
-                mapped = dataset.map(limit).filter(lambda status: status != "dropped", input_columns="status")
-                return mapped.remove_columns(["status"])
-            return self._finish_tokenized(dataset.map(limit, num_proc=args.dataset_num_proc), args, dataset_name)
-
-    def _tokenize_dataset(self, base: Dataset, tokenize, args: RankedRewardConfig, dataset_name: str) -> Dataset:
-        """Map `tokenize` (which adds a `status`: kept, truncated or dropped) over `base`; count and report the
-        over-long records, drop the dropped ones, and remove `status`."""
-        tokenized = base.map(
-            tokenize,
-            remove_columns=base.column_names,
-            num_proc=args.dataset_num_proc,
-            desc=f"Tokenizing {dataset_name} dataset",
+        """Which prefix-sharing layout the model can run (`trl_rm_env.sharing.training_layout`): `"kv"`, `"mask"`
+        or False. `"auto"` keeps TRL's batch layout where something reads it: a subclass's own `compute_loss`, or
+        `include_for_metrics=["inputs"]` (transformers hands `batch["input_ids"]` to `compute_metrics`)."""
+        plain_reason = None
+        if type(self).compute_loss is not RankedRewardTrainer.compute_loss:
+            plain_reason = f"{type(self).__name__} overrides compute_loss"
+        elif "inputs" in (getattr(self.args, "include_for_metrics", None) or []):
+            plain_reason = "include_for_metrics has 'inputs'"
+        return training_layout(
+            self.accelerator.unwrap_model(self.model),
+            self.args.prefix_sharing,
+            activation_checkpointing=bool(getattr(self.args, "activation_checkpointing", False)),
+            fsdp=bool(getattr(self, "is_fsdp_enabled", False)),
+            plain_reason=plain_reason,
         )
-        return self._finish_tokenized(tokenized, args, dataset_name)
 
-    def _finish_tokenized(self, tokenized: Dataset, args: RankedRewardConfig, dataset_name: str) -> Dataset:
-        """Count the `status` of every example (and the `reason` of invalid ones), report the skipped, dropped and
-        truncated ones, keep the kept ones, and remove the bookkeeping columns."""
-        counts = Counter(tokenized["status"])
-        if counts["invalid"]:
-            reasons = Counter(r for r, s in zip(tokenized["reason"], tokenized["status"]) if s == "invalid")
-            logger.warning("%s: skipped %d invalid row(s): %s", dataset_name, counts["invalid"], dict(reasons))
-        self._data_counts[dataset_name] = counts
-        if counts["dropped"] or counts["truncated"]:
-            logger.warning(
-                "%s: %d record(s) over max_length=%s: %d dropped, %d left-truncated (truncation=%r).",
-                dataset_name,
-                counts["dropped"] + counts["truncated"],
-                args.max_length,
-                counts["dropped"],
-                counts["truncated"],
-                args.truncation,
-            )
-        tokenized = tokenized.filter(lambda s: s in ("ok", "truncated"), input_columns="status")
-        tokenized = tokenized.remove_columns([c for c in ("status", "reason") if c in tokenized.column_names])
-        if len(tokenized) == 0 and counts["invalid"] and not counts["dropped"]:
-            raise ValueError(f"Dataset {dataset_name!r} has no valid record.")
-        if len(tokenized) == 0:
-            raise ValueError(
-                f"Every record of dataset {dataset_name!r} is longer than max_length={args.max_length}; raise "
-                "max_length or use truncation='left'."
-            )
-        return tokenized
-
-    def _prepare_iterable(self, dataset, processing_class, args, dataset_name, columns):
-        """Streaming rank-schema data: validate and tokenize lazily (counts are not available up front)."""
-        if "context" not in columns or "completions" not in columns:
-            raise ValueError(
-                f"Dataset {dataset_name!r} has columns {columns}: expected rank-schema records "
-                "('context', 'completions'), TRL preference data ('chosen', 'rejected', optional 'prompt'), or "
-                "tokenized data ('chosen_ids', 'rejected_ids')."
-            )
-
-        def tokenize(example):
-            record = validate_rank_record(example, dataset_name, None, "row", args.max_completions)
-            out, status = tokenize_rank_record(record, processing_class, args.max_length, args.truncation)
-            return out or {"completion_ids": [], "ranks": [], "context_length": 0}
-
-        mapped = dataset.map(tokenize, remove_columns=columns)
-        return mapped.filter(lambda ranks: len(ranks) > 0, input_columns="ranks")
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        return self._examples.prepare(dataset, processing_class, args, dataset_name)
 
     def _set_signature_columns_if_needed(self):
         if self._signature_columns is None:

@@ -1,6 +1,6 @@
 """Converters for published human-judged preference sets: LLMBar, PandaLM's test set, Anthropic hh-rlhf.
 
-Same contract as `converters.py`: `(row, source, row_num, row_label) -> record | None`, `None` for a tie (the
+Same contract as every converter (`common.py`): `(row, source, row_num, row_label) -> record | None`, `None` for a tie (the
 loader counts and drops it), `DataValidationError` naming source, row and field for a row that cannot be read.
 They are registered in the loader, so `load_rank_records(path, data_format="llmbar" | "pandalm" | "hh")` works::
 
@@ -27,27 +27,8 @@ import re
 from collections import Counter
 from typing import Any
 
-from trl_rm_env.data.converters import Converter, _require, _type_name
-from trl_rm_env.data.schema import DataValidationError
-
-
-def _string_field(row: Any, key: str, source: str, row_num: int | None, row_label: str) -> str:
-    value = row[key]
-    if not isinstance(value, str):
-        raise DataValidationError(source, row_num, key, f"must be a string, got {_type_name(value)}", row_label)
-    return value
-
-
-def _two_way(context: str, first: str, second: str, winner: int) -> dict[str, Any]:
-    """A user turn and two assistant answers; `winner` (1 or 2) gets rank 0."""
-    return {
-        "context": [{"role": "user", "content": context}],
-        "completions": [
-            {"rank": 0 if winner == 1 else 1, "completion": [{"role": "assistant", "content": first}]},
-            {"rank": 0 if winner == 2 else 1, "completion": [{"role": "assistant", "content": second}]},
-        ],
-    }
-
+from ..schema import DataValidationError
+from .common import require_keys, string_field, two_way
 
 # --- LLMBar (and LLMBar's copy of MT-Bench human judgments) ---
 
@@ -67,16 +48,16 @@ def llmbar_to_rank(row: Any, source: str, row_num: int | None, row_label: str = 
     Raises:
         DataValidationError: a missing key, a non-string field, or a label other than 1 or 2.
     """
-    _require(row, ("input", "output_1", "output_2", "label"), source, row_num, row_label)
+    require_keys(row, ("input", "output_1", "output_2", "label"), source, row_num, row_label)
     prompt, first, second = (
-        _string_field(row, k, source, row_num, row_label) for k in ("input", "output_1", "output_2")
+        string_field(row, k, source, row_num, row_label) for k in ("input", "output_1", "output_2")
     )
     label = row["label"]
     if isinstance(label, bool) or label not in (1, 2):
         raise DataValidationError(
             source, row_num, "label", f"must be 1 (output_1 better) or 2 (output_2 better), got {label!r}", row_label
         )
-    return _two_way(prompt, first, second, int(label))
+    return two_way(prompt, first, second, int(label))
 
 
 # --- PandaLM test set ---
@@ -106,11 +87,11 @@ def pandalm_to_rank(row: Any, source: str, row_num: int | None, row_label: str =
     Raises:
         DataValidationError: a missing key, a non-string field, or an annotator label other than 0, 1, 2.
     """
-    _require(row, ("instruction", "input", "response1", "response2", *PANDALM_ANNOTATORS), source, row_num, row_label)
+    require_keys(row, ("instruction", "input", "response1", "response2", *PANDALM_ANNOTATORS), source, row_num, row_label)
     # The published file stores six one-word answers "True" as JSON booleans; read them back as the text they were.
     row = {**row, **{k: str(row[k]) for k in ("response1", "response2") if isinstance(row[k], bool)}}
     instruction, extra, first, second = (
-        _string_field(row, k, source, row_num, row_label) for k in ("instruction", "input", "response1", "response2")
+        string_field(row, k, source, row_num, row_label) for k in ("instruction", "input", "response1", "response2")
     )
     votes = []
     for key in PANDALM_ANNOTATORS:
@@ -125,7 +106,7 @@ def pandalm_to_rank(row: Any, source: str, row_num: int | None, row_label: str =
         return None
     prompt = f"{instruction}\n\n{extra}" if extra.strip() else instruction
     metadata = {key: row[key] for key in ("idx", "cmp_key") if key in row}
-    return {**_two_way(prompt, first, second, label), **metadata, "annotators": votes}
+    return {**two_way(prompt, first, second, label), **metadata, "annotators": votes}
 
 
 # --- Anthropic hh-rlhf transcripts ---
@@ -180,12 +161,12 @@ def hh_to_rank(row: Any, source: str, row_num: int | None, row_label: str = "row
         DataValidationError: a missing key, a non-string transcript, text before the first turn, no shared opening
             turn, or transcripts that differ before their last assistant turn(s).
     """
-    _require(row, ("chosen", "rejected"), source, row_num, row_label)
+    require_keys(row, ("chosen", "rejected"), source, row_num, row_label)
     chosen = parse_hh_transcript(
-        _string_field(row, "chosen", source, row_num, row_label), "chosen", source, row_num, row_label
+        string_field(row, "chosen", source, row_num, row_label), "chosen", source, row_num, row_label
     )
     rejected = parse_hh_transcript(
-        _string_field(row, "rejected", source, row_num, row_label), "rejected", source, row_num, row_label
+        string_field(row, "rejected", source, row_num, row_label), "rejected", source, row_num, row_label
     )
     if chosen == rejected:
         return None
@@ -215,19 +196,3 @@ def hh_to_rank(row: Any, source: str, row_num: int | None, row_label: str = "row
         "context": chosen[:shared],
         "completions": [{"rank": 0, "completion": chosen[shared:]}, {"rank": 1, "completion": rejected[shared:]}],
     }
-
-
-# --- registry (merged into the loader's) ---
-
-REAL_FORMAT_CONVERTERS: dict[str, Converter] = {
-    "llmbar": llmbar_to_rank,
-    "pandalm": pandalm_to_rank,
-    "hh": hh_to_rank,
-}
-"""`data_format` name -> converter, for the published formats above."""
-
-REAL_FORMAT_TIE_RULES: dict[str, str] = {
-    "pandalm": "annotator majority is 0 (tie) or all three annotators differ",
-    "hh": "chosen and rejected transcripts are identical",
-}
-"""What a tie is, for the loader's log line."""

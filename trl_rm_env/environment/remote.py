@@ -1,0 +1,135 @@
+"""`RemoteRewardModelEnvironment`: the GRPO reward function over reward-model servers (`trl-rm-env serve`, vLLM,
+OpenRLHF-style), with the same checks, fallbacks, normalization and metrics as local scoring."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from ..scoring.scorer import as_pairs, strip_completion_reasoning
+from ..serving.client import RemoteScorer
+from .local import RewardModelEnvironment
+from .rewards import check_postprocessing
+
+logger = logging.getLogger(__name__)
+
+
+class RemoteRewardModelEnvironment(RewardModelEnvironment):
+    """A `RewardModelEnvironment` whose reward model runs behind HTTP servers with vLLM's `POST /pooling` API.
+
+    Built by `RewardModelEnvironment(remote_url=...)` (or directly). The server is `trl-rm-env serve`, or vLLM
+    started with `--runner pooling` on a `*ForSequenceClassification` model; requests ask for raw logits
+    (`use_activation: false`), so rewards are the Bradley-Terry scores the local environment returns. Conversations
+    are sent as messages and rendered by the server with the RM's chat template; plain-text prompts are sent as
+    `prompt + completion` text (the server adds no EOS, unlike local scoring of plain text).
+
+    `__call__` is async: TRL's `GRPOTrainer` runs async reward functions concurrently with the others. Requests are
+    spread over the URLs, retried with exponential backoff on 502/503/504, timeouts and connection errors (never on
+    other 4xx), and a server that stays down raises an error naming its URL.
+
+    Args:
+        remote_url: One URL or several (`http://host:port`).
+        model: The model name sent with each request (None: the server's own).
+        timeout, retries, backoff, max_concurrency: Client settings (see `trl_rm_env.serving.RemoteScorer`).
+        remote_api: The server's dialect: `"pooling"` (vLLM `/pooling`, default), `"classify"` (vLLM `/classify`)
+            or `"openrlhf"` (OpenRLHF's `/get_reward`, text only: conversations are rendered here with `tokenizer`,
+            the RM's tokenizer or its path). Raw scores are always asked for.
+        api_key: Sent as `Authorization: Bearer <key>`; None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`.
+        nonfinite_reward: Reward for an item the server scored NaN/inf; None raises an error, as local scoring does.
+        empty_completion_reward, strip_reasoning, clip, name: As for `RewardModelEnvironment`.
+        normalization: `none` or `running` (`checkpoint` needs the model config, which a remote RM does not give).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        return object.__new__(cls)
+
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: Any = None,
+        *,
+        remote_url: str | Sequence[str],
+        timeout: float = 60.0,
+        retries: int = 5,
+        backoff: float = 0.5,
+        max_concurrency: int = 64,
+        remote_api: str = "pooling",
+        api_key: str | None = None,
+        nonfinite_reward: float | None = None,
+        empty_completion_reward: float | None = None,
+        strip_reasoning: bool = False,
+        normalization: str = "none",
+        clip: float | None = None,
+        name: str = "reward_model_env",
+        **unused: Any,
+    ):
+        local_only = sorted(k for k, v in unused.items() if v not in (None, False))
+        if local_only:
+            logger.warning("%s: options %s apply to local scoring and are ignored with remote_url.", name, local_only)
+        if normalization not in ("none", "running"):  # no model config here, so no checkpoint statistics
+            raise ValueError(f"normalization must be 'none' or 'running' with remote_url, got {normalization!r}")
+        check_postprocessing(normalization, clip)
+        if remote_api == "openrlhf" and isinstance(tokenizer, str | os.PathLike):
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))  # /get_reward takes text: rendered here
+        elif tokenizer is not None and remote_api != "openrlhf":
+            logger.warning("%s: the tokenizer is ignored with remote_url; the server renders with its own.", name)
+            tokenizer = None
+        self.client = RemoteScorer(
+            remote_url,
+            model=model,
+            timeout=timeout,
+            retries=retries,
+            backoff=backoff,
+            max_concurrency=max_concurrency,
+            api=remote_api,
+            api_key=api_key,
+            nonfinite_reward=nonfinite_reward,
+            tokenizer=tokenizer,
+        )
+        self.model = None
+        self.remote_url = self.client.urls
+        self._setup(
+            self.client,
+            name=name,
+            normalization=normalization,
+            clip=clip,
+            empty_completion_reward=empty_completion_reward,
+            strip_reasoning=strip_reasoning,
+        )
+
+    async def score(self, conversations: Sequence[Any]) -> torch.Tensor:  # type: ignore[override]
+        """Raw scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs."""
+        contexts, completions = as_pairs(conversations)
+        with self._nonfinite_named(range(len(contexts)), "conversations"):
+            scores = await self.client.score(list(zip(contexts, completions)))
+        return torch.tensor(scores, dtype=torch.float32)
+
+    async def __call__(  # type: ignore[override]
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        completion_ids: Sequence[Sequence[int]] | None = None,
+        **kwargs: Any,
+    ) -> list[float]:
+        """TRL reward function (async): one float reward per `(prompt, completion)`."""
+        empty = self._check_inputs(prompts, completions)
+        rewards = torch.empty(len(prompts), dtype=torch.float32)
+        to_score = self._to_score(len(prompts), empty)
+        nonfinite: list[int] = []
+        if to_score:
+            pairs = [
+                (prompts[i], strip_completion_reasoning(completions[i]) if self.strip_reasoning else completions[i])
+                for i in to_score
+            ]
+            with self._nonfinite_named(to_score, "completions") as nonfinite:  # NaN/inf: as local scoring
+                scores = await self.client.score(pairs)
+            rewards[torch.tensor(to_score)] = torch.tensor(scores, dtype=torch.float32)
+        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
+
+    def __repr__(self) -> str:
+        return f"RemoteRewardModelEnvironment(name={self.name!r}, remote_url={self.remote_url!r})"

@@ -1,0 +1,58 @@
+"""Evaluating reward models: preference sets (pairwise accuracy, length bias, calibration, RewardBench v1 and v2),
+regression RMs (RMSE, MAE, Pearson r per attribute), the terminal tables and the plotted report.
+
+    from trl_rm_env.data import load_rank_records
+    from trl_rm_env.evaluation import evaluate_reward_model, format_results_table
+
+    records, _ = load_rank_records("natural.json", data_format="llmbar")
+    results = evaluate_reward_model("outputs/rm-tiny", {"llmbar-natural": records}, batch_size=16)
+    print(format_results_table(results))
+
+- `preference.py`: scoring every record once and its per-set metrics; `rewardbench.py`: v1 sections;
+  `rewardbench2.py`: RewardBench 2 rows and scores; `regression.py`: regression RMs; `tables.py`: the terminal
+  tables; `report.py`: PNG plots and `report.md`.
+
+Scoring goes through the `Scorer` protocol (`trl_rm_env.scoring.protocol`): a `RewardScorer`, a `RemoteScorer`, or
+a model path loaded with `load_reward_scorer`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "is_regression_model": "trl_rm_env.heads",
+    "load_reward_scorer": "trl_rm_env.scoring.loading",
+    "MARGIN_BUCKETS": ".preference",
+    "evaluate_reward_model": ".preference",
+    "evaluate_with_scores": ".preference",
+    "margin_bucket": ".preference",
+    "pearson": ".preference",
+    "write_scores_file": ".preference",
+    "evaluate_regression_model": ".regression",
+    "LLMBAR_FILE_SUBSETS": ".rewardbench",
+    "REWARDBENCH_EXAMPLE_COUNTS": ".rewardbench",
+    "REWARDBENCH_SUBSET_MAPPING": ".rewardbench",
+    "rewardbench_sections": ".rewardbench",
+    "rewardbench_subset": ".rewardbench",
+    "format_bias_table": ".tables",
+    "format_regression_results_table": ".tables",
+    "format_results_table": ".tables",
+}
+"""Public names, imported on first use: `trl_rm_env.evaluation.report` (what `eval --report` checks before anything
+loads) and the RewardBench constants cost no torch import."""
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,108 @@
+"""Reward heads: what a checkpoint's config says its outputs are, and how they become one reward.
+
+A Bradley-Terry reward model has one output, the reward. A regression reward model (saved by
+`RegressionRewardTrainer`: `reward_model_type: "regression"`, `id2label` naming the attributes) has one output per
+attribute; its reward is a weighted sum of them. Inference (the GRPO environment, `eval`, the server) reads these
+rules here, without the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+REWARD_MODEL_TYPE = "regression"
+"""`config.reward_model_type` of a regression reward model."""
+
+
+def is_regression_model(config: Any) -> bool:
+    """Whether a model config is a regression reward model (saved by `RegressionRewardTrainer`)."""
+    return getattr(config, "reward_model_type", None) == REWARD_MODEL_TYPE
+
+
+def attribute_names(config: Any) -> list[str]:
+    """A regression reward model's attributes, in output order (`id2label`)."""
+    return [config.id2label[i] for i in range(config.num_labels)]
+
+
+def set_regression_labels(config: Any, attributes: Sequence[str], weights: Sequence[float] | None = None) -> None:
+    """Write what each output means into a model config (for the checkpoint): `id2label`, `label2id`,
+    `problem_type: regression`, `reward_model_type: regression`, and the default reward weights when given."""
+    config.id2label = dict(enumerate(attributes))
+    config.label2id = {name: i for i, name in enumerate(attributes)}
+    config.problem_type = "regression"
+    config.reward_model_type = REWARD_MODEL_TYPE
+    if weights is not None:
+        config.attribute_weights = dict(zip(attributes, map(float, weights)))
+
+
+def parse_attribute_weights(entries: Sequence[str], option: str = "attribute_weights") -> dict[str, float]:
+    """`["helpfulness=1", "verbosity=-0.2"]` (command-line form) -> `{"helpfulness": 1.0, "verbosity": -0.2}`.
+
+    Raises:
+        ValueError: an entry that is not `name=<number>` or a name given twice; the message names `option`.
+    """
+    weights: dict[str, float] = {}
+    for entry in entries:
+        name, sep, value = str(entry).partition("=")
+        name = name.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = None
+        if not sep or not name or weight is None:
+            raise ValueError(f"{option} entry {entry!r} must be name=<number>, e.g. helpfulness=1.0")
+        if name in weights:
+            raise ValueError(f"{option} names {name!r} twice")
+        weights[name] = weight
+    return weights
+
+
+def regression_reward_weights(
+    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None
+) -> tuple[list[str], list[float]] | None:
+    """The attribute names of a regression RM's config and the weights that turn its outputs into one reward.
+
+    For a reward function: `reward = sum_a weights[a] * output[a]`. Weights come from `attribute_weights` (a dict by
+    name, where unnamed attributes weigh 0, or a list in output order), else from the checkpoint's own
+    `attribute_weights`; a single-attribute model needs none.
+
+    Args:
+        config: The model config (`reward_model_type`, `id2label`, optional `attribute_weights`).
+        attribute_weights: Weights given by the caller, or None.
+
+    Returns:
+        `(names, weights)` in output order, or None when the config is not a regression RM and no weights are given.
+
+    Raises:
+        ValueError: weights for a model that is not a regression RM, an unknown attribute name, a list of the wrong
+            length, or no weights for a model with several attributes.
+    """
+    if not is_regression_model(config):
+        if attribute_weights is not None:
+            raise ValueError(
+                "attribute_weights applies to regression reward models (config.reward_model_type == 'regression', "
+                f"as RegressionRewardTrainer saves them); this model has reward_model_type="
+                f"{getattr(config, 'reward_model_type', None)!r} and {config.num_labels} output(s)."
+            )
+        return None
+    names = attribute_names(config)
+    weights = attribute_weights if attribute_weights is not None else getattr(config, "attribute_weights", None)
+    if weights is None:
+        if len(names) == 1:
+            return names, [1.0]
+        raise ValueError(
+            f"This regression reward model predicts {names}: give attribute_weights, a dict by name (unnamed ones "
+            f"weigh 0) or a list in this order, e.g. {{{names[0]!r}: 1.0}}."
+        )
+    if isinstance(weights, Mapping):
+        unknown = sorted(set(weights) - set(names))
+        if unknown:
+            raise ValueError(
+                f"attribute_weights names {unknown}, which the model does not predict; it predicts {names}."
+            )
+        return names, [float(weights.get(name, 0.0)) for name in names]
+    weights = [float(w) for w in weights]
+    if len(weights) != len(names):
+        raise ValueError(f"attribute_weights has {len(weights)} values for the {len(names)} attributes {names}.")
+    return names, weights

@@ -1,0 +1,140 @@
+"""What the recipes share, so that each reads top to bottom: model -> data -> train -> evaluate and save.
+
+`start` (before anything loads: FSDP on CPU, the resume checkpoint), `prepare_model` (the tiny offline models when
+asked, a typo'd folder in one line, `model_init_kwargs` from the model arguments), `train` (the distributed setup
+printed, log-friendly progress, `train()`, the share of the model each process holds) and `finish_reward_model`
+(the training recipes' evaluation, checkpoint, metrics, log history and table).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from transformers import Trainer
+
+from .distributed import describe_sharding, enable_fsdp_on_cpu
+from .model_source import check_model_source, ensure_tiny_model
+from .trainer.checkpoints import resolve_resume_checkpoint
+from .trainer.saving import save_reward_model
+
+logger = logging.getLogger(__name__)
+
+
+def start(training_args: Any) -> str | None:
+    """First thing in a recipe: FSDP shards on CPU too (accelerate alone falls back to DDP there), and the resume
+    checkpoint is resolved, so a missing or incomplete one fails in one line before anything loads."""
+    enable_fsdp_on_cpu()
+    return resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+
+
+def prepare_model(
+    model_args: Any,
+    training_args: Any,
+    *,
+    build_tiny: bool = False,
+    kind: str = "reward_model",
+    what: str = "model",
+    **tiny_options: Any,
+) -> str:
+    """The model path of `model_args`, checked: with `build_tiny`, the tiny offline model is built where it is
+    missing (only at a folder named `kind`: see `ensure_tiny_model`); a typo'd local folder fails in one line. The
+    model arguments' revision, attention implementation and dtype go into `training_args.model_init_kwargs`
+    (values already there win)."""
+    path = model_args.model_name_or_path
+    if build_tiny:
+        ensure_tiny_model(path, kind, **tiny_options)
+    check_model_source(path, what)
+    given = dict(revision=model_args.model_revision, attn_implementation=model_args.attn_implementation,
+                 dtype=model_args.dtype)  # fmt: skip
+    merged = {k: v for k, v in given.items() if v is not None} | (training_args.model_init_kwargs or {})
+    training_args.model_init_kwargs = {k: v for k, v in merged.items() if v is not None}
+    return path
+
+
+def train(trainer: Trainer, resume: str | None) -> None:
+    """Print what `accelerate launch` set up, keep nested progress bars out of logs, train, and print the share of the
+    trained model this process holds (about 1/processes under ZeRO-3 and FSDP)."""
+    trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
+    tty_aware_progress(trainer)
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.accelerator.print(describe_sharding(trainer.model))
+
+
+def finish_reward_model(
+    trainer: Any,
+    output_dir: str,
+    eval_datasets: Mapping[str, Any],
+    table: Callable[[dict], str],
+    saved: str,
+) -> dict:
+    """The end of a training recipe: every validation set's final metrics (reusing `train()`'s evaluation of this
+    step), a plain Hugging Face checkpoint (LoRA merged), `eval_results.json` (per-set names), `trainer_state.json`
+    (the full log history), the printed `table(metrics)` and the `saved` line; then `trainer.end()`."""
+    metrics = trainer.final_evaluation() if eval_datasets else {}
+    save_reward_model(trainer, output_dir)
+    if eval_datasets:
+        trainer.save_metrics("eval", metrics)
+    trainer.save_state()
+    if eval_datasets:
+        trainer.accelerator.print(table(metrics))
+    trainer.accelerator.print(saved)
+    trainer.end()
+    return metrics
+
+
+def check_distributed_setup(accelerator) -> str:
+    """Describe the distributed setup the processes got, e.g. `"Distributed: DEEPSPEED x2 on cpu:0"`, for the log.
+
+    Refuses a launch that would silently train unsynchronised, and warns when the Accelerate config asked for a
+    sharding backend that is not in use.
+
+    Raises:
+        RuntimeError: Several processes were launched (`WORLD_SIZE` > 1) but Accelerate set up no distributed
+            training: this happens without GPUs when `use_cpu` is off. Each process would train its own model on
+            its share of the data and report metrics of that share only.
+    """
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and (state.distributed_type == DistributedType.NO or state.num_processes != world_size):
+        raise RuntimeError(
+            f"{world_size} processes were launched but Accelerate set up {state.distributed_type.value} with "
+            f"{state.num_processes} process(es) on {state.device}: no GPU was found. To train on CPU pass "
+            "`--use_cpu true` (the *_tiny.yaml configs set it) and use an accelerate_configs/*_cpu.yaml config."
+        )
+    for backend in ("FSDP", "DEEPSPEED"):
+        requested = os.environ.get(f"ACCELERATE_USE_{backend}", "false").lower() == "true"
+        if requested and state.distributed_type.value != backend:
+            logger.warning(
+                "The Accelerate config asks for %s but this run uses %s: nothing is sharded.%s",
+                backend,
+                state.distributed_type.value,
+                " On CPU accelerate runs FSDP only after `trl_rm_env.distributed.enable_fsdp_on_cpu()` (the recipes "
+                "call it first thing)."
+                if backend == "FSDP" and state.device.type == "cpu"
+                else "",
+            )
+    return f"Distributed: {state.distributed_type.value} x{state.num_processes} on {state.device}"
+
+
+def tty_aware_progress(trainer: Trainer) -> None:
+    """Keep the nested evaluation bar out of logs: when stderr is not a terminal, transformers' evaluation bar
+    (drawn under the training bar with cursor-up escape codes, `ESC[A`) is not drawn; the training bar and the
+    logged metrics stay. Nothing changes on a terminal or with `disable_tqdm`."""
+    from transformers.trainer_callback import ProgressCallback
+
+    if sys.stderr.isatty() or not any(type(cb) is ProgressCallback for cb in trainer.callback_handler.callbacks):
+        return
+
+    class LogFriendlyProgressCallback(ProgressCallback):
+        def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+            if self.training_bar is None:  # a standalone evaluation: one bar, nothing nested
+                super().on_prediction_step(args, state, control, eval_dataloader=eval_dataloader, **kwargs)
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.add_callback(LogFriendlyProgressCallback)

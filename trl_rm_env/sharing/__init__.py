@@ -1,0 +1,44 @@
+"""Prefix sharing: the context shared by several completions goes through the model once, with the same scores,
+losses and gradients as scoring each completion alone (to float rounding).
+
+- `mode.py`: whether it runs and which layout (`prefix_sharing="auto" | True | False`), for training and scoring;
+- `planning.py`: which items share a context, the cost model, forward passes of bounded size;
+- `kv.py`: the KV-cache layout (the default): contexts once with a cache, completions against it;
+- `mask.py`: block-mask rows (the training fallback under activation checkpointing or FSDP).
+
+The collators that lay batches out this way for training are in `trl_rm_env.trainer.collator`.
+"""
+
+from .kv import collate_shared_context, shared_context_scores
+from .mask import plan_rows, record_row, shared_prefix_mask, shared_prefix_scores
+from .mode import (
+    KV_ATTENTION,
+    SUPPORTED_ATTENTION,
+    find_score_head,
+    kv_sharing_unsupported,
+    normalize_prefix_sharing,
+    scoring_mode,
+    training_layout,
+)
+from .planning import AUTO_MIN_SAVING, plan_passes, share_plan, shared_prefix_length, sharing_saves
+
+__all__ = [
+    "AUTO_MIN_SAVING",
+    "KV_ATTENTION",
+    "SUPPORTED_ATTENTION",
+    "collate_shared_context",
+    "find_score_head",
+    "kv_sharing_unsupported",
+    "normalize_prefix_sharing",
+    "plan_passes",
+    "plan_rows",
+    "record_row",
+    "scoring_mode",
+    "share_plan",
+    "shared_context_scores",
+    "shared_prefix_length",
+    "shared_prefix_mask",
+    "shared_prefix_scores",
+    "sharing_saves",
+    "training_layout",
+]

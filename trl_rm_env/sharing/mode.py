@@ -1,0 +1,140 @@
+"""Whether prefix sharing runs, and which layout: the one decision, for training and for scoring.
+
+`prefix_sharing` is `"auto"` (the default), `True` or `False` everywhere (`RankedRewardConfig`, `RewardScorer`,
+`RewardModelEnvironment`, `--prefix_sharing`, `reward_prefix_sharing`). The KV-cache layout (`kv.py`) runs where the
+model allows it (`kv_sharing_unsupported`); in training, `True` falls back to block-mask rows (`mask.py`) where it
+cannot (activation checkpointing, FSDP), and `"auto"` to the plain path. Every fallback is logged once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+from transformers import PreTrainedModel
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ATTENTION = ("eager", "sdpa")
+"""Attention kernels that take the block-mask rows' 4-D mask."""
+KV_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
+"""Attention kernels the KV-cache layout runs with."""
+
+
+def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
+    """`True`, `False` or `"auto"` from a bool, None (auto) or the strings auto/true/false (any case)."""
+    if value is None or isinstance(value, bool):
+        return "auto" if value is None else value
+    text = str(value).strip().lower()
+    if text in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[text]
+    raise ValueError(f"prefix_sharing must be True, False or 'auto', got {value!r}.")
+
+
+def find_score_head(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The `score` head of a `*ForSequenceClassification` model, through DDP/DeepSpeed/FSDP/PEFT wrappers.
+
+    The first module named `score` in traversal order (a PEFT `modules_to_save` wrapper comes before its copies).
+    """
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "score":
+            return module
+    return None
+
+
+def classifier(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The `*ForSequenceClassification` inside `model` (through DDP/DeepSpeed/FSDP/PEFT wrappers)."""
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel) and find_score_head(module) is not None:
+            return module
+    return None
+
+
+def cache_argument(body: torch.nn.Module) -> str | None:
+    """The name under which `body.forward` takes a KV cache (`cache` or `past_key_values`), or None."""
+    params = inspect.signature(body.forward).parameters
+    for name in ("cache", "past_key_values"):  # transformers >= 5.2x renames `past_key_values` to `cache`
+        if name in params:
+            return name
+    return None
+
+
+def kv_sharing_unsupported(model: torch.nn.Module, training: bool = False) -> str | None:
+    """Why the shared-context (KV cache) path cannot run `model`, or None when it can.
+
+    Needs a `*ForSequenceClassification` with a `score` head whose decoder body takes a cache, full attention in
+    every layer (a sliding window would count the padded context slots), an attention kernel in `KV_ATTENTION`, and,
+    when training, no activation checkpointing (checkpointed layers drop the cache).
+    """
+    hf = classifier(model)
+    if hf is None:
+        return "it needs a *ForSequenceClassification model with a `score` head"
+    config = hf.config
+    attention = getattr(config, "_attn_implementation", None)
+    if attention not in KV_ATTENTION:
+        return f"attn_implementation {attention!r} is not one of {KV_ATTENTION}"
+    body = getattr(hf, getattr(hf, "base_model_prefix", ""), None)
+    if body is None or body is hf or cache_argument(body) is None:
+        return f"{type(hf).__name__}'s decoder takes no KV cache"
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        if any(t != "full_attention" for t in layer_types):
+            return f"its layers are not all full attention ({sorted(set(layer_types))})"
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "it uses sliding-window attention"
+    checkpointing = getattr(hf, "is_activation_checkpointing", None)
+    if checkpointing is None:  # transformers before the rename
+        checkpointing = getattr(hf, "is_gradient_checkpointing", False)
+    if training and checkpointing:
+        return "activation checkpointing drops the KV cache"
+    if training and any(type(m).__name__.startswith(("FSDP", "FullyShardedDataParallel")) for m in model.modules()):
+        return "FSDP reshards each layer between the context and completion passes, before backward"
+    return None
+
+
+
+
+def scoring_mode(model: torch.nn.Module, mode: bool | str) -> bool | str:
+    """The mode a scorer runs: `False` where the model cannot share (logged once), else `mode`."""
+    if mode is False:
+        return False
+    reason = kv_sharing_unsupported(model)
+    if reason is None:
+        if mode == "auto":
+            logger.info("prefix_sharing='auto': groups sharing a context are scored against its KV cache where "
+                        "the cost model says it pays.")
+        return mode
+    log = logger.warning if mode is True else logger.info
+    log("prefix_sharing=%r: %s; scoring each sequence separately.", mode, reason)
+    return False
+
+
+def training_layout(
+    model: torch.nn.Module, mode: bool | str, *, activation_checkpointing: bool, fsdp: bool, plain_reason: str | None
+) -> str | bool:
+    """The layout a trainer runs: `"kv"` (the contexts once with a KV cache, the completions against it), `"mask"`
+    (block-mask rows: eager/SDPA, only with `mode=True` where the KV path cannot run) or False (the plain path).
+    `plain_reason`: why `"auto"` must keep TRL's batch layout (a subclass's `compute_loss` reads it), or None.
+    Logged once."""
+    if not mode:
+        return False
+    if mode == "auto" and plain_reason:
+        logger.info("prefix_sharing='auto': %s; using the plain batch layout.", plain_reason)
+        return False
+    reason = kv_sharing_unsupported(model, training=True)
+    if reason is None and activation_checkpointing:
+        reason = "activation checkpointing drops the KV cache"
+    if reason is None and fsdp:
+        reason = "FSDP reshards each layer between the context and completion passes, before backward"
+    if reason is None:
+        logger.info("prefix_sharing=%r: each record's context runs once, its completions against its KV cache.", mode)
+        return "kv"
+    log = logger.warning if mode is True else logger.info
+    attention = getattr(classifier(model).config if classifier(model) else None, "_attn_implementation", None)
+    if mode is True and attention in SUPPORTED_ATTENTION and find_score_head(model) is not None:
+        log("prefix_sharing=True: %s; using block-mask rows (their attention grows with the square of the row).",
+            reason)
+        return "mask"
+    log("prefix_sharing=%r: %s; using the plain path.", mode, reason)
+    return False

@@ -1,0 +1,130 @@
+"""Planning shared scoring: which items share a context, whether it pays (the cost model), and how rows are cut
+into forward passes.
+
+Cost of a forward over `n` query tokens against `k` keys, in attention-pair units: `n * ratio + n * k`, with
+`ratio` the FLOPs per token of a layer's projections and MLP over its FLOPs per (query, key) pair of attention
+(`linear_to_attention_cost`, from the model config). Plain: each item `(P + c)` tokens against themselves; shared:
+the context once, then each completion's `c` tokens against `P + c` keys. `"auto"` shares a group when that saves at
+least `AUTO_MIN_SAVING` of its plain cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..tokenization import common_prefix_length
+
+AUTO_MIN_SAVING = 0.1
+"""`"auto"` shares a group when the cost model saves at least this fraction of its plain cost."""
+
+
+def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
+    """Longest prefix shared by every sequence, capped so each sequence keeps at least one token of its own."""
+    first = sequences[0]
+    n = min(len(s) for s in sequences) - 1
+    for seq in sequences[1:]:
+        n = min(n, common_prefix_length(first, seq))
+    return max(n, 0)
+
+
+def plan_passes(
+    lengths: Sequence[int], max_rows: int | None = None, max_tokens: int | None = None,
+    extra: Sequence[int] | None = None, slack: float = 0.25,
+) -> list[tuple[list[int], int]]:
+    """Split rows into passes `(rows, length)`: longest first; a pass grows while its padding stays within `slack`
+    of its real tokens, it has at most `max_rows` rows, and `rows x (length + extra)` (`extra[i]`: keys row i also
+    needs, e.g. its context's length; the pass counts its largest) stays within `max_tokens` (a row alone always
+    gets a pass)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    passes: list[tuple[list[int], int]] = []
+    rows: list[int] = []
+    real, keys = 0, 0
+    for i in order:
+        if rows:
+            n = len(rows) + 1
+            longest = lengths[rows[0]]
+            grown_keys = max(keys, extra[i] if extra else 0)
+            too_padded = n * longest > (1 + slack) * (real + lengths[i])
+            too_many = max_rows is not None and n > max_rows
+            too_big = max_tokens is not None and n * (longest + grown_keys) > max_tokens
+            if too_padded or too_many or too_big:
+                passes.append((rows, longest))
+                rows, real, keys = [], 0, 0
+        rows.append(i)
+        real += lengths[i]
+        keys = max(keys, extra[i] if extra else 0)
+    if rows:
+        passes.append((rows, lengths[rows[0]]))
+    return passes
+
+
+def greedy_batches(
+    order: Sequence[int], fits: Callable[[list[int], int], bool], max_rows: int | None
+) -> list[list[int]]:
+    """Cut `order` into batches: a batch takes the next index while it has fewer than `max_rows` and
+    `fits(batch, index)`; an index that does not fit starts a new batch (alone, it always gets one)."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        full = max_rows is not None and len(current) + 1 > max_rows
+        if current and (full or not fits(current, i)):
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def linear_to_attention_cost(config: Any) -> float:
+    """FLOPs per token in a decoder layer's projections over FLOPs per (query, key) pair of its attention.
+
+    From the config of a standard decoder (`hidden_size`, `intermediate_size`, heads, `head_dim`; gated MLP);
+    infinity (always share) when the config does not say.
+    """
+    hidden = getattr(config, "hidden_size", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not hidden or not heads:
+        return math.inf
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    ffn = getattr(config, "intermediate_size", None) or 4 * hidden
+    q, kv = heads * head_dim, kv_heads * head_dim
+    linear = 2 * (hidden * q + 2 * hidden * kv + q * hidden + 3 * hidden * ffn)
+    return linear / (4 * q)  # QK^T and attention-weighted V: 2 FLOPs each per pair and channel
+
+
+def sharing_saves(prefix: int, completions: Sequence[int], ratio: float) -> float:
+    """The fraction of a group's plain scoring FLOPs that scoring against its shared context saves (module
+    docstring), for a context of `prefix` tokens, completions of `completions` tokens and the model's `ratio`."""
+    if math.isinf(ratio) or not completions:
+        return 1.0 if len(completions) > 1 else 0.0
+    plain = sum((prefix + c) * ratio + (prefix + c) ** 2 for c in completions)
+    shared = prefix * ratio + prefix**2 + sum(c * ratio + c * (prefix + c) for c in completions)
+    return 1.0 - shared / plain
+
+
+def share_plan(
+    sequences: Sequence[Sequence[int]], context_lengths: Sequence[int], always: bool, ratio: float
+) -> tuple[list[tuple[int, list[int]]], list[int]]:
+    """Which items to score against a shared context: `(groups, plain)`, each group `(prefix length, items)`.
+
+    Items are grouped by their first `context_length` tokens (exact token equality); a group's prefix is the longest
+    one all its items share (each keeps at least one token of its own). With `always` every group of two or more
+    items with a prefix of at least one token is shared; otherwise only those where the cost model
+    (`AUTO_MIN_SAVING`) says it pays.
+    """
+    keyed: dict[tuple[int, ...], list[int]] = {}
+    for i, (seq, n) in enumerate(zip(sequences, context_lengths)):
+        keyed.setdefault(tuple(seq[:n]), []).append(i)
+    groups, plain = [], []
+    for members in keyed.values():
+        prefix = shared_prefix_length([sequences[i] for i in members]) if len(members) > 1 else 0
+        own = [len(sequences[i]) - prefix for i in members]
+        if prefix >= 1 and (always or sharing_saves(prefix, own, ratio) >= AUTO_MIN_SAVING):
+            groups.append((prefix, sorted(members, key=lambda i: -len(sequences[i]))))
+        else:
+            plain += members
+    return groups, sorted(plain)
