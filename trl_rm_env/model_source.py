@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from .waiting import default_wait_timeout, wait_for_path
+
 __all__ = ["ModelSourceError", "check_model_source", "ensure_tiny_model", "TINY_MODEL_NAMES"]
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
@@ -202,8 +204,6 @@ def ensure_tiny_model(
         if not _looks_local(path) and not _offline():
             return  # a Hub id: nothing to build
         raise _missing(path, "model", f"build_tiny_model builds only a missing folder named {kind}")
-    from .waiting import default_wait_timeout, wait_for_path
-
     limit = default_wait_timeout() if timeout is None else timeout
     if _local_rank() != 0:
         wait_for_path(

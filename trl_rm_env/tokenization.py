@@ -79,16 +79,21 @@ def _strip_bos(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
     return text
 
 
+def _remember(tokenizer: PreTrainedTokenizerBase, attribute: str, value: Any) -> None:
+    """Cache `value` on the tokenizer object (skipped for exotic tokenizer classes that refuse new attributes)."""
+    try:
+        setattr(tokenizer, attribute, value)
+    except AttributeError:  # pragma: no cover - tokenizer classes with __slots__
+        pass
+
+
 def _tokenizer_adds_bos(tokenizer: PreTrainedTokenizerBase) -> bool:
     # Cached per tokenizer object: does `tokenizer("x")` start with BOS?
     cached = getattr(tokenizer, "_trl_rm_env_adds_bos", None)
     if cached is None:
         ids = tokenizer("x")["input_ids"]
         cached = bool(ids) and ids[0] == tokenizer.bos_token_id
-        try:
-            tokenizer._trl_rm_env_adds_bos = cached
-        except AttributeError:  # pragma: no cover - exotic tokenizer classes with __slots__
-            pass
+        _remember(tokenizer, "_trl_rm_env_adds_bos", cached)
     return cached
 
 
@@ -154,10 +159,7 @@ def _specials(tokenizer: PreTrainedTokenizerBase) -> _Specials:
         suffix=suffix,
         offset_sensitive=offset_sensitive,
     )
-    try:
-        tokenizer._trl_rm_env_specials = result
-    except AttributeError:  # pragma: no cover - exotic tokenizer classes with __slots__
-        pass
+    _remember(tokenizer, "_trl_rm_env_specials", result)
     return result
 
 

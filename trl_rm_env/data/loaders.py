@@ -105,12 +105,8 @@ def load_rank_records(
                 return None
         return validate_rank_record(row, source_name, row_num, row_label, max_completions)
 
-    records = collect_records(rows, convert, report, on_invalid, log)
-    if not records and not allow_empty:
-        raise ValueError(
-            f"{source_name}: no valid records (skipped {report.skipped} invalid, dropped {report.ties} tied); "
-            f"check data_format={data_format!r} and the file contents"
-        )
+    hint = None if allow_empty else f"data_format={data_format!r} and the file contents"
+    records = collect_records(rows, convert, report, on_invalid, log, hint)
     return records, report
 
 
@@ -134,22 +130,11 @@ def records_to_dataset(records: list[dict[str, Any]], source: str) -> Dataset:
         raise ValueError(f"{source}: records do not fit one table ({err}); a metadata key must have one type") from err
 
 
-def load_rank_dataset(
-    source: str | Dataset | list[dict[str, Any]],
-    *,
-    split: str | None = None,
-    data_format: str = "rank",
-    on_invalid: OnInvalid = "raise",
-    prompt_key: str = "prompt",
-    chosen_key: str = "chosen",
-    rejected_key: str = "rejected",
-    hub_config: str | None = None,
-    name: str | None = None,
-    max_completions: int | None = MAX_COMPLETIONS_PER_RECORD,
-) -> Dataset:
+def load_rank_dataset(source: str | Dataset | list[dict[str, Any]], **options: Any) -> Dataset:
     """Load `source` as a `datasets.Dataset` of rank records (columns `context`, `completions`, metadata).
 
-    Same arguments as `load_rank_records`, which does the work; call that one to get the `LoadReport` counts.
+    Takes the arguments of `load_rank_records`, which does the work (declared there once); call that one to get the
+    `LoadReport` counts.
 
     Returns:
         A Dataset with one row per valid record.
@@ -160,18 +145,7 @@ def load_rank_dataset(
         ValueError: a bad option, no valid record, or records that cannot form one table (plain text mixed with
             messages, or a metadata key with different types).
     """
-    records, report = load_rank_records(
-        source,
-        split=split,
-        data_format=data_format,
-        on_invalid=on_invalid,
-        prompt_key=prompt_key,
-        chosen_key=chosen_key,
-        rejected_key=rejected_key,
-        hub_config=hub_config,
-        name=name,
-        max_completions=max_completions,
-    )
+    records, report = load_rank_records(source, **options)
     return records_to_dataset(records, report.source)
 
 

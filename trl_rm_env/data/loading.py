@@ -71,13 +71,16 @@ def collect_records(
     report: LoadReport,
     on_invalid: OnInvalid = "raise",
     log: bool = True,
+    hint: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run `convert(row, row_number)` (convert and validate: a record, or None for a tie) over `rows`, raising or
     skipping bad rows as `on_invalid` says; a row given as a `DataValidationError` (a line that could not be read)
-    is a bad row. Fills `report` and, with `log`, logs it once.
+    is a bad row. Fills `report` and, with `log`, logs it once. With a `hint` (what to check), a load that keeps
+    nothing is an error that counts what was skipped and dropped.
 
     Raises:
         DataValidationError: the first bad row, with `on_invalid="raise"`.
+        ValueError: no valid record, when a `hint` is given.
         ValueError: `on_invalid` is neither "raise" nor "skip".
     """
     check_on_invalid(on_invalid)
@@ -99,4 +102,7 @@ def collect_records(
     report.kept = len(records)
     if log:
         report.log()
+    if not records and hint is not None:
+        ties = f", dropped {report.ties} tied" if report.tie_rule != "none" else ""
+        raise ValueError(f"{report.source}: no valid records (skipped {report.skipped} invalid{ties}); check {hint}")
     return records

@@ -57,10 +57,7 @@ def validate_regression_record(
     """Validate one regression record and return it normalised.
 
     Args:
-        record: The parsed record.
-        source: Where it came from (a file path or a dataset name), used in errors.
-        row: Its line (files, 1-based) or row (datasets, 0-based) number, used in errors.
-        row_label: "line" or "row", the word used in errors.
+        record, source, row, row_label: The parsed record and where it came from, as for `validate_rank_record`.
         attributes: The allowed attribute names; None allows any name.
 
     Returns:
@@ -169,19 +166,15 @@ def load_regression_records(
         raise ValueError(f"unknown regression data_format {data_format!r}; choose one of {list(REGRESSION_FORMATS)}")
     converter = REGRESSION_CONVERTERS.get(data_format)
     source_name, rows, row_label = open_source(source, split, hub_config, name, sample_prefix="regression_")
-    report = LoadReport(source_name)
+    report = LoadReport(source_name, tie_rule="none")  # a rating has no ties
 
     def convert(row: Any, row_num: int) -> dict[str, Any]:
         if converter is not None:
             row = converter(row, source_name, row_num, row_label, attributes=attributes)
         return validate_regression_record(row, source_name, row_num, row_label, attributes)
 
-    records = collect_records(rows, convert, report, on_invalid, log)
-    if not records and not allow_empty:
-        raise ValueError(
-            f"{source_name}: no valid records (skipped {report.skipped} invalid); check "
-            f"data_format={data_format!r} and the file contents"
-        )
+    hint = None if allow_empty else f"data_format={data_format!r} and the file contents"
+    records = collect_records(rows, convert, report, on_invalid, log, hint)
     return records, report
 
 
@@ -195,19 +188,10 @@ def attribute_names(records: Iterable[Mapping[str, Any]]) -> list[str]:
     return list(names)
 
 
-def load_regression_dataset(
-    source: str | Dataset | list[dict[str, Any]],
-    *,
-    split: str | None = None,
-    data_format: str = "regression",
-    on_invalid: OnInvalid = "raise",
-    attributes: Sequence[str] | None = None,
-    hub_config: str | None = None,
-    name: str | None = None,
-) -> Dataset:
+def load_regression_dataset(source: str | Dataset | list[dict[str, Any]], **options: Any) -> Dataset:
     """Load `source` as a `datasets.Dataset` of regression records (`context`, `completion`, `attributes`, metadata).
 
-    Same arguments as `load_regression_records`, which does the work. The `attributes` column holds every attribute
+    Takes the arguments of `load_regression_records`, which does the work (declared there once). The `attributes` column holds every attribute
     name (the `attributes` argument, else all names found, in order of first appearance) in every row; a missing
     value is `None`.
 
@@ -216,16 +200,8 @@ def load_regression_dataset(
         FileNotFoundError: a missing local file or bundled split.
         ValueError: a bad option, no valid record, or records that cannot form one table.
     """
-    records, report = load_regression_records(
-        source,
-        split=split,
-        data_format=data_format,
-        on_invalid=on_invalid,
-        attributes=attributes,
-        hub_config=hub_config,
-        name=name,
-    )
-    return regression_records_to_dataset(records, report.source, attributes)
+    records, report = load_regression_records(source, **options)
+    return regression_records_to_dataset(records, report.source, options.get("attributes"))
 
 
 def regression_records_to_dataset(

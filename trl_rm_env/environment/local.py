@@ -1,17 +1,5 @@
-"""`RewardModelEnvironment`: a reward model as the reward function of TRL's `GRPOTrainer`.
-
-    from trl import GRPOTrainer
-    from trl_rm_env import RewardModelEnvironment
-
-    reward = RewardModelEnvironment("Skywork/Skywork-Reward-V2-Qwen3-0.6B", max_tokens_per_batch=16384)
-    trainer = GRPOTrainer(model=..., reward_funcs=[reward], args=..., train_dataset=...)
-
-It is a plain callable with TRL's reward signature `(prompts, completions, completion_ids=None, **kwargs)`, and a
-stable `__name__` (TRL logs `rewards/<name>/mean`). Unlike passing the model to `GRPOTrainer` directly, it renders
-each conversation with the RM's *own* chat template (policy and RM tokenizers may differ), strips a duplicated BOS
-as the Skywork-Reward-V2 card does, scores in bounded micro-batches (no OOM on large generation batches),
-left-truncates over-long contexts, and logs `reward_model_env/*` metrics. Scores equal one-at-a-time scoring with
-the plain model (fp32, within 1e-4).
+"""`RewardModelEnvironment`: the reward model loaded in this process (sharded under ZeRO-3 or FSDP2), scored by
+`RewardScorer`; `trl_rm_env.environment` says what the reward function does.
 """
 
 from __future__ import annotations
@@ -31,7 +19,7 @@ from ..scoring.loading import load_reward_model
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import RewardScorer, as_pairs
 from . import nemo
-from .rewards import RewardFunction, check_postprocessing
+from .rewards import Ids, RewardFunction, Samples, check_postprocessing
 
 logger = logging.getLogger(__name__)
 
@@ -155,9 +143,8 @@ class RewardModelEnvironment(RewardFunction):
     @classmethod
     def argument_names(cls) -> set[str]:
         """Every keyword argument of the environment: its own and the scoring options."""
-        own = set(inspect.signature(RewardModelEnvironment.__init__).parameters) - {
-            "self", "model", "tokenizer", "options", "scoring_options", "remote_url"
-        }
+        internal = {"self", "model", "tokenizer", "options", "scoring_options", "remote_url"}
+        own = set(inspect.signature(RewardModelEnvironment.__init__).parameters) - internal
         return own | set(ScoringOptions.names())
 
     # ------------------------------------------------------------------ scoring
@@ -171,16 +158,10 @@ class RewardModelEnvironment(RewardFunction):
             return self.scorer.score(contexts, completions)
 
     def __call__(
-        self,
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        completion_ids: Sequence[Sequence[int]] | None = None,
-        **kwargs: Any,
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
     ) -> list[float]:
         """TRL reward function: one float reward per `(prompt, completion)`."""
-        empty = self._check_inputs(prompts, completions)
-        rewards = torch.empty(len(prompts), dtype=torch.float32)
-        to_score = self._to_score(len(prompts), empty)
+        empty, to_score, rewards = self._plan(prompts, completions)
         nonfinite: list[int] = []
         # Entered on every rank, even one with nothing to score: under ZeRO-3 and FSDP2 gathering is a collective.
         with full_weights(self.model, self.sharding):

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from ..scoring.scorer import as_pairs, strip_completion_reasoning
 from ..serving.client import RemoteScorer
 from .local import RewardModelEnvironment
-from .rewards import check_postprocessing
+from .rewards import Ids, Samples, check_postprocessing
 
 logger = logging.getLogger(__name__)
 
@@ -110,16 +110,10 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment):
         return torch.tensor(scores, dtype=torch.float32)
 
     async def __call__(  # type: ignore[override]
-        self,
-        prompts: Sequence[Any],
-        completions: Sequence[Any],
-        completion_ids: Sequence[Sequence[int]] | None = None,
-        **kwargs: Any,
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
     ) -> list[float]:
         """TRL reward function (async): one float reward per `(prompt, completion)`."""
-        empty = self._check_inputs(prompts, completions)
-        rewards = torch.empty(len(prompts), dtype=torch.float32)
-        to_score = self._to_score(len(prompts), empty)
+        empty, to_score, rewards = self._plan(prompts, completions)
         nonfinite: list[int] = []
         if to_score:
             pairs = [

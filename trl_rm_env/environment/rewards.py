@@ -21,6 +21,10 @@ from ..scoring.scorer import strip_completion_reasoning
 
 logger = logging.getLogger(__name__)
 
+# TRL's reward-function arguments: one prompt and one completion per sample (text or messages), and their token ids.
+Samples = Sequence[Any]
+Ids = Sequence[Sequence[int]] | None
+
 NORMALIZATIONS = ("none", "running", "checkpoint")
 
 
@@ -42,7 +46,7 @@ def is_empty(completion: Any) -> bool:
 class RewardFunction:
     """The reward pipeline around a `Scorer`: checks, empties, NaN/inf, normalization, clipping, metrics.
 
-    Subclasses build their scorer and call `_setup`; `_check_inputs`, `_to_score` and `_finish` bracket the scoring
+    Subclasses build their scorer and call `_setup`; `_plan` and `_finish` bracket the scoring
     call of their `__call__` (sync or async).
     """
 
@@ -141,9 +145,12 @@ class RewardFunction:
         strip = self.strip_reasoning
         return [i for i, c in enumerate(completions) if is_empty(strip_completion_reasoning(c) if strip else c)]
 
-    def _to_score(self, n: int, empty: list[int]) -> list[int]:
+    def _plan(self, prompts: Samples, completions: Samples) -> tuple[list[int], list[int], torch.Tensor]:
+        """Check TRL's inputs; return the empty completions, the samples to score and the rewards to fill."""
+        empty = self._check_inputs(prompts, completions)
         skip = set(empty) if self.empty_completion_reward is not None else set()
-        return [i for i in range(n) if i not in skip]
+        to_score = [i for i in range(len(prompts)) if i not in skip]
+        return empty, to_score, torch.empty(len(prompts), dtype=torch.float32)
 
     def _finish(
         self, rewards: torch.Tensor, empty: list[int], log_metric, nonfinite: int | None = None

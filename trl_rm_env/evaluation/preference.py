@@ -37,6 +37,7 @@ import torch
 from ..data.schema import iter_pairs
 from ..scoring.loading import load_reward_scorer
 from .rewardbench import rewardbench_sections
+from .rewardbench2 import rewardbench2_scores
 
 
 def score_all(scorer: Any, contexts: list[Any], completions: list[Any], progress: bool) -> list[float]:
@@ -259,8 +260,6 @@ def evaluate_with_scores(
     accuracies = {name: m["accuracy"] for name, m in results["sets"].items() if m["pairs"]}
     results["rewardbench"] = rewardbench_sections(accuracies)
     if any("subset" in r and "num_correct" in r for records in datasets.values() for r in records):
-        from .rewardbench2 import rewardbench2_scores
-
         results["rewardbench2"] = rewardbench2_scores(datasets, by_set)
     return results, rows
 

@@ -161,12 +161,8 @@ def load_rewardbench2(
         split = split or (None if ":" in source else "test")  # the Hub set has one split, "test"
     source_name, rows, row_label = open_source(source, split, None, name)
     report = LoadReport(source_name, tie_rule="none")
-    records = collect_records(
-        rows, lambda row, row_num: rewardbench2_row_to_record(row, source_name, row_num, row_label), report, on_invalid,
-        log=False,
-    )
-    if not records:
-        raise ValueError(f"{source_name}: no valid RewardBench 2 row (skipped {report.skipped} invalid)")
+    convert = lambda row, row_num: rewardbench2_row_to_record(row, source_name, row_num, row_label)  # noqa: E731
+    records = collect_records(rows, convert, report, on_invalid, log=False, hint="that the rows are RewardBench 2's")
     return records, report
 
 

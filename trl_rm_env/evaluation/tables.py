@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .rewardbench import REWARDBENCH_SUBSET_MAPPING
+from .rewardbench2 import format_rewardbench2_table
 
 
 def _percent(value: float) -> str:
@@ -40,8 +41,6 @@ def format_results_table(results: Mapping[str, Any]) -> str:
         elif len(sections) < len(REWARDBENCH_SUBSET_MAPPING):
             lines.append("(overall Score needs all four sections)")
     if results.get("rewardbench2"):
-        from .rewardbench2 import format_rewardbench2_table
-
         lines += ["", format_rewardbench2_table(results["rewardbench2"])]
     if all("margin_buckets" in m for m in sets.values()):  # results saved before these metrics existed have none
         lines += ["", format_bias_table(results)]

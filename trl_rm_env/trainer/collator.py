@@ -59,18 +59,8 @@ def pair_to_ranked(example: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class DataCollatorForRankedPreference(DataCollatorMixin):
-    """Pad the completions of a batch of rank records into one tensor.
-
-    Each example holds `completion_ids` (one list of token ids per completion) and `ranks`, or TRL's `chosen_ids`
-    and `rejected_ids`. The batch holds:
-
-    - `input_ids`, `attention_mask`: `(C, L)`, right-padded, C = total completions in the batch;
-    - `ranks`: `(C,)` the rank of each row; `record_index`: `(C,)` the record (0..B-1) each row belongs to;
-    - `margin`: `(B,)` when any example has a `margin` (missing ones are 0).
-
-    A batch made only of TRL pairs is exactly what TRL's `DataCollatorForPreference` returns (rows: every chosen,
-    then every rejected; no `ranks`/`record_index`), so the trainer handles it as TRL does.
+class _RightPadding(DataCollatorMixin):
+    """Right-pads token-id lists into `input_ids` and `attention_mask`.
 
     Args:
         pad_token_id: Token id used for padding.
@@ -86,9 +76,29 @@ class DataCollatorForRankedPreference(DataCollatorMixin):
         input_ids = [torch.tensor(ids) for ids in sequences]
         attention_mask = [torch.ones_like(ids) for ids in input_ids]
         return {
-            "input_ids": pad(input_ids, self.pad_token_id, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of),
+            "input_ids": pad(
+                input_ids, self.pad_token_id, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of
+            ),
             "attention_mask": pad(attention_mask, 0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of),
         }
+
+
+@dataclass
+class DataCollatorForRankedPreference(_RightPadding):
+    """Pad the completions of a batch of rank records into one tensor.
+
+    Each example holds `completion_ids` (one list of token ids per completion) and `ranks`, or TRL's `chosen_ids`
+    and `rejected_ids`. The batch holds:
+
+    - `input_ids`, `attention_mask`: `(C, L)`, right-padded, C = total completions in the batch;
+    - `ranks`: `(C,)` the rank of each row; `record_index`: `(C,)` the record (0..B-1) each row belongs to;
+    - `margin`: `(B,)` when any example has a `margin` (missing ones are 0).
+
+    A batch made only of TRL pairs is exactly what TRL's `DataCollatorForPreference` returns (rows: every chosen,
+    then every rejected; no `ranks`/`record_index`), so the trainer handles it as TRL does.
+
+    Args: `pad_token_id`, `pad_to_multiple_of` (the padded length's multiple), `return_tensors` (only `"pt"`).
+    """
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         margin = _margins(examples)
@@ -151,9 +161,7 @@ class DataCollatorForSharedPrefix(DataCollatorMixin):
                 record_ids[r, start:end] = i
                 where[i] = (r, start)
                 start = end
-        score_index = [
-            (where[i][0], where[i][1] + offset) for i in range(len(examples)) for offset in built[i][3]
-        ]
+        score_index = [(where[i][0], where[i][1] + offset) for i in range(len(examples)) for offset in built[i][3]]
         output = {
             "input_ids": input_ids,
             "position_ids": position_ids,
@@ -255,29 +263,16 @@ class DataCollatorForSharedContextPairs(_TakesPairs, DataCollatorForSharedContex
 
 
 @dataclass
-class DataCollatorForRegression(DataCollatorMixin):
+class DataCollatorForRegression(_RightPadding):
     """Pad a batch of regression examples (`input_ids`, `targets`).
 
     The batch holds `input_ids`, `attention_mask`: `(B, L)` right-padded, and `targets`: `(B, K)` float32, NaN
     where an attribute is missing.
 
-    Args:
-        pad_token_id: Token id used for padding.
-        pad_to_multiple_of: If set, pad the length to a multiple of this value.
-        return_tensors: Only `"pt"` is supported.
+    Args: `pad_token_id`, `pad_to_multiple_of` (the padded length's multiple), `return_tensors` (only `"pt"`).
     """
 
-    pad_token_id: int
-    pad_to_multiple_of: int | None = None
-    return_tensors: str = "pt"
-
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        input_ids = [torch.tensor(example["input_ids"]) for example in examples]
-        attention_mask = [torch.ones_like(ids) for ids in input_ids]
-        return {
-            "input_ids": pad(
-                input_ids, self.pad_token_id, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of
-            ),
-            "attention_mask": pad(attention_mask, 0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of),
-            "targets": torch.tensor([example["targets"] for example in examples], dtype=torch.float32),
-        }
+        output = self._pad([example["input_ids"] for example in examples])
+        output["targets"] = torch.tensor([example["targets"] for example in examples], dtype=torch.float32)
+        return output

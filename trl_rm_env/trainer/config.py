@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl import RewardConfig
 
@@ -12,6 +14,11 @@ from ..data.schema import MAX_COMPLETIONS_PER_RECORD
 from ..sharing import normalize_prefix_sharing
 
 TRUNCATION_MODES = ("drop", "left")
+
+
+def _choice(default: str | None, choices: Sequence[str], help: str) -> Any:
+    """A field that `TrlParser` offers as `--name {choices}`."""
+    return field(default=default, metadata={"help": help, "choices": list(choices)})
 
 
 @dataclass
@@ -63,21 +70,17 @@ class RankedRewardConfig(RewardConfig):
     > activation checkpointing, only adds a graph traversal per step and a warning on every DDP process).
     """
 
-    truncation: str = field(
-        default="drop",
-        metadata={
-            "help": "Over-length records (longer than `max_length`): 'drop' them, or 'left'-truncate the context "
-            "(never the completion).",
-            "choices": list(TRUNCATION_MODES),
-        },
+    truncation: str = _choice(
+        "drop",
+        TRUNCATION_MODES,
+        "Over-length records (longer than `max_length`): 'drop' them, or 'left'-truncate the context (never the "
+        "completion).",
     )
-    on_invalid: str = field(
-        default="raise",
-        metadata={
-            "help": "Records that break the rank schema: 'raise' an error naming dataset, row and field, or 'skip' "
-            "them (count and reasons logged once).",
-            "choices": list(ON_INVALID_MODES),
-        },
+    on_invalid: str = _choice(
+        "raise",
+        ON_INVALID_MODES,
+        "Records that break the rank schema: 'raise' an error naming dataset, row and field, or 'skip' them (count "
+        "and reasons logged once).",
     )
     max_completions: int | None = field(
         default=MAX_COMPLETIONS_PER_RECORD,
@@ -96,14 +99,12 @@ class RankedRewardConfig(RewardConfig):
     # `str | None` for the parser (it would parse `bool | str` as a bool); __post_init__ maps None to "auto" and
     # "true"/"false" to bools. None (not "auto") as the default keeps `if config.prefix_sharing:` checks of
     # subclasses, run before this __post_init__, reading "not forced on".
-    prefix_sharing: str | None = field(
-        default=None,
-        metadata={
-            "help": "Encode each record's context once and run its completions against the context's KV cache "
-            "(exact: scores, loss and gradients equal the plain path). 'auto': where the model supports it; "
-            "'true': always (warns when it cannot); 'false': never. Default: auto.",
-            "choices": ["auto", "true", "false"],
-        },
+    prefix_sharing: str | None = _choice(
+        None,
+        ("auto", "true", "false"),
+        "Encode each record's context once and run its completions against the context's KV cache (exact: scores, "
+        "loss and gradients equal the plain path). 'auto': where the model supports it; 'true': always (warns when "
+        "it cannot); 'false': never. Default: auto.",
     )
     pack_max_tokens: int | None = field(
         default=None,

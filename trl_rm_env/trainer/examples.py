@@ -191,7 +191,7 @@ class ExamplePreparer:
         if all(c in columns for c in PROCESSED_COLUMNS):
             return dataset
         if all(c in columns for c in PAIR_COLUMNS):  # TRL's tokenized format (or our processed pairs)
-            return self.pretokenized(dataset, processing_class, args, dataset_name)
+            return self.pretokenized(dataset, args, dataset_name, processing_class.bos_token_id)
         if "chosen" in columns and "context" not in columns:
             return self.preference(dataset, processing_class, args, dataset_name, columns)
         if isinstance(dataset, IterableDataset):
@@ -278,17 +278,12 @@ class ExamplePreparer:
             )
             return self.finish(mapped, args, dataset_name)
 
-    def pretokenized(
-        self,
-        dataset: Dataset | IterableDataset,
-        processing_class: PreTrainedTokenizerBase,
-        args: Any,
-        dataset_name: str,
-    ) -> Dataset | IterableDataset:
-        """`chosen_ids`/`rejected_ids` given: TRL's `max_length` filter (or left truncation of the shared prefix)."""
+    def pretokenized(self, dataset: Dataset | IterableDataset, args: Any, dataset_name: str, bos: int | None) -> Any:
+        """`chosen_ids`/`rejected_ids` given: TRL's `max_length` filter (or left truncation of the shared prefix, a
+        leading `bos` kept)."""
         if args.max_length is None:
             return dataset
-        max_length, truncation, bos = args.max_length, args.truncation, processing_class.bos_token_id
+        max_length, truncation = args.max_length, args.truncation
         if truncation != "left":  # exactly TRL's filter
             kwargs = {} if isinstance(dataset, IterableDataset) else {"num_proc": args.dataset_num_proc}
             with global_then_local_main_first():
