@@ -8,7 +8,7 @@ import logging
 
 import pytest
 import torch
-from reference import _one_thread, reference_ids, score_one  # noqa: F401
+from helpers import _one_thread, reference_ids, score_one  # noqa: F401
 
 from trl_rm_env import RewardModelEnvironment
 from trl_rm_env.environment import COMPLETION_ROLES, KNOWN_ROLES, RemoteRewardModelEnvironment

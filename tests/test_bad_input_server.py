@@ -22,8 +22,7 @@ import pytest
 
 aiohttp = pytest.importorskip("aiohttp", reason="aiohttp is not installed")
 
-from reference import _one_thread, score_one  # noqa: E402,F401
-from test_server import ServerProcess  # noqa: E402
+from helpers import ServerProcess, _one_thread, score_one  # noqa: E402,F401
 
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
 from trl_rm_env.tokenization import encode_text  # noqa: E402

@@ -25,7 +25,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from launching import ROOT, free_port, launch, needs_deepspeed
+from helpers import ROOT, free_port, launch, needs_deepspeed
 
 from trl_rm_env.model_source import ensure_tiny_model
 from trl_rm_env.waiting import WaitTimeoutError, wait_for_everyone, wait_for_path

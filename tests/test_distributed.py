@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launching import SAMPLE, launch, needs_deepspeed
+from helpers import SAMPLE, launch, needs_deepspeed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -55,13 +55,9 @@ def distributed_line(output: str) -> str:
 
 # ---------------------------------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    """`make_tiny` output shared by every run here: `<dir>/reward_model` and `<dir>/policy`."""
-    from trl_rm_env.testing import make_tiny
-
-    out = tmp_path_factory.mktemp("dist-tiny-models")
-    make_tiny(out)
-    return out
+def tiny(tiny_dir) -> Path:
+    """The session's `make_tiny` output (`<dir>/reward_model`, `<dir>/policy`), read by every run here."""
+    return tiny_dir
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from reference import _one_thread, reference_ids, reference_scores, reference_text, score_one  # noqa: F401
+from helpers import (  # noqa: F401
+    _one_thread,
+    grpo_config,
+    reference_ids,
+    reference_scores,
+    reference_text,
+    score_one,
+)
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env import RewardModelEnvironment
@@ -503,25 +510,12 @@ def test_from_config_chat_template_follows_nemo_rl(saved_rm, tmp_path):
 
 @pytest.mark.slow
 def test_grpo_trainer_drop_in(tiny_dir, tmp_path):
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     env = RewardModelEnvironment(tiny_dir / "reward_model", name="tiny_rm", max_tokens_per_batch=1024)
     questions = [f"What is {a} plus {b}?" for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1), (0, 3), (4, 4)]]
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in questions])
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "grpo"),
-        max_steps=2,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = grpo_config(tmp_path, max_steps=2, per_device_train_batch_size=4, num_generations=4, max_completion_length=8)
     trainer = GRPOTrainer(model=str(tiny_dir / "policy"), reward_funcs=[env], args=args, train_dataset=dataset)
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if f"rewards/{env.__name__}/mean" in entry]

@@ -363,7 +363,7 @@ def test_margin_buckets_with_no_scorer_lengths():
 
 
 def test_cli_scores_file_same_for_any_batching_and_equal_to_one_at_a_time(tiny_dir, tmp_path):
-    from reference import reference_scores
+    from helpers import reference_scores
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     records, _ = load_rank_records("sample:harder")

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from reference import _one_thread, reference_scores  # noqa: F401
+from helpers import _one_thread, reference_scores  # noqa: F401
 
 from trl_rm_env.cli import main
 from trl_rm_env.data import DataValidationError

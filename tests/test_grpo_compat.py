@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
+from helpers import grpo_config
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env import RewardModelEnvironment
@@ -55,25 +56,10 @@ def prompt_only(config: str) -> Dataset:
 
 
 def grpo_args(tmp_path: Path, **overrides):
-    from trl import GRPOConfig
-
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(tmp_path / "grpo"),
-        max_steps=1,
-        learning_rate=0.1,
-        per_device_train_batch_size=3,
-        num_generations=3,
-        max_completion_length=4,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
+    values: dict[str, Any] = dict(
+        learning_rate=0.1, per_device_train_batch_size=3, num_generations=3, max_completion_length=4
     )
-    kwargs.update(overrides)
-    return GRPOConfig(**kwargs)
+    return grpo_config(tmp_path, **{**values, **overrides})
 
 
 def reward_source(source: str, tiny_dir: Path, **env_kwargs):

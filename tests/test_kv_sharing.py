@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from reference import _one_thread, assert_same_loss_and_gradients, score_one  # noqa: F401
+from helpers import _one_thread, assert_same_loss_and_gradients, score_one  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RewardScorer, load_rank_dataset
 from trl_rm_env.sharing import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import assert_same_loss_and_gradients
+from helpers import assert_same_loss_and_gradients
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.sharing import plan_rows, record_row, shared_prefix_length, shared_prefix_mask, shared_prefix_scores

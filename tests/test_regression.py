@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import training_args
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env.data.arguments import RegressionDataArguments
@@ -38,22 +39,15 @@ def record(question: str, answer: str, **attributes) -> dict:
 
 def make_args(tmp_path, **overrides) -> RegressionRewardConfig:
     values = dict(
-        output_dir=str(tmp_path / "out"),
         max_steps=4,
         per_device_train_batch_size=8,
         per_device_eval_batch_size=3,
         learning_rate=3e-3,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
         logging_steps=2,
-        seed=0,
         dataloader_num_workers=0,
         max_length=256,
-        disable_tqdm=True,
     )
-    values.update(overrides)
-    return RegressionRewardConfig(**values)
+    return training_args(RegressionRewardConfig, tmp_path, **{**values, **overrides})
 
 
 # --- loss and statistics on literal tensors ------------------------------------------------------------------------
@@ -481,7 +475,7 @@ def test_served_regression_rm_scores_the_weighted_sum(regression_rm_dir):
     with those weights (not output column 0)."""
     import asyncio
 
-    from test_server import ServerProcess
+    from helpers import ServerProcess
 
     from trl_rm_env import RewardModelEnvironment
 

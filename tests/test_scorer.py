@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from reference import _one_thread, reference_ids, reference_scores, reference_text, score_one  # noqa: F401
+from helpers import _one_thread, reference_ids, reference_scores, reference_text, score_one  # noqa: F401
 
 from trl_rm_env.scoring.scorer import RewardScorer, as_pairs, split_conversation, strip_reasoning_text
 from trl_rm_env.testing import SAMPLE_DIR, build_tiny_reward_model

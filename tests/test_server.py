@@ -7,11 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
-import re
-import subprocess
-import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -20,54 +15,13 @@ import pytest
 
 aiohttp = pytest.importorskip("aiohttp", reason="the serving extra (aiohttp) is not installed")
 
+from helpers import ServerProcess, conversations, grpo_config  # noqa: E402
+
 from trl_rm_env.scoring.scorer import RewardScorer  # noqa: E402
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
 from trl_rm_env.tokenization import encode_conversation, encode_text, render_conversation  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------- servers
-
-
-class ServerProcess:
-    """`python -m trl_rm_env.cli serve ... --port 0` in a subprocess; `url` once it prints that it listens."""
-
-    def __init__(self, model: str, *options: str, env: dict[str, str] | None = None, preexec_fn=None):
-        command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model, "--port", "0", *options]
-        # One torch thread per server: two servers and pytest share 2 cores, and oversubscribed OpenMP threads
-        # spin (a forward pass of the tiny model goes from 0.15 s to 1.7 s). No API key unless `env` sets one.
-        base = {k: v for k, v in os.environ.items() if k not in ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")}
-        env = {**base, "OMP_NUM_THREADS": "1", **(env or {})}
-        self.proc = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=preexec_fn
-        )
-        self.lines: list[str] = []
-        self.url: str | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:  # drained to the end, so the pipe never fills
-            self.lines.append(line)
-            found = re.search(r" on (http://127\.0\.0\.1:\d+) ", line)
-            if found:
-                self.url = found.group(1)
-                self._ready.set()
-        self._ready.set()  # the process ended
-
-    def wait(self, timeout: float = 120) -> str:
-        if not self._ready.wait(timeout) or self.url is None:
-            self.stop()
-            raise RuntimeError("the server did not start:\n" + "".join(self.lines[-30:]))
-        return self.url
-
-    def stop(self, kill: bool = False) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill() if kill else self.proc.terminate()
-        if self.proc.returncode is None:
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -95,21 +49,6 @@ def local(tiny_dir):
     return RewardScorer(
         AutoModelForSequenceClassification.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
     )
-
-
-def conversations(n: int, offset: int = 0, repeat: int = 1) -> list[tuple[list[dict], list[dict]]]:
-    """`n` distinct (context, completion) pairs of varied shape and length."""
-    out = []
-    for i in range(offset, offset + n):
-        a, b = i % 97, (i * 7) % 89
-        context = [{"role": "user", "content": f"What is {a} + {b}?"}]
-        if i % 3 == 0:
-            context = [{"role": "system", "content": "Answer briefly."}, *context]
-        if i % 4 == 1:
-            context += [{"role": "assistant", "content": "Let me think."}, {"role": "user", "content": "Go on."}]
-        text = f"The answer is {a + b + i % 5}. " * (repeat + i % 3)
-        out.append((context, [{"role": "assistant", "content": text.strip()}]))
-    return out
 
 
 def local_scores(local: RewardScorer, pairs) -> list[float]:
@@ -365,15 +304,13 @@ def test_remote_environment_errors(servers):
 
 def test_grpo_trainer_with_a_remote_reward(servers, tiny_dir, tmp_path):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from trl_rm_env import RewardModelEnvironment
 
     reward = RewardModelEnvironment(remote_url=servers["main"], name="served_rm")
     prompts = Dataset.from_list([{"prompt": c} for c, _ in conversations(4)])
-    args = GRPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=6, use_cpu=True, bf16=False, report_to="none", logging_steps=1,
-                      save_strategy="no")
+    args = grpo_config(tmp_path, per_device_train_batch_size=4, num_generations=4, max_completion_length=6)
     trainer = GRPOTrainer(model=str(tiny_dir / "policy"), reward_funcs=[reward], args=args, train_dataset=prompts)
     trainer.train()
     logged = trainer.state.log_history[0]
@@ -390,7 +327,7 @@ async def post_to(url: str, path: str, body) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("api", ["pooling", "classify", "openrlhf"])
 def test_each_client_dialect_equals_local_one_at_a_time_scoring(servers, local, api):
-    from reference import reference_scores
+    from helpers import reference_scores
 
     from trl_rm_env import RewardModelEnvironment
 

@@ -20,7 +20,7 @@ import pytest
 
 aiohttp = pytest.importorskip("aiohttp", reason="aiohttp is not installed")
 
-from test_server import ServerProcess, conversations  # noqa: E402
+from helpers import ServerProcess, conversations  # noqa: E402
 
 N_REQUESTS, N_SLOW, BIG_BYTES, DEADLINE = 500, 50, 7_000_000, 60.0
 

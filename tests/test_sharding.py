@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 import torch.multiprocessing as mp
-from reference import reference_ids, score_one
+from helpers import reference_ids, score_one
 
 ITEMS = [
     ("Name a primary colour.", "Red."),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from reference import _one_thread, reference_ids, score_one  # noqa: F401
+from helpers import _one_thread, reference_ids, score_one  # noqa: F401
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 

@@ -8,6 +8,7 @@ import logging
 import pytest
 import torch
 from datasets import Dataset
+from helpers import training_args
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from trl import RewardConfig
 
@@ -38,23 +39,16 @@ def train_small():
 
 def make_args(tmp_path, **overrides) -> RankedRewardConfig:
     values = dict(
-        output_dir=str(tmp_path / "out"),
         max_steps=5,
         per_device_train_batch_size=8,
         per_device_eval_batch_size=16,
         learning_rate=3e-3,
         warmup_steps=0,
-        use_cpu=True,
-        report_to="none",
-        save_strategy="no",
         logging_steps=5,
-        seed=0,
         dataloader_num_workers=0,
         max_length=256,
-        disable_tqdm=True,
     )
-    values.update(overrides)
-    return RankedRewardConfig(**values)
+    return training_args(RankedRewardConfig, tmp_path, **{**values, **overrides})
 
 
 def make_trainer(tmp_path, tokenizer, train=None, eval_dataset=None, seed=0, **overrides):

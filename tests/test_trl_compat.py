@@ -83,6 +83,7 @@ from typing import Any
 import pytest
 import torch
 from datasets import Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+from helpers import training_args
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -405,20 +406,8 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 
 def make_args(impl: Impl, tmp_path: Path, **overrides):
-    kwargs: dict[str, Any] = dict(
-        output_dir=str(tmp_path / "out"),
-        report_to="none",
-        max_steps=2,
-        per_device_train_batch_size=2,
-        per_device_eval_batch_size=4,
-        bf16=False,
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-    )
-    kwargs.update(overrides)
-    return impl.config_cls(**kwargs)
+    values: dict[str, Any] = dict(max_steps=2, per_device_train_batch_size=2, per_device_eval_batch_size=4, bf16=False)
+    return training_args(impl.config_cls, tmp_path, **{**values, **overrides})
 
 
 def snapshot(trainer) -> dict[str, torch.Tensor]:

@@ -43,7 +43,7 @@ def evaluate_regression_model(
         ValueError: no set given, or a model that is not a regression reward model.
     """
     scorer = scorer_for(datasets, model_or_scorer, scorer_kwargs)
-    config = scorer.model.config
+    config = scorer.config
     if not is_regression_model(config):
         raise ValueError(
             f"{config._name_or_path!r} is not a regression reward model (config.reward_model_type is "

@@ -88,6 +88,7 @@ class RewardScorer:
     ):
         self.options = ScoringOptions.build(options, **values)
         self.model = model
+        self.config = model.config  # what the server and `eval` read of the model (names, vocabulary, heads)
         self.tokenizer = tokenizer
         o = self.options
         self.max_tokens_per_batch = o.max_tokens_per_batch

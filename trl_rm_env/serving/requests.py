@@ -257,7 +257,7 @@ class RequestDecoder:
     def encode_items(self, items: list[Any], where: str) -> list[list[int]]:
         """Token ids of `input` / `query` items, or a 400 `RequestError` naming the first bad one."""
         max_length = self.scorer.max_length
-        vocab = self.scorer.model.config.vocab_size
+        vocab = self.scorer.config.vocab_size
         ids = []
         for i, item in enumerate(items):
             if isinstance(item, str):

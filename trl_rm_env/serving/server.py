@@ -132,7 +132,7 @@ class ScoringServer:
         self.batcher = ScoreBatcher(scorer, max_queue, max_batch_tokens or scorer.max_tokens_per_batch or 16384)
         self.stats = self.batcher.stats  # requests, scored, batches, rejected_full; and nonfinite (answered 500)
         self.stats["nonfinite"] = 0
-        config = scorer.model.config
+        config = scorer.config
         self.num_labels = getattr(config, "num_labels", 1)
         # vLLM's classify activation: identity for regression heads, else sigmoid (one score per sequence here).
         self.activation = "identity" if getattr(config, "problem_type", None) == "regression" else "sigmoid"

@@ -1,0 +1,253 @@
+"""What several test modules share: reference scoring (the model-card recipe, one sequence at a time), short-run
+training and GRPO arguments, `accelerate launch` of the recipes, and `trl-rm-env serve` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+
+# ---------------------------------------------------------------------------------------------------- reference scoring
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tensors here are tiny: one intra-op thread is as fast, and does not crawl when the CPU is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def reference_text(tok, prompt, completion):
+    """The Skywork-Reward-V2 model-card recipe (messages) or TRL's standard format `prompt + completion + EOS`."""
+    if isinstance(prompt, str):
+        text = prompt + completion
+        if tok.eos_token and not text.endswith(tok.eos_token):
+            text += tok.eos_token
+        return text
+    text = tok.apply_chat_template(list(prompt) + list(completion), tokenize=False)
+    if tok.bos_token and text.startswith(tok.bos_token):
+        text = text[len(tok.bos_token) :]
+    return text
+
+
+def reference_ids(tok, prompt, completion):
+    return tok(reference_text(tok, prompt, completion), return_tensors="pt")["input_ids"][0].tolist()
+
+
+@torch.no_grad()
+def score_one(model, ids):
+    """Score one sequence alone: no padding, no batching."""
+    input_ids = torch.tensor([list(ids)])
+    return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits[0][0].float().item()
+
+
+@torch.no_grad()
+def reference_scores(model, tok, prompts, completions):
+    """`reference_text` of each pair, scored alone."""
+    out = []
+    for prompt, completion in zip(prompts, completions):
+        enc = tok(reference_text(tok, prompt, completion), return_tensors="pt")
+        out.append(model(**enc).logits[0][0].float().item())
+    return torch.tensor(out)
+
+
+def assert_same_loss_and_gradients(model, scores, reference, batch, loss_ref, grads_ref):
+    """`scores` of a shared layout equal the plain `reference` (1e-4), and so do the ranked loss over `batch`'s
+    ranks and its gradients with respect to every parameter (the plain ones given as `loss_ref`, `grads_ref`)."""
+    from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
+
+    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    loss = ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"]).loss
+    assert abs(loss.item() - loss_ref.item()) < 1e-4
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------------- arguments
+def training_args(config_cls: type, tmp_path: Path, **overrides: Any):
+    """`config_cls` (a `RewardConfig` or one of ours) for a short CPU run in `tmp_path/out`: no reporting, no
+    checkpoints, no progress bars, seed 0; `overrides` on top."""
+    values: dict[str, Any] = dict(
+        output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True, seed=0
+    )
+    values.update(overrides)
+    return config_cls(**values)
+
+
+def grpo_config(tmp_path: Path, **overrides: Any):
+    """TRL's `GRPOConfig` for a one-step CPU run in `tmp_path/grpo` (fp32, metrics every step, nothing saved)."""
+    from trl import GRPOConfig
+
+    values: dict[str, Any] = dict(
+        output_dir=str(tmp_path / "grpo"),
+        max_steps=1,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+# ---------------------------------------------------------------------------------------------------- launching
+ROOT = Path(__file__).resolve().parent.parent
+ACCELERATE_CONFIGS = ROOT / "accelerate_configs"
+SAMPLE = ROOT / "trl_rm_env" / "data" / "sample"
+TIMEOUT = 600  # seconds per launch; a first DeepSpeed run also JIT-builds its shm comm op (~1-2 min, cached)
+
+
+def _has_deepspeed() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+# DeepSpeed's CPU backend JIT-compiles its shared-memory comm op when it starts: it needs a C++ compiler.
+needs_deepspeed = pytest.mark.skipif(
+    not _has_deepspeed() or shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason="needs deepspeed and a C++ compiler (DeepSpeed JIT-builds its CPU comm op)",
+)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(
+    config: str,
+    script: str,
+    *args: str,
+    timeout: int = TIMEOUT,
+    processes: int | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> str:
+    """`accelerate launch --config_file accelerate_configs/<config> <script> args...`; returns its output.
+
+    `script` is relative to the repository root; `processes` overrides the config's `num_processes`; `env` adds
+    variables (a `PYTHONPATH` there goes in front of the repository's). Fails the test, with the output's tail, on a
+    non-zero exit or a run over `timeout` seconds (then the launcher and its workers are killed together).
+    """
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", str(ACCELERATE_CONFIGS / config),
+        "--main_process_port", str(port),
+        *(["--num_processes", str(processes)] if processes else []),
+        str(ROOT / script), *args,
+    ]  # fmt: skip
+    variables = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ACCELERATE_", "FSDP_"))
+        and k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    extra = dict(env or {})
+    variables.update(
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_NO_ADVISORY_WARNINGS="1",
+        HF_DATASETS_DISABLE_PROGRESS_BARS="1",
+        TQDM_DISABLE="1",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(
+            p for p in (extra.pop("PYTHONPATH", None), str(ROOT), os.environ.get("PYTHONPATH")) if p
+        ),
+    )
+    variables.update(extra)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=variables, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{config} {script} ran over {timeout}s:\n{output[-6000:]}")
+    assert proc.returncode == 0, f"{config} {script} exited with {proc.returncode}:\n{output[-6000:]}"
+    return output
+
+
+# ---------------------------------------------------------------------------------------------------- serving
+class ServerProcess:
+    """`python -m trl_rm_env.cli serve ... --port 0` in a subprocess; `url` once it prints that it listens."""
+
+    def __init__(self, model: str, *options: str, env: dict[str, str] | None = None, preexec_fn=None):
+        command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model, "--port", "0", *options]
+        # One torch thread per server: two servers and pytest share 2 cores, and oversubscribed OpenMP threads
+        # spin (a forward pass of the tiny model goes from 0.15 s to 1.7 s). No API key unless `env` sets one.
+        base = {k: v for k, v in os.environ.items() if k not in ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")}
+        env = {**base, "OMP_NUM_THREADS": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, preexec_fn=preexec_fn
+        )
+        self.lines: list[str] = []
+        self.url: str | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # drained to the end, so the pipe never fills
+            self.lines.append(line)
+            found = re.search(r" on (http://127\.0\.0\.1:\d+) ", line)
+            if found:
+                self.url = found.group(1)
+                self._ready.set()
+        self._ready.set()  # the process ended
+
+    def wait(self, timeout: float = 120) -> str:
+        if not self._ready.wait(timeout) or self.url is None:
+            self.stop()
+            raise RuntimeError("the server did not start:\n" + "".join(self.lines[-30:]))
+        return self.url
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill() if kill else self.proc.terminate()
+        if self.proc.returncode is None:
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def conversations(n: int, offset: int = 0, repeat: int = 1) -> list[tuple[list[dict], list[dict]]]:
+    """`n` distinct (context, completion) pairs of varied shape and length."""
+    out = []
+    for i in range(offset, offset + n):
+        a, b = i % 97, (i * 7) % 89
+        context = [{"role": "user", "content": f"What is {a} + {b}?"}]
+        if i % 3 == 0:
+            context = [{"role": "system", "content": "Answer briefly."}, *context]
+        if i % 4 == 1:
+            context += [{"role": "assistant", "content": "Let me think."}, {"role": "user", "content": "Go on."}]
+        text = f"The answer is {a + b + i % 5}. " * (repeat + i % 3)
+        out.append((context, [{"role": "assistant", "content": text.strip()}]))
+    return out
