@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
     from trl import ModelConfig, TrlParser
 
-    from trl_rm_env.data.arguments import RegressionDataArguments
+    from trl_rm_env.data.regression import RegressionDataArguments
     from trl_rm_env.trainer.config import RegressionRewardConfig
 
 
@@ -75,7 +75,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
     from trl import ModelConfig, TrlParser
 
-    from trl_rm_env.data.arguments import RegressionDataArguments
+    from trl_rm_env.data.regression import RegressionDataArguments
     from trl_rm_env.trainer.config import RegressionRewardConfig
 
     dataclass_types = (RegressionDataArguments, RegressionRewardConfig, ModelConfig)

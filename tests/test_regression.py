@@ -13,9 +13,8 @@ import yaml
 from helpers import training_args
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from trl_rm_env.data.arguments import RegressionDataArguments
 from trl_rm_env.data.converters import helpsteer2_to_regression
-from trl_rm_env.data.regression import load_regression_dataset, load_regression_records
+from trl_rm_env.data.regression import RegressionDataArguments, load_regression_dataset, load_regression_records
 from trl_rm_env.data.schema import DataValidationError
 from trl_rm_env.heads import regression_reward_weights
 from trl_rm_env.metrics import regression_statistics, summarize_regression_statistics

@@ -1,43 +1,20 @@
-"""The data sections of the training recipes' `TrlParser`: where the training and validation sets come from, and
-loading them. `RankedDataArguments` (rank-schema and converted preference data) and `RegressionDataArguments`
-(regression records) name their sets the same way and load them through `load_named_sets`."""
+"""The data section of the Bradley-Terry recipe's `TrlParser`: where the training and validation sets come from, and
+loading them. `RankedDataArguments` here and `trl_rm_env.data.regression.RegressionDataArguments` name their sets the
+same way and load them through `trl_rm_env.data.sources.load_named_sets`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from datasets import Dataset
 
 from .converters import ALL_CONVERTERS
 from .loaders import load_rank_dataset
-from .regression import REGRESSION_FORMATS, dataset_attributes, load_regression_dataset
-from .schema import MAX_COMPLETIONS_PER_RECORD, OnInvalid
-from .sources import parse_data_spec
+from .schema import MAX_COMPLETIONS_PER_RECORD
+from .sources import load_named_sets
 
 RANK_FORMATS = ("rank", *ALL_CONVERTERS)
 """Every `data_format` the rank loader accepts: the rank schema and each converter's name."""
-
-
-def load_named_sets(
-    train_data: str, eval_data: Sequence[str], load: Callable[..., Dataset]
-) -> tuple[Dataset, dict[str, Dataset]]:
-    """`load(source, split=..., name=...)` the training set and every `name=source[:split]` validation set (a source
-    without a name is called `eval`).
-
-    Raises:
-        ValueError: two validation sets with the same name.
-    """
-    _, source, split = parse_data_spec(train_data)
-    train = load(source, split=split, name="train")
-    evals: dict[str, Dataset] = {}
-    for spec in eval_data:
-        name, source, split = parse_data_spec(spec)
-        name = name or "eval"
-        if name in evals:
-            raise ValueError(f"eval_data names must be unique; {name!r} is given twice in {list(eval_data)}.")
-        evals[name] = load(source, split=split, name=name)
-    return train, evals
 
 
 @dataclass
@@ -98,61 +75,3 @@ class RankedDataArguments:
             max_completions=max_completions,
         )
         return load_named_sets(self.train_data, self.eval_data, lambda *a, **kw: load_rank_dataset(*a, **kw, **kwargs))
-
-
-@dataclass
-class RegressionDataArguments:
-    """Where the training and validation data of a regression reward model come from.
-
-    A *source* is a local `.jsonl`/`.json` file, `sample:<split>` (the regression data bundled with the package:
-    `train`, `in_domain`, `harder`), or a Hub dataset id with an optional `:split` (`nvidia/HelpSteer2:validation`).
-    The attribute names are `RegressionRewardConfig.attributes` (None: every name found in the training data).
-
-    Args:
-        train_data: Source of the training set.
-        eval_data: Named validation sets, each `name=source`; every metric is reported per name and attribute
-            (`eval_<name>_<attribute>_rmse`, ...). A source without a name is called `eval`.
-        data_format: `regression` (records with `context`, `completion`, `attributes`) or `helpsteer2`.
-        hub_config: Dataset configuration name for Hub sources.
-        build_tiny_model: If the model path does not exist, build a tiny offline regression model there first (one
-            output per attribute); for the offline quickstart.
-    """
-
-    train_data: str = field(default="sample:train", metadata={"help": "Training data source."})
-    eval_data: list[str] = field(
-        default_factory=list,
-        metadata={"help": "Validation sets as name=source (repeatable), e.g. in_domain=sample:in_domain."},
-    )
-    data_format: str = field(
-        default="regression", metadata={"help": "Format of the sources.", "choices": list(REGRESSION_FORMATS)}
-    )
-    hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
-    build_tiny_model: bool = field(
-        default=False,
-        metadata={"help": "Build a tiny offline regression model at the model path if it does not exist."},
-    )
-
-    def load(
-        self, attributes: Sequence[str] | None = None, on_invalid: OnInvalid = "raise"
-    ) -> tuple[Dataset, dict[str, Dataset]]:
-        """Load the training set and the named validation sets as regression `Dataset`s.
-
-        Args:
-            attributes: The attribute names; None takes those of the training set (and holds the validation sets to
-                them, so an attribute only a validation set has is an error).
-            on_invalid: "raise" or "skip" bad rows.
-
-        Returns:
-            `(train, {name: eval_set})`.
-        """
-        kwargs = dict(data_format=self.data_format, on_invalid=on_invalid, hub_config=self.hub_config)
-        names = list(attributes) if attributes is not None else None
-
-        def load(source: str, split: str | None, name: str) -> Dataset:
-            nonlocal names
-            dataset = load_regression_dataset(source, split=split, name=name, attributes=names, **kwargs)
-            if names is None:  # the training set, loaded first, decides the attributes of the validation sets
-                names = dataset_attributes(dataset)
-            return dataset
-
-        return load_named_sets(self.train_data, self.eval_data, load)

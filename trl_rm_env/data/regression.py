@@ -29,16 +29,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from datasets import Dataset
 
 from .converters import HELPSTEER2_ATTRIBUTES, REGRESSION_CONVERTERS
+from .converters.helpsteer import helpsteer2_prompt_to_messages, helpsteer2_to_regression  # noqa: F401 (documented here)
 from .loaders import records_to_dataset
 from .loading import LoadReport, check_on_invalid, collect_records
 from .messages import finite_number, type_name
 from .schema import DataValidationError, OnInvalid, check_text, validate_exchange
-from .sources import open_source
+from .sources import load_named_sets, open_source
 
 REGRESSION_FORMATS = ("regression", *REGRESSION_CONVERTERS)
 """Every regression `data_format`: the native records and each converter's name."""
@@ -268,3 +270,61 @@ def mean_baseline_rmse(
             errors = [(row[k] - means[k]) ** 2 for row in rows if not math.isnan(row[k])]
             out[f"{name}_{attr}"] = math.sqrt(sum(errors) / len(errors)) if errors else math.nan
     return out
+
+
+@dataclass
+class RegressionDataArguments:
+    """Where the training and validation data of a regression reward model come from.
+
+    A *source* is a local `.jsonl`/`.json` file, `sample:<split>` (the regression data bundled with the package:
+    `train`, `in_domain`, `harder`), or a Hub dataset id with an optional `:split` (`nvidia/HelpSteer2:validation`).
+    The attribute names are `RegressionRewardConfig.attributes` (None: every name found in the training data).
+
+    Args:
+        train_data: Source of the training set.
+        eval_data: Named validation sets, each `name=source`; every metric is reported per name and attribute
+            (`eval_<name>_<attribute>_rmse`, ...). A source without a name is called `eval`.
+        data_format: `regression` (records with `context`, `completion`, `attributes`) or `helpsteer2`.
+        hub_config: Dataset configuration name for Hub sources.
+        build_tiny_model: If the model path does not exist, build a tiny offline regression model there first (one
+            output per attribute); for the offline quickstart.
+    """
+
+    train_data: str = field(default="sample:train", metadata={"help": "Training data source."})
+    eval_data: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Validation sets as name=source (repeatable), e.g. in_domain=sample:in_domain."},
+    )
+    data_format: str = field(
+        default="regression", metadata={"help": "Format of the sources.", "choices": list(REGRESSION_FORMATS)}
+    )
+    hub_config: str | None = field(default=None, metadata={"help": "Hub dataset configuration name."})
+    build_tiny_model: bool = field(
+        default=False,
+        metadata={"help": "Build a tiny offline regression model at the model path if it does not exist."},
+    )
+
+    def load(
+        self, attributes: Sequence[str] | None = None, on_invalid: OnInvalid = "raise"
+    ) -> tuple[Dataset, dict[str, Dataset]]:
+        """Load the training set and the named validation sets as regression `Dataset`s.
+
+        Args:
+            attributes: The attribute names; None takes those of the training set (and holds the validation sets to
+                them, so an attribute only a validation set has is an error).
+            on_invalid: "raise" or "skip" bad rows.
+
+        Returns:
+            `(train, {name: eval_set})`.
+        """
+        kwargs = dict(data_format=self.data_format, on_invalid=on_invalid, hub_config=self.hub_config)
+        names = list(attributes) if attributes is not None else None
+
+        def load(source: str, split: str | None, name: str) -> Dataset:
+            nonlocal names
+            dataset = load_regression_dataset(source, split=split, name=name, attributes=names, **kwargs)
+            if names is None:  # the training set, loaded first, decides the attributes of the validation sets
+                names = dataset_attributes(dataset)
+            return dataset
+
+        return load_named_sets(self.train_data, self.eval_data, load)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +260,24 @@ def open_source(
     dataset = load_dataset(repo_id, name=hub_config, split=split)
     label = f"{repo_id}[{hub_config}]" if hub_config else repo_id
     return f"{label}:{split}", enumerate(dataset), "row"
+
+
+def load_named_sets(
+    train_data: str, eval_data: Sequence[str], load: Callable[..., Dataset]
+) -> tuple[Dataset, dict[str, Dataset]]:
+    """`load(source, split=..., name=...)` the training set and every `name=source[:split]` validation set (a source
+    without a name is called `eval`).
+
+    Raises:
+        ValueError: two validation sets with the same name.
+    """
+    _, source, split = parse_data_spec(train_data)
+    train = load(source, split=split, name="train")
+    evals: dict[str, Dataset] = {}
+    for spec in eval_data:
+        name, source, split = parse_data_spec(spec)
+        name = name or "eval"
+        if name in evals:
+            raise ValueError(f"eval_data names must be unique; {name!r} is given twice in {list(eval_data)}.")
+        evals[name] = load(source, split=split, name=name)
+    return train, evals

@@ -69,11 +69,16 @@ class RewardModelEnvironment(RewardFunction):
             `remote_api` (`pooling`/`classify`/`openrlhf`) and `api_key` pick the server's dialect and key.
     """
 
-    def __new__(cls, *args: Any, remote_url: str | Sequence[str] | None = None, **kwargs: Any):
-        if cls is RewardModelEnvironment and remote_url is not None:
-            from .remote import RemoteRewardModelEnvironment
+    _remote_class: type | None = None  # what `remote_url=` builds: the subclass declared with `remote=True`
 
-            return RemoteRewardModelEnvironment.__new__(RemoteRewardModelEnvironment)
+    def __init_subclass__(cls, remote: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if remote:
+            RewardModelEnvironment._remote_class = cls
+
+    def __new__(cls, *args: Any, remote_url: str | Sequence[str] | None = None, **kwargs: Any):
+        if cls is RewardModelEnvironment and remote_url is not None and cls._remote_class is not None:
+            return object.__new__(cls._remote_class)
         return object.__new__(cls)
 
     def __init__(

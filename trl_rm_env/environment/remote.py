@@ -19,7 +19,7 @@ from .rewards import Ids, Samples, check_postprocessing
 logger = logging.getLogger(__name__)
 
 
-class RemoteRewardModelEnvironment(RewardModelEnvironment):
+class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
     """A `RewardModelEnvironment` whose reward model runs behind HTTP servers with vLLM's `POST /pooling` API.
 
     Built by `RewardModelEnvironment(remote_url=...)` (or directly). The server is `trl-rm-env serve`, or vLLM

@@ -11,6 +11,7 @@ from transformers import Trainer
 
 from ..metrics import ATTRIBUTE_METRICS
 from ..waiting import wait_for_everyone
+from .checkpoints import AtomicCheckpointMixin  # noqa: F401 (documented at this path before trainer/checkpoints.py)
 
 
 def save_reward_model(trainer: Trainer, output_dir: str) -> None:

@@ -1,0 +1,144 @@
+"""The shape of the code that docs/architecture.md describes: imports go only down the layers, no import cycle,
+nothing that uses a reward model imports the trainer, no module over 450 lines.
+
+Read from the source (every import, module-level or inside a function), so a violation fails here before review.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "trl_rm_env"
+MAX_LINES = 450
+
+# docs/architecture.md, "The layers", top to bottom: a module may import its own layer and the ones below it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry points", ("trl_rm_env", "cli", "recipe", "grpo_args", "report", "rewardbench2")),
+    ("training", ("trainer",)),
+    ("using a reward model", ("environment", "serving", "evaluation")),
+    ("scoring", ("scoring",)),
+    ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
+    ("data", ("data",)),
+    ("base", ("errors", "waiting", "model_source", "testing", "distributed")),
+)
+USERS_OF_A_REWARD_MODEL = ("environment", "scoring", "serving", "evaluation")
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
+    """`(imported module, line)` for every import of the package in `path`, relative ones resolved, at any depth."""
+    name = module_name(path, package)
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = here[: len(here) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:  # `from . import nemo` imports the module `nemo`
+                submodule = f"{target}.{alias.name}"
+                is_module = (package.parent / submodule.replace(".", "/")).with_suffix(".py").exists() or (
+                    package.parent / submodule.replace(".", "/") / "__init__.py"
+                ).exists()
+                found.append((submodule if is_module else target, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+    return [(target, line) for target, line in found if target.split(".")[0] == package.name]
+
+
+def layer_of(module: str) -> int:
+    """The index of `module`'s layer (its longest matching entry in LAYERS)."""
+    best, best_length = None, -1
+    for index, (_, entries) in enumerate(LAYERS):
+        for entry in entries:
+            full = "trl_rm_env" if entry == "trl_rm_env" else f"trl_rm_env.{entry}"
+            matches = module == full or (entry != "trl_rm_env" and module.startswith(full + "."))
+            if matches and len(full) > best_length:
+                best, best_length = index, len(full)
+    if best is None:
+        pytest.fail(f"{module} has no layer: add it to LAYERS here and to the table in docs/architecture.md")
+    return best
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_the_import_reader_sees_relative_lazy_and_submodule_imports(tmp_path):
+    package = tmp_path / "trl_rm_env"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "base.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("from . import leaf\n")
+    (package / "sub" / "leaf.py").write_text("")
+    (package / "sub" / "user.py").write_text(
+        "import os\nfrom ..base import x\n\ndef f():\n    from trl_rm_env.sub.leaf import y\n    import trl_rm_env\n"
+    )
+    assert imports(package / "sub" / "user.py", package) == [
+        ("trl_rm_env.base", 2),
+        ("trl_rm_env.sub.leaf", 5),
+        ("trl_rm_env", 6),
+    ]
+    assert imports(package / "sub" / "__init__.py", package) == [("trl_rm_env.sub.leaf", 1)]
+
+
+def test_every_module_has_a_layer_and_imports_only_go_down():
+    upward = []
+    for name, path in package_modules().items():
+        mine = layer_of(name)
+        for target, line in imports(path):
+            if name.startswith(target + ".") or target == name:
+                continue  # a module's own package (its `__init__`), or itself
+            if layer_of(target) < mine:
+                upward.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {LAYERS[mine][0]} imports {target} "
+                              f"({LAYERS[layer_of(target)][0]})")  # fmt: skip
+    assert not upward, "imports that go up the layers of docs/architecture.md:\n" + "\n".join(upward)
+
+
+def test_no_import_cycle():
+    modules = package_modules()
+    graph = {name: {t for t, _ in imports(path) if t in modules and t != name} for name, path in modules.items()}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append(stack[stack.index(target) :] + [target])
+            elif target not in state:
+                visit(target, stack)
+        stack.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_nothing_that_uses_a_reward_model_imports_the_trainer():
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for name, path in package_modules().items()
+        if name.split(".")[1:2] and name.split(".")[1] in USERS_OF_A_REWARD_MODEL
+        for target, line in imports(path)
+        if target == "trl_rm_env.trainer" or target.startswith("trl_rm_env.trainer.")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_module_over_450_lines():
+    long = {
+        str(path.relative_to(PACKAGE.parent)): n
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
