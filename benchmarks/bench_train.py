@@ -196,7 +196,7 @@ def timed_floor(records: list[dict], max_length: int, steps: int, batch_size: in
     causal attention of each completion over its context and itself."""
     from trl_rm_env.sharing import shared_prefix_length
     from trl_rm_env.testing import build_tiny_tokenizer
-    from trl_rm_env.trainer.collator import tokenize_rank_record
+    from trl_rm_env.trainer.examples import tokenize_rank_record
 
     tokenizer = build_tiny_tokenizer()
     groups, kept = [], 0

@@ -142,3 +142,32 @@ def test_no_module_over_450_lines():
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def _importable(module, name: str) -> bool:
+    """`from <module> import <name>` works: an attribute, or a submodule."""
+    import importlib
+
+    if hasattr(module, name):
+        return True
+    try:
+        importlib.import_module(f"{module.__name__}.{name}")
+    except ModuleNotFoundError:
+        return False
+    return True
+
+
+def test_scripts_import_only_what_the_package_has():
+    """The recipes and benchmarks import the package inside functions, where a moved name would only fail when
+    that path runs: every name they import must exist."""
+    import importlib
+
+    missing = []
+    for folder in ("recipes", "benchmarks"):
+        for path in sorted((PACKAGE.parent / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "trl_rm_env":
+                    module = importlib.import_module(node.module)
+                    missing += [f"{folder}/{path.name}:{node.lineno}: {node.module}.{alias.name}"
+                                for alias in node.names if not _importable(module, alias.name)]  # fmt: skip
+    assert not missing, "\n".join(missing)
