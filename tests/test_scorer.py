@@ -380,3 +380,62 @@ def test_split_conversation_and_as_pairs():
         split_conversation(conv[:3])
     contexts, completions = as_pairs([conv, ("p", "c")])
     assert contexts == [conv[:3], "p"] and completions == [conv[3:], "c"]
+
+
+# ---------------------------------------------------------------------------------------------------- the scoring seam
+
+
+class OneAtATimeEngine:
+    """An `Engine` that runs the plain model on each sequence alone and records what it was asked."""
+
+    name = "one-at-a-time"
+
+    def __init__(self, model):
+        self.model = model
+        self.num_labels = model.config.num_labels
+        self.calls: list[int] = []
+
+    def outputs(self, sequences, context_lengths=None, progress=None):
+        self.calls.append(len(sequences))
+        rows = [self.model(input_ids=torch.tensor([list(s)])).logits[0].float() for s in sequences]
+        return torch.stack(rows) if rows else torch.empty(0, self.num_labels)
+
+
+def test_both_backends_implement_the_scorer_protocol(tiny_rm, tiny_tokenizer):
+    from trl_rm_env.scoring.protocol import Scorer
+    from trl_rm_env.serving.client import RemoteScorer
+
+    local = RewardScorer(tiny_rm, tiny_tokenizer)
+    remote = RemoteScorer("http://127.0.0.1:9")  # nothing is sent until it scores
+    assert isinstance(local, Scorer) and not local.is_async
+    assert isinstance(remote, Scorer) and remote.is_async
+    assert not isinstance(object(), Scorer)
+
+
+def test_an_engine_plugged_into_the_scorer_serves_scoring_ids_and_eval(tiny_rm, tiny_tokenizer, conv_reference):
+    """A new engine is one object with `outputs()`: the scorer's templates, token ids (the server's path) and
+    `eval` all run through it, with the exact scores of the default engine."""
+    from trl_rm_env.evaluation import evaluate_reward_model
+
+    engine = OneAtATimeEngine(tiny_rm)
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, engine=engine)
+    prompts, completions, want = conv_reference
+    with torch.no_grad():
+        scores = scorer.score(prompts, completions)
+    torch.testing.assert_close(scores, want, atol=1e-4, rtol=0)
+    assert engine.calls == [len(prompts)]
+
+    ids = [reference_ids(tiny_tokenizer, p, c) for p, c in zip(prompts[:3], completions[:3])]
+    with torch.no_grad():
+        torch.testing.assert_close(scorer.score_ids(ids), want[:3], atol=1e-4, rtol=0)
+    assert engine.calls[-1] == 3
+
+    records = [
+        {"context": prompts[7], "completions": [{"rank": 0, "completion": completions[7]},
+                                                {"rank": 1, "completion": completions[8]}]},
+    ]  # fmt: skip
+    with torch.no_grad():
+        results = evaluate_reward_model(scorer, {"set": records}, progress=False)
+    assert engine.calls[-1] == 2
+    expected = float(want[7] > want[8])
+    assert results["sets"]["set"]["accuracy"] == expected

@@ -36,7 +36,12 @@ class Scorer(Protocol):
 
 class Engine(Protocol):
     """What runs a local reward model's forward passes for `RewardScorer`: token ids in, `(N, num_labels)` fp32
-    outputs out, in input order, each equal to running that sequence alone (fp32: within 1e-4)."""
+    outputs out, in input order, each equal to running that sequence alone (fp32: within 1e-4).
+
+    Optional members, read when present: `prefix_sharing` (truthy: the engine uses `context_lengths` to score the
+    items that share a context against one encoding of it, and names them in `last_shared`), `device`, and the
+    diagnostics `last_batch_shapes` / `last_key_shapes` of its last call (`HFEngine` has them all).
+    """
 
     name: str
     num_labels: int

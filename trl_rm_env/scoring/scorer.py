@@ -134,10 +134,11 @@ class RewardScorer:
     def template_kwargs(self, value: dict[str, Any]) -> None:
         self.options.template_kwargs = dict(value or {})
 
-    prefix_sharing = property(lambda self: self.engine.prefix_sharing)  # the mode that runs (False if it cannot)
-    device = property(lambda self: self.engine.device)
-    last_batch_shapes = property(lambda self: self.engine.last_batch_shapes)  # (rows, length) per forward pass
-    last_key_shapes = property(lambda self: self.engine.last_key_shapes)  # (rows, keys) per shared completion pass
+    # What an engine may report (`Engine`'s optional members); an engine without them shares nothing itself.
+    prefix_sharing = property(lambda self: getattr(self.engine, "prefix_sharing", False))  # the mode that runs
+    device = property(lambda self: getattr(self.engine, "device", torch.device("cpu")))
+    last_batch_shapes = property(lambda self: getattr(self.engine, "last_batch_shapes", []))  # (rows, length) a pass
+    last_key_shapes = property(lambda self: getattr(self.engine, "last_key_shapes", []))  # (rows, keys) a shared pass
 
     def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Group item indices into micro-batches: longest first, within `batch_size` rows and the token budget."""
@@ -207,7 +208,7 @@ class RewardScorer:
         """Like `score_ids`, with the items that share a context scored against one encoding of it (where
         `prefix_sharing` and its cost model say so; the rest plainly)."""
         self._last_id_outputs = self.engine.outputs(sequences, context_lengths, progress)
-        self.last_shared = list(self.engine.last_shared)
+        self.last_shared = list(getattr(self.engine, "last_shared", []))
         return self._reward_of(self._last_id_outputs)
 
     def _reward_of(self, outputs: torch.Tensor) -> torch.Tensor:
