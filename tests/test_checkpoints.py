@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
+from trl_rm_env.compat import CHECKPOINTING_FIELD
 from trl_rm_env.testing import build_tiny_reward_model
 from trl_rm_env.trainer.checkpoints import CheckpointError, checkpoint_problem, resolve_resume_checkpoint
 
@@ -193,7 +194,7 @@ def test_num_tokens_after_resume_counts_from_the_restart_as_trl_does(tmp_path, t
         args = config_class(
             output_dir=str(output_dir), max_steps=max_steps, per_device_train_batch_size=4, learning_rate=1e-3,
             use_cpu=True, bf16=False, report_to="none", save_strategy="steps", save_steps=2, logging_steps=1,
-            seed=0, dataloader_num_workers=0, disable_tqdm=True, activation_checkpointing=False,
+            seed=0, dataloader_num_workers=0, disable_tqdm=True, **{CHECKPOINTING_FIELD: False},
         )
         trainer = trainer_cls(model=build_tiny_reward_model(tiny_tokenizer, seed=0), args=args, train_dataset=data,
                               processing_class=tiny_tokenizer)

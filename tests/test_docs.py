@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from trl_rm_env.compat import CHECKPOINTING_FIELD
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCS_DIR = REPO_ROOT / "docs"
 DOC_FILES = sorted(DOCS_DIR.glob("*.md"))
@@ -92,7 +94,7 @@ def test_drop_in_snippet_runs(tmp_path, monkeypatch):
             report_to="none",
             use_cpu=True,
             bf16=False,
-            activation_checkpointing=False,
+            **{CHECKPOINTING_FIELD: False},
             seed=0,
         ),
         "dataset": Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in questions]),

@@ -7,6 +7,7 @@ import torch
 from helpers import assert_same_loss_and_gradients
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
+from trl_rm_env.compat import CHECKPOINTING_FIELD
 from trl_rm_env.sharing import plan_rows, record_row, shared_prefix_length, shared_prefix_mask, shared_prefix_scores
 from trl_rm_env.testing import build_tiny_reward_model
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefix
@@ -121,7 +122,7 @@ def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_token
         "plain": ({"prefix_sharing": False}, DataCollatorForRankedPreference),
         "auto": ({}, DataCollatorForSharedContext),
         "shared": ({"prefix_sharing": "true"}, DataCollatorForSharedContext),
-        "packed": ({"prefix_sharing": True, "pack_max_tokens": 256, "activation_checkpointing": True},
+        "packed": ({"prefix_sharing": True, "pack_max_tokens": 256, CHECKPOINTING_FIELD: True},
                    DataCollatorForSharedPrefix),
     }
     for name, (overrides, collator) in layouts.items():

@@ -180,6 +180,11 @@ def shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None, log: log
             "the training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig "
             "first, then RewardModelEnvironment (as recipes/grpo_rm.py does), to partition it."
         )
+    if fsdp_requested() and world_size > 1:
+        # With `fsdp_cpu_ram_efficient_loading`, transformers loads the weights on local rank 0 only and leaves the
+        # other ranks zeros (some versions) or placeholders, expecting FSDP to broadcast them; nobody does that for a
+        # model loaded outside the trainer, so the reward model is synchronised here, whatever happens next.
+        broadcast_from_rank0(model)
     if fsdp_shard is None:
         fsdp_shard = fsdp_requested() and fsdp_version() == 2 and world_size > 1
         if fsdp_requested() and fsdp_version() != 2 and world_size > 1:
@@ -190,6 +195,13 @@ def shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None, log: log
         raise ValueError("fsdp_shard=True needs an initialized process group with more than one process.")
     shard_reward_model(model)
     return "fsdp2"
+
+
+def broadcast_from_rank0(model: torch.nn.Module) -> None:
+    """Every parameter and buffer of `model` set to rank 0's values (a collective)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[torch.nn.Module]:

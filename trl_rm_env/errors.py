@@ -82,7 +82,9 @@ def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: l
 
     prepare_process()  # before the arguments, and with them the process group, exist
     try:
-        parsed = make_parser().parse_args_and_config(args=argv)
+        from .compat import accept_activation_checkpointing
+
+        parsed = accept_activation_checkpointing(make_parser()).parse_args_and_config(args=argv)
         main(*parsed)
     except expected_errors() as err:
         if debug_enabled():

@@ -39,6 +39,7 @@ import time
 import torch
 from trl import RewardTrainer
 
+from ..compat import checkpointing_enabled
 from ..metrics import STAT_COLUMNS, record_statistics, summarize_statistics
 from ..sharing import shared_context_scores, shared_prefix_scores, training_layout
 from .checkpoints import AtomicCheckpointMixin
@@ -144,7 +145,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         return training_layout(
             self.accelerator.unwrap_model(self.model),
             self.args.prefix_sharing,
-            activation_checkpointing=bool(getattr(self.args, "activation_checkpointing", False)),
+            activation_checkpointing=checkpointing_enabled(self.args),
             fsdp=bool(getattr(self, "is_fsdp_enabled", False)),
             plain_reason=plain_reason,
         )
