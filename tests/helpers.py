@@ -199,6 +199,8 @@ class ServerProcess:
     """`python -m trl_rm_env.cli serve ... --port 0` in a subprocess; `url` once it prints that it listens."""
 
     def __init__(self, model: str, *options: str, env: dict[str, str] | None = None, preexec_fn=None):
+        if "--engine" not in options:  # our server unless a test asks for vLLM's (`serve` picks vLLM where installed)
+            options = ("--engine", "hf", *options)
         command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model, "--port", "0", *options]
         # One torch thread per server: two servers and pytest share 2 cores, and oversubscribed OpenMP threads
         # spin (a forward pass of the tiny model goes from 0.15 s to 1.7 s). No API key unless `env` sets one.

@@ -18,7 +18,9 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+
+from .scoring.arguments import add_model_arguments, load_scorer
+from .serving.command import add_serve_parser
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
@@ -127,7 +129,7 @@ def _eval(args: argparse.Namespace) -> int:
         else:
             records, report = load_rank_records(source, split=split, data_format=data_format, on_invalid=args.on_invalid)
             datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
-    scorer = _load_scorer(args, max_tokens_per_batch=args.max_tokens)
+    scorer = load_scorer(args, max_tokens_per_batch=args.max_tokens)
     if regression:
         results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
     else:
@@ -178,66 +180,6 @@ def _nan_to_none(value: object) -> object:
     return value
 
 
-def _load_scorer(args: argparse.Namespace, **options: Any):
-    """`load_reward_scorer` with the options `eval` and `serve` share (`_add_model_options`, `--batch-size`), plus
-    `options`."""
-    from .scoring.loading import load_reward_scorer
-
-    return load_reward_scorer(
-        args.model,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-        precision=args.precision,
-        device=args.device,
-        trust_remote_code=args.trust_remote_code,
-        **options,
-    )
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from transformers import AutoConfig
-
-    from .heads import parse_attribute_weights, regression_reward_weights
-    from .serving.server import default_served_name, run_server
-
-    # A regression RM serves one score per sample, the weighted sum of its attributes, as RewardModelEnvironment.
-    weights = parse_attribute_weights(args.attribute_weights, "--attribute-weights") if args.attribute_weights else None
-    config = AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    resolved = regression_reward_weights(config, weights)
-    scorer = _load_scorer(
-        args,
-        max_tokens_per_batch=args.max_tokens_per_batch,
-        show_progress=False,
-        output_weights=resolved[1] if resolved else None,
-    )
-    if resolved:
-        print("Regression RM: score = " + " + ".join(f"{w:g} * {name}" for name, w in zip(*resolved)), flush=True)
-    run_server(
-        scorer,
-        # The folder's name, never its path: responses must not reveal the server's file system.
-        model_name=args.served_model_name or default_served_name(args.model),
-        host=args.host,
-        port=args.port,
-        max_queue=args.max_queue,
-        max_request_bytes=args.max_request_bytes,
-        max_items_per_request=args.max_items_per_request,
-        api_key=args.api_key,
-        header_timeout=args.header_timeout,
-        body_timeout=args.body_timeout,
-        max_connections=args.max_connections,
-        aliases=[args.model],  # verl sends the model path as `model`; accepted, never echoed
-    )
-    return 0
-
-
-def _add_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="Reward model: a save_pretrained folder or a Hub id.")
-    p.add_argument("--max-length", type=int, default=None, help="Longest sequence (contexts cut on the left).")
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"], help="Model weights dtype.")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: cuda when available).")
-    p.add_argument("--trust-remote-code", action="store_true", help="Allow custom model code from the Hub.")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="trl-rm-env", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -283,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on regression records instead: RMSE, MAE and Pearson r per set and attribute. The same numbers for any "
         "--batch-size or --max-tokens.",
     )
-    _add_model_options(p)
+    add_model_arguments(p)
     p.add_argument(
         "--data",
         required=True,
@@ -321,58 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="No progress bar.")
     p.set_defaults(func=_eval)
 
-    p = sub.add_parser(
-        "serve",
-        help="Serve a reward model over HTTP (vLLM's /pooling and /classify, OpenRLHF's /get_reward).",
-        description="Concurrent requests are batched together by token budget; a full queue answers 503, an "
-        "over-size body or too many items 413, a slow client 408 or a closed connection. Binds to 127.0.0.1 by "
-        "default; set --api-key before binding another interface.",
-    )
-    _add_model_options(p)
-    p.add_argument("--host", default="127.0.0.1", help="Interface to bind (default loopback only).")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument(
-        "--served-model-name",
-        default=None,
-        help="Name in responses and accepted in requests (default: the model folder's name, or the Hub id).",
-    )
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="Require 'Authorization: Bearer KEY' on every route but /health (default: the TRL_RM_ENV_API_KEY, "
-        "else VLLM_API_KEY environment variable; unset: no key).",
-    )
-    p.add_argument("--batch-size", type=int, default=None, help="Sequences per forward pass (with no token budget).")
-    p.add_argument("--max-tokens-per-batch", type=int, default=16384, help="Token budget per forward pass.")
-    p.add_argument("--max-queue", type=int, default=1024, help="Requests waiting at most; more get HTTP 503.")
-    p.add_argument(
-        "--max-request-bytes", type=int, default=8 * 1024 * 1024, help="Largest request body; larger get HTTP 413."
-    )
-    p.add_argument(
-        "--max-items-per-request", type=int, default=4096, help="Most sequences in one request; more get HTTP 413."
-    )
-    p.add_argument(
-        "--header-timeout",
-        type=float,
-        default=10.0,
-        help="Seconds a connection may take to send a request head (also the keep-alive idle time); then closed.",
-    )
-    p.add_argument("--body-timeout", type=float, default=30.0, help="Seconds for a request body; slower get 408.")
-    p.add_argument(
-        "--max-connections",
-        type=int,
-        default=None,
-        help="Open connections at most; past it the oldest idle one is closed (default: open-file limit - 128).",
-    )
-    p.add_argument(
-        "--attribute-weights",
-        nargs="+",
-        default=None,
-        metavar="NAME=WEIGHT",
-        help="Regression RM: the score is the weighted sum of its attributes (unnamed ones weigh 0). Default: the "
-        "checkpoint's own attribute_weights.",
-    )
-    p.set_defaults(func=_serve)
+    add_serve_parser(sub)
     return parser
 
 

@@ -28,6 +28,11 @@ class RewardModelArguments:
         strip_reasoning: Drop `<think>...</think>` from completions before scoring.
         reward_prefix_sharing: Score the completions of each GRPO group against one encoding of their prompt (KV
             cache; exact). `auto` (default): where the RM supports it and it pays; `true`: always; `false`: never.
+        reward_engine: What runs the RM here: `auto` (default: vLLM where it is installed and this is one process,
+            else transformers), `vllm` or `hf` (see `trl_rm_env.scoring.loading.choose_engine`).
+        reward_vllm_gpu_memory_utilization: With vLLM, the share of the device's memory the RM may take (default:
+            a KV cache of what scoring needs, the rest is the policy's).
+        reward_vllm_tensor_parallel_size: With vLLM, GPUs the RM is split over.
         reward_remote_url: Score on reward-model servers at these URLs instead of loading the RM here;
             `reward_model` is then the model name sent to the server (`trl-rm-env serve`: the path it serves).
         reward_remote_api: The servers' dialect: `pooling` (vLLM `/pooling`, ours), `classify` (vLLM `/classify`)
@@ -61,6 +66,14 @@ class RewardModelArguments:
             "choices": ["auto", "true", "false"],
         },
     )
+    reward_engine: str = field(
+        default="auto",
+        metadata={"help": "What runs the RM: auto, vllm or hf.", "choices": ["auto", "vllm", "hf"]},
+    )
+    reward_vllm_gpu_memory_utilization: float | None = field(
+        default=None, metadata={"help": "vLLM: share of the device's memory the RM may take (default: what it needs)."}
+    )
+    reward_vllm_tensor_parallel_size: int = field(default=1, metadata={"help": "vLLM: GPUs the RM is split over."})
     reward_remote_url: list[str] | None = field(
         default=None,
         metadata={"help": "Score on RM servers (trl-rm-env serve, or vLLM --runner pooling) at these URLs."},
@@ -105,10 +118,11 @@ class RewardModelArguments:
             return dict(
                 remote_url=list(self.reward_remote_url),
                 remote_api=self.reward_remote_api,
-                # OpenRLHF's /get_reward takes text, rendered here with the RM's tokenizer (its path or Hub id).
+                # OpenRLHF's /get_reward takes text, rendered here with the RM's tokenizer (its path or Hub id); vLLM's
+                # dialects get token ids encoded with it (without `reward_tokenizer`, `reward_model`'s when it loads).
                 tokenizer=(self.reward_tokenizer or self.reward_model)
                 if self.reward_remote_api == "openrlhf"
-                else None,
+                else self.reward_tokenizer,
                 normalization=self.reward_normalization,
                 clip=self.reward_clip,
                 strip_reasoning=self.strip_reasoning,
@@ -126,6 +140,9 @@ class RewardModelArguments:
             name=self.reward_name,
             prefix_sharing=normalize_prefix_sharing(self.reward_prefix_sharing),
             attribute_weights=self.attribute_weights(),
+            engine=self.reward_engine,
+            vllm_gpu_memory_utilization=self.reward_vllm_gpu_memory_utilization,
+            vllm_tensor_parallel_size=self.reward_vllm_tensor_parallel_size,
         )
 
     def load_prompts(self) -> Dataset:

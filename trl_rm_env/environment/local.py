@@ -11,11 +11,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..distributed import full_weights, shard_if_requested
 from ..heads import regression_reward_weights
-from ..scoring.loading import load_reward_model
+from ..model_source import check_model_source
+from ..scoring.loading import load_reward_model, scorer_on_chosen_engine
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import RewardScorer, as_pairs
 from . import nemo
@@ -38,7 +39,10 @@ class RewardModelEnvironment(RewardFunction):
             over-long items `overlength_reward`), `overlength_reward` (None raises an error instead),
             `nonfinite_reward` (the reward if the RM returns NaN/inf, warned once with the count, counted in
             `num_nonfinite` and `reward_model_env/num_nonfinite`; None raises an error naming the samples),
-            `strip_reasoning`, `show_progress`, `prefix_sharing` (below), `template_kwargs`.
+            `strip_reasoning`, `show_progress`, `prefix_sharing` (below), `template_kwargs`, and `engine` (`"auto"`,
+            `"vllm"`, `"hf"`: what runs the RM, see `trl_rm_env.scoring.loading.choose_engine`; `self.engine` says
+            which runs) with vLLM's `vllm_gpu_memory_utilization` (default: a KV cache of what scoring needs) and
+            `vllm_tensor_parallel_size`.
         empty_completion_reward: Reward for empty or whitespace-only completions (judged after `strip_reasoning`,
             so a completion that is only reasoning counts as empty). None (default) scores them with the RM like any
             other answer (an empty assistant turn); their count is logged as `reward_model_env/num_empty`.
@@ -104,25 +108,43 @@ class RewardModelEnvironment(RewardFunction):
             raise TypeError(f"{type(self).__name__} scores locally; use RemoteRewardModelEnvironment for remote_url.")
         check_postprocessing(normalization, clip)  # before anything loads
         options = ScoringOptions.build(options, **scoring_options)
-        model, tokenizer = load_reward_model(
-            model,
-            tokenizer,
-            precision=precision,
-            device=device,
-            trust_remote_code=trust_remote_code,
-            model_init_kwargs=model_init_kwargs,
-        )
-        # A regression RM (RegressionRewardTrainer) predicts several attributes: the reward is their weighted sum.
-        resolved = regression_reward_weights(model.config, attribute_weights)
+        scorer = None
+        if isinstance(model, str | os.PathLike):  # a path or Hub id: vLLM can load it (`choose_engine`)
+            path = check_model_source(str(model), "reward model")
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            # A regression RM (RegressionRewardTrainer) predicts several attributes: the reward is their weighted sum.
+            resolved = regression_reward_weights(config, attribute_weights)
+            options = ScoringOptions.build(options, output_weights=resolved[1] if resolved else None)
+            hf_only = "fsdp_shard=True shards a transformers model" if fsdp_shard else None
+            if model_init_kwargs:
+                hf_only = f"model_init_kwargs {sorted(model_init_kwargs)} are transformers loading arguments"
+            scorer = scorer_on_chosen_engine(
+                model, tokenizer, options, precision=precision, device=device, trust_remote_code=trust_remote_code,
+                hf_only=hf_only,
+            )  # fmt: skip
+        if scorer is None:
+            model, tokenizer = load_reward_model(
+                model,
+                tokenizer,
+                precision=precision,
+                device=device,
+                trust_remote_code=trust_remote_code,
+                model_init_kwargs=model_init_kwargs,
+            )
+            resolved = regression_reward_weights(model.config, attribute_weights)
+            options = ScoringOptions.build(options, output_weights=resolved[1] if resolved else None)
+            scorer = RewardScorer(model, tokenizer, options)
         attributes, weights = resolved if resolved is not None else ([], None)
         self.attribute_weights = weights
-        self.model = model
-        self.tokenizer = tokenizer
-        self.sharding = shard_if_requested(model, fsdp_shard, logger)
+        self.model = scorer.model  # None when vLLM holds the weights
+        self.tokenizer = scorer.tokenizer
+        self.engine = scorer.engine.name  # "hf" or "vllm"
+        self.sharding = shard_if_requested(self.model, fsdp_shard, logger) if self.model is not None else "none"
         self.show_progress = options.show_progress
-        mean, std = getattr(model.config, "reward_mean", None), getattr(model.config, "reward_std", None)
+        config = scorer.config
+        mean, std = getattr(config, "reward_mean", None), getattr(config, "reward_std", None)
         self._setup(
-            RewardScorer(model, tokenizer, options, output_weights=weights),
+            scorer,
             name=name,
             normalization=normalization,
             clip=clip,
@@ -180,4 +202,4 @@ class RewardModelEnvironment(RewardFunction):
         return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
 
     def __repr__(self) -> str:
-        return f"RewardModelEnvironment(name={self.name!r}, model={self.model.config._name_or_path!r})"
+        return f"RewardModelEnvironment(name={self.name!r}, model={self.scorer.config._name_or_path!r})"

@@ -24,9 +24,10 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
 
     Built by `RewardModelEnvironment(remote_url=...)` (or directly). The server is `trl-rm-env serve`, or vLLM
     started with `--runner pooling` on a `*ForSequenceClassification` model; requests ask for raw logits
-    (`use_activation: false`), so rewards are the Bradley-Terry scores the local environment returns. Conversations
-    are sent as messages and rendered by the server with the RM's chat template; plain-text prompts are sent as
-    `prompt + completion` text (the server adds no EOS, unlike local scoring of plain text).
+    (`use_activation: false`), so rewards are the Bradley-Terry scores the local environment returns. With the RM's
+    tokenizer (`tokenizer`, else `model` when it names a loadable tokenizer) samples are sent as token ids encoded
+    here exactly as local scoring encodes them, so rewards equal local ones; without one they are sent as messages
+    (rendered by the server with the RM's chat template) or `prompt + completion` text (no EOS added).
 
     `__call__` is async: TRL's `GRPOTrainer` runs async reward functions concurrently with the others. Requests are
     spread over the URLs, retried with exponential backoff on 502/503/504, timeouts and connection errors (never on
@@ -40,6 +41,8 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
             or `"openrlhf"` (OpenRLHF's `/get_reward`, text only: conversations are rendered here with `tokenizer`,
             the RM's tokenizer or its path). Raw scores are always asked for.
         api_key: Sent as `Authorization: Bearer <key>`; None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`.
+        remote_input: `"tokens"` (the RM's tokenizer is required), `"messages"` or `"auto"` (default: tokens when
+            the tokenizer can be loaded; which one is used is logged once).
         nonfinite_reward: Reward for an item the server scored NaN/inf; None raises an error, as local scoring does.
         empty_completion_reward, strip_reasoning, clip, name: As for `RewardModelEnvironment`.
         normalization: `none` or `running` (`checkpoint` needs the model config, which a remote RM does not give).
@@ -66,6 +69,7 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
         normalization: str = "none",
         clip: float | None = None,
         name: str = "reward_model_env",
+        remote_input: str = "auto",
         **unused: Any,
     ):
         local_only = sorted(k for k, v in unused.items() if v not in (None, False))
@@ -74,11 +78,7 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
         if normalization not in ("none", "running"):  # no model config here, so no checkpoint statistics
             raise ValueError(f"normalization must be 'none' or 'running' with remote_url, got {normalization!r}")
         check_postprocessing(normalization, clip)
-        if remote_api == "openrlhf" and isinstance(tokenizer, str | os.PathLike):
-            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))  # /get_reward takes text: rendered here
-        elif tokenizer is not None and remote_api != "openrlhf":
-            logger.warning("%s: the tokenizer is ignored with remote_url; the server renders with its own.", name)
-            tokenizer = None
+        tokenizer = _client_tokenizer(tokenizer, model, remote_api, remote_input, name)
         self.client = RemoteScorer(
             remote_url,
             model=model,
@@ -90,6 +90,7 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
             api_key=api_key,
             nonfinite_reward=nonfinite_reward,
             tokenizer=tokenizer,
+            input_format="auto" if remote_input == "auto" else remote_input,
         )
         self.model = None
         self.remote_url = self.client.urls
@@ -127,3 +128,27 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
 
     def __repr__(self) -> str:
         return f"RemoteRewardModelEnvironment(name={self.name!r}, remote_url={self.remote_url!r})"
+
+
+def _client_tokenizer(tokenizer: Any, model: str | None, api: str, remote_input: str, name: str) -> Any:
+    """The RM's tokenizer for the client: the one given (loaded when it is a path or Hub id), else `model`'s when
+    the API takes token ids and `model` names a loadable tokenizer; None sends messages (logged once)."""
+    if isinstance(tokenizer, str | os.PathLike):
+        return AutoTokenizer.from_pretrained(str(tokenizer))  # given: failing to load it is an error
+    if tokenizer is not None or api == "openrlhf" or remote_input == "messages":
+        return tokenizer
+    if model:
+        try:
+            return AutoTokenizer.from_pretrained(model)
+        except (OSError, ValueError) as err:
+            if remote_input == "tokens":
+                raise ValueError(
+                    f"{name}: remote_input='tokens' needs the reward model's tokenizer; {model!r} is not one ({err}). "
+                    "Give tokenizer= (its path or Hub id)."
+                ) from err
+    logger.info(
+        "%s: sending messages to the server, which renders them with its chat template (give tokenizer= to send "
+        "token ids encoded exactly as local scoring does).",
+        name,
+    )
+    return None

@@ -4,27 +4,45 @@
 - `protocol.py`: the `Scorer` protocol (what the environment, `eval` and the server use) and the `Engine` protocol;
 - `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);
 - `hf.py`: `HFEngine`, the model run by transformers in this process;
-- `loading.py`: loading a reward model and its tokenizer for inference.
+- `vllm.py`: `VLLMEngine`, vLLM's pooling runner fed with our token ids;
+- `loading.py`: loading a reward model and its tokenizer for inference, and the choice of engine;
+- `arguments.py`: the command line's spelling of both.
 
 Conversations become token ids in `trl_rm_env.tokenization`; shared contexts are planned in `trl_rm_env.sharing`.
 """
 
-from .hf import HFEngine
-from .loading import PRECISIONS, load_reward_model, load_reward_scorer
-from .options import ScoringOptions
-from .protocol import Engine, Scorer
-from .scorer import EncodedBatch, RewardScorer, as_pairs, split_conversation
+from __future__ import annotations
 
-__all__ = [
-    "PRECISIONS",
-    "EncodedBatch",
-    "Engine",
-    "HFEngine",
-    "RewardScorer",
-    "Scorer",
-    "ScoringOptions",
-    "as_pairs",
-    "load_reward_model",
-    "load_reward_scorer",
-    "split_conversation",
-]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "HFEngine": ".hf",
+    "PRECISIONS": ".loading",
+    "choose_engine": ".loading",
+    "load_reward_model": ".loading",
+    "load_reward_scorer": ".loading",
+    "ScoringOptions": ".options",
+    "Engine": ".protocol",
+    "Scorer": ".protocol",
+    "EncodedBatch": ".scorer",
+    "RewardScorer": ".scorer",
+    "as_pairs": ".scorer",
+    "split_conversation": ".scorer",
+    "VLLMEngine": ".vllm",
+}
+"""Public names, imported on first use (the command line reads `scoring.arguments` before torch loads)."""
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -15,6 +15,8 @@ from typing import Any
 from ..sharing import normalize_prefix_sharing
 
 TRUNCATION_MODES = ("left", "fallback")
+ENGINES = ("auto", "vllm", "hf")
+DEFAULT_BATCH_SIZE = 32  # sequences per forward pass when neither a row count nor a token budget is set
 
 
 @dataclass
@@ -42,9 +44,18 @@ class ScoringOptions:
             cost model says it pays; `True`: every group of two or more items that shares a token; `False`: never.
         output_weights: A regression RM's reward is `outputs @ output_weights` (every output, not column
             `label_index`); see `trl_rm_env.heads.regression_reward_weights`.
+        engine: What runs the model: `"vllm"` (vLLM's pooling runner fed with our token ids,
+            `trl_rm_env.scoring.vllm`), `"hf"` (transformers in this process, the exact reference and the engine of
+            training) or `"auto"` (default: vLLM where it is installed and can serve the case, else transformers;
+            see `trl_rm_env.scoring.loading.choose_engine`). Only a model given by path or Hub id can run on vLLM.
+        vllm_gpu_memory_utilization: With vLLM, the share of the device's memory it may take for weights and KV
+            cache (on the CPU backend, of the RAM), as TRL's colocated vLLM. None (default): a KV cache of what
+            scoring needs and no more (`trl_rm_env.scoring.vllm.kv_cache_bytes`), the rest left to training.
+        vllm_tensor_parallel_size: With vLLM, the number of GPUs the reward model is split over.
 
     Raises:
-        ValueError: an unknown truncation mode, `batch_size < 1`, or a bad `prefix_sharing` value.
+        ValueError: an unknown truncation mode or engine, `batch_size < 1`, a bad `prefix_sharing` value or vLLM
+            memory share.
     """
 
     batch_size: int | None = None
@@ -59,14 +70,35 @@ class ScoringOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     prefix_sharing: bool | str = "auto"
     output_weights: Sequence[float] | None = None
+    engine: str = "auto"
+    vllm_gpu_memory_utilization: float | None = None
+    vllm_tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         if self.truncation not in TRUNCATION_MODES:
             raise ValueError(f"truncation must be 'left' or 'fallback', got {self.truncation!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.vllm_gpu_memory_utilization is not None and not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)
         self.template_kwargs = dict(self.template_kwargs or {})
+
+    def rows_per_pass(self) -> int | None:
+        """Sequences per forward pass: `batch_size`, else 32 when no token budget is set (None: the budget alone)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        return None if self.max_tokens_per_batch else DEFAULT_BATCH_SIZE
+
+    def longest_sequence(self, config: Any) -> int | None:
+        """The longest sequence the model gets: `max_length`, else the config's `max_position_embeddings`, and
+        never more than `max_tokens_per_batch` (one sequence always fits in a batch)."""
+        longest = self.max_length or getattr(config, "max_position_embeddings", None)
+        if self.max_tokens_per_batch is not None and longest is not None and self.max_tokens_per_batch < longest:
+            return self.max_tokens_per_batch
+        return longest
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

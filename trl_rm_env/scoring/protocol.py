@@ -1,9 +1,9 @@
 """The seam every scoring backend plugs into: what the GRPO environment, `trl-rm-env eval` and the server need.
 
-Two backends implement it today: `RewardScorer` (local: the chat template, truncation and fallbacks here, the forward
-passes by an engine, `HFEngine` by default) and `RemoteScorer` (`trl_rm_env.serving.client`: servers that score over
-HTTP). A new local engine (vLLM, ...) is one module with `HFEngine`'s `outputs()`, handed to `RewardScorer(engine=...)`;
-a new remote dialect is one entry of `trl_rm_env.serving.protocol`.
+Two backends implement it: `RewardScorer` (local: the chat template, truncation and fallbacks here, the forward
+passes by an engine, `VLLMEngine` or `HFEngine`) and `RemoteScorer` (`trl_rm_env.serving.client`: servers that score
+over HTTP). A new local engine is one module with an `outputs()` as `HFEngine`'s and `VLLMEngine`'s, handed to
+`RewardScorer(engine=...)`; a new remote dialect is one entry of `trl_rm_env.serving.protocol`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Data path: `(context, completion)` -> token ids with the RM's own chat template (`trl_rm_env.tokenization`) ->
 over-length handling (left truncation or a fallback reward) -> the engine's outputs, `(N, num_labels)` fp32 in input
-order (`engine`: `HFEngine` by default, the model run by transformers in this process) -> the reward (column
+order (`engine`: `HFEngine`, the model run by transformers in this process, or `VLLMEngine`) -> the reward (column
 `label_index`, or a regression RM's weighted sum) -> NaN/inf handling. Options: `ScoringOptions`.
 
 Exactness: every engine returns, for each sequence, what running that sequence alone gives (fp32: < 1e-4, proved by
@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 _OPEN_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
-
 
 
 def strip_reasoning_text(text: str) -> str:
@@ -64,47 +63,59 @@ class RewardScorer:
     the server use.
 
     Args:
-        model: A `*ForSequenceClassification` model (`num_labels >= 1`; column `label_index` is the reward).
+        model: A `*ForSequenceClassification` model (`num_labels >= 1`; column `label_index` is the reward), or
+            None when `engine` is an engine that holds the model itself (`VLLMEngine`).
         tokenizer: The reward model's tokenizer; its chat template renders every conversation.
         options: A `ScoringOptions` (None: the defaults); any option can also be given by name
             (`RewardScorer(model, tokenizer, batch_size=16, prefix_sharing=False)`), replacing the one in `options`.
-        engine: What runs the forward passes (default: `HFEngine` over `model`, with these options).
+        engine: What runs the forward passes: an engine object (`trl_rm_env.scoring.protocol.Engine`), or a name,
+            the `engine` option. With a loaded `model`, `"auto"` and `"hf"` run it with `HFEngine`; vLLM loads a
+            model from its path: use `load_reward_scorer(path, engine="vllm")`.
+        config: The model's config when `model` is None (default: the engine's `config`).
 
     Raises:
-        TypeError: an unknown option name.
-        ValueError: a bad option value, or `output_weights` that do not match the model's outputs.
+        TypeError: an unknown option name, or neither a model nor an engine object.
+        ValueError: a bad option value, `engine="vllm"` with a loaded model, or `output_weights` that do not match
+            the model's outputs.
     """
 
     is_async = False
 
     def __init__(
         self,
-        model: PreTrainedModel,
+        model: PreTrainedModel | None,
         tokenizer: PreTrainedTokenizerBase,
         options: ScoringOptions | None = None,
         *,
         engine: Any = None,
+        config: Any = None,
         **values: Any,
     ):
-        self.options = ScoringOptions.build(options, **values)
-        self.model = model
-        self.config = model.config  # what the server and `eval` read of the model (names, vocabulary, heads)
-        self.tokenizer = tokenizer
-        o = self.options
-        self.max_tokens_per_batch = o.max_tokens_per_batch
-        self.batch_size = o.batch_size if o.batch_size is not None else (None if o.max_tokens_per_batch else 32)
-        config_max = getattr(model.config, "max_position_embeddings", None)
-        self.max_length = o.max_length or config_max
-        if o.max_tokens_per_batch is not None and self.max_length is not None and o.max_tokens_per_batch < self.max_length:
-            self.max_length = o.max_tokens_per_batch  # a single sequence must always fit in one batch
-        self.output_weights = None if o.output_weights is None else torch.tensor(o.output_weights, dtype=torch.float32)
-        if self.output_weights is not None and self.output_weights.numel() != model.config.num_labels:
+        if isinstance(engine, str):
+            values["engine"], engine = engine, None
+        self.options = o = ScoringOptions.build(options, **values)
+        if engine is None and model is None:
+            raise TypeError("RewardScorer needs a loaded model or an engine object that holds one")
+        if engine is None and o.engine == "vllm":
             raise ValueError(
-                f"output_weights has {self.output_weights.numel()} values for {model.config.num_labels} outputs"
+                "engine='vllm' loads the reward model from its path or Hub id, not from a loaded model: use "
+                "load_reward_scorer(path, engine='vllm') or RewardModelEnvironment(path, engine='vllm')"
+            )
+        self.model = model
+        # What the server and `eval` read of the model (names, vocabulary, heads).
+        self.config = config if config is not None else (model.config if model is not None else engine.config)
+        self.tokenizer = tokenizer
+        self.max_tokens_per_batch = o.max_tokens_per_batch
+        self.batch_size = o.rows_per_pass()
+        self.max_length = o.longest_sequence(self.config)
+        self.output_weights = None if o.output_weights is None else torch.tensor(o.output_weights, dtype=torch.float32)
+        if self.output_weights is not None and self.output_weights.numel() != self.config.num_labels:
+            raise ValueError(
+                f"output_weights has {self.output_weights.numel()} values for {self.config.num_labels} outputs"
             )
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        if getattr(model.config, "pad_token_id", None) is None:
+        if model is not None and getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         self.engine = engine or HFEngine(
             model,
@@ -250,7 +261,6 @@ class RewardScorer:
                 )
             scores[torch.tensor(bad)] = float(self.nonfinite_reward)
         return scores
-
 
     def score_pairs(self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None):
         """The `Scorer` protocol's call: `score`."""

