@@ -1,19 +1,32 @@
-"""GRPO reward scoring speed: TRL's model-reward path vs `RewardModelEnvironment` (defaults, plain, shared).
+"""GRPO reward scoring speed: TRL's model-reward path, ours on transformers and on vLLM, raw vLLM, and served.
 
     python benchmarks/bench_score.py                          # B=4 prompts x G=8, prompts 64/256/1024, completions 64/256
     python benchmarks/bench_score.py --long                   # one group of G=8 behind 4k and 16k prompts, wide model
+    python benchmarks/bench_score.py --data hh --model wide --layers 8   # 4 hh-rlhf contexts x 8 answers, 0.6B width
     python benchmarks/bench_score.py --prompts 8 --budget 16384 --repeats 5 --cases 1024x64
 
 "TRL" is the exact code of `GRPOTrainer._calculate_rewards` for a reward *model* (trl 1.16): render every
 prompt+completion with the chat template, tokenize all B*G texts in one right-padded batch, one forward. Ours runs the
-same model on the same texts through `RewardModelEnvironment`: `defaults` (nothing set but the token budget:
-`prefix_sharing="auto"`), `plain` (`prefix_sharing=False`: token-budget micro-batches, each prompt repeated) and
-`shared` (`prefix_sharing=True`: each group's prompt encoded once, the completions against its KV cache). Each
-configuration runs in a fresh child process so its peak memory (CUDA: max allocated; CPU: peak RSS) is its own.
+same model (saved once, loaded by every method) on the same conversations through `RewardModelEnvironment`:
+`defaults` (nothing set but the token budget: `engine="auto"`, which is vLLM where it is installed, and
+`prefix_sharing="auto"`), `hf` (`engine="hf"`: transformers here, KV-cache prompt sharing where it pays), `plain`
+(`engine="hf", prefix_sharing=False`: token-budget micro-batches, each prompt repeated), `shared` (`engine="hf",
+prefix_sharing=True`) and `vllm` (`engine="vllm"`). `vLLM offline` is vLLM alone, `LLM(runner="pooling",
+convert="classify").classify` on the token ids ours sends it (encoded before the clock starts), with vLLM's own
+defaults; `vLLM offline (every core)` with none of the CPU's cores kept for vLLM's scheduler, as our engine sets on
+a CPU of few cores (`trl_rm_env.scoring.vllm.cpu_thread_env`). Every call of every method scores a batch it has not
+seen (vLLM's prefix cache would serve a repeated one from memory). `served: ...` score
+through `RewardModelEnvironment(remote_url=...)` with the RM's tokenizer (token ids) on vLLM's own server started
+directly (`vLLM server`), on `trl-rm-env serve --engine vllm` and on `trl-rm-env serve --engine hf` (ours). The
+vLLM and served rows need vLLM (`--methods` picks rows; they are left out where it is not installed). Each
+configuration runs in a fresh child process; peak memory is the peak RSS of that process and everything it started
+(CUDA: max allocated of the process), model included, for served rows the server's processes.
 
 Models (offline Qwen3, random init, fp32, SDPA): `small` = 4 layers, hidden 256, 4 heads x 64 (2 KV heads), MLP 512;
 `wide` = Qwen3-0.6B's width (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072) with `--layers` layers (default 1,
 so a 16k-token case runs in minutes on 2 CPU cores; every method's cost scales with the layer count alike).
+`--data hh`: B contexts of Anthropic hh-rlhf's harmless-base test (`../shared/data/hh-rlhf`, multi-turn, 200-850
+tokens) and G answers each, taken from the responses of the following records.
 
 The FLOP floor of a case is the work on its unique tokens: each prompt once, each completion once, each completion's
 attention over its prompt and itself (causal). `floor %` = (floor FLOPs / this machine's fp32 matmul rate, the best
@@ -24,14 +37,22 @@ to doing only the necessary work at matmul speed (on a shared machine the rate m
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gzip
+import importlib.util
+import json
 import multiprocessing as mp
 import os
 import random
 import resource
-import statistics
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
+from pathlib import Path
 
 from floor import group_floor, matmul_gflops  # benchmarks/floor.py (the script's folder is on sys.path)
 
@@ -41,7 +62,14 @@ MODELS = {
                   num_key_value_heads=2, head_dim=64),
     "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
 }
-METHODS = ["TRL GRPO model reward", "ours: defaults", "ours: plain", "ours: shared"]
+METHODS = [
+    "TRL GRPO model reward", "ours: defaults", "ours: hf", "ours: plain", "ours: shared", "ours: vllm", "vLLM offline",
+    "vLLM offline (every core)", "served: vLLM server", "served: serve --engine vllm", "served: serve --engine hf",
+]  # fmt: skip
+NEEDS_VLLM = {
+    "ours: vllm", "vLLM offline", "vLLM offline (every core)", "served: vLLM server", "served: serve --engine vllm",
+}  # fmt: skip
+HH_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 
 
 def model_kwargs(name: str, layers: int | None) -> dict:
@@ -72,6 +100,54 @@ def make_batch(tokenizer, prompts: int, generations: int, prompt_len: int, compl
     return p_list, c_list
 
 
+def hh_batch(tokenizer, prompts: int, generations: int, index: int = 0):
+    """Batch `index`: `prompts` hh-rlhf contexts of 200-850 tokens (the `index`-th such run of them, so batches never
+    share a context), each with `generations` answers: the final responses of the records that follow it."""
+    from trl_rm_env.data.loaders import load_rank_records
+
+    if not HH_PATH.exists():
+        raise SystemExit(f"--data hh needs {HH_PATH}")
+    with gzip.open(HH_PATH, "rt") as f:
+        rows = [json.loads(line) for line in f][:2000]
+    records, _ = load_rank_records(rows, data_format="hh", on_invalid="skip", name="hh-rlhf", log=False)
+    answers = [c["completion"] for r in records for c in r["completions"]]
+    p_list, c_list, used, skip = [], [], 0, index * prompts
+    for i, record in enumerate(records):
+        if len(p_list) == prompts * generations:
+            break
+        length = len(tokenizer.apply_chat_template(record["context"], tokenize=True, return_dict=False))
+        if 200 <= length <= 850 and skip:
+            skip -= 1
+        elif 200 <= length <= 850:
+            for k in range(generations):
+                p_list.append(record["context"])
+                c_list.append(answers[(2 * i + 2 + used + k) % len(answers)])
+            used += generations
+    if len(p_list) < prompts * generations:
+        raise SystemExit(f"--data hh: fewer than {prompts} contexts of 200-850 tokens in {HH_PATH}")
+    return p_list, c_list
+
+
+def batch_for(tokenizer, case: dict, opts: dict, index: int = 0):
+    """Batch `index` of a case. Every call of a method gets a batch it has not seen (warm-up ones included): vLLM's
+    prefix cache keeps whole sequences across calls, and a repeated batch would be read from it, a case GRPO, whose
+    completions are new at every step, never meets (measured: 3-4x faster than a fresh batch)."""
+    if opts["data"] == "hh":
+        return hh_batch(tokenizer, case["prompts"], opts["generations"], index)
+    return make_batch(tokenizer, case["prompts"], opts["generations"], case["prompt"], case["completion"], seed=index)
+
+
+def budget_for(tokenizer, case: dict, opts: dict, prompts, completions) -> int:
+    """Our token budget for a case: `--budget`, raised so that one whole sequence fits one pass."""
+    from trl_rm_env.tokenization import encode_conversation
+
+    if opts["data"] == "hh":
+        longest = max(len(encode_conversation(tokenizer, p, c)) for p, c in zip(prompts, completions))
+    else:
+        longest = case["prompt"] + case["completion"]
+    return max(opts["budget"], longest + 256)
+
+
 def floor_flops(tokenizer, prompts, completions, config: dict) -> tuple[int, float]:
     """(unique tokens, forward FLOPs on them) of a batch: each group's shared token prefix once, each completion's own
     tokens once, causal attention of each completion over its prefix and itself."""
@@ -86,73 +162,201 @@ def floor_flops(tokenizer, prompts, completions, config: dict) -> tuple[int, flo
     )
 
 
-def peak_memory_mb() -> float:
+def peak_memory_mb(pids: list[int] | None = None) -> float:
+    """CUDA: max allocated of this process. CPU: the peak RSS (VmHWM) of `pids` (default: this process) and every
+    process they started, still running, summed."""
     import torch
 
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and pids is None:
         return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    tree, todo = set(pids or [os.getpid()]), list(pids or [os.getpid()])
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                todo.append(pid)
+    total = 0
+    for pid in tree:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024 or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(method: str, model_dir: str, budget: int) -> tuple[subprocess.Popen, str]:
+    """One of the served configurations, started and ready: (process, URL). vLLM's server gets the KV cache ours
+    gives it (`trl-rm-env serve --engine vllm` on CPU): one step plus one sequence."""
+    from transformers import AutoConfig
+
+    from trl_rm_env.scoring.vllm import kv_cache_bytes
+
+    port = free_port()
+    if method == "served: vLLM server":
+        kv = kv_cache_bytes(AutoConfig.from_pretrained(model_dir), "float32", 2 * budget)
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                   "--runner", "pooling", "--convert", "classify", "--served-model-name", "rm", "--port", str(port),
+                   "--dtype", "float32", "--enable-prefix-caching", "--max-model-len", str(budget),
+                   "--max-num-batched-tokens", str(budget), "--kv-cache-memory-bytes", str(kv)]  # fmt: skip
+    else:
+        engine = method.rsplit(" ", 1)[1]
+        command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model_dir, "--engine", engine,
+                   "--served-model-name", "rm", "--port", str(port), "--max-length", str(budget),
+                   "--max-tokens-per-batch", str(budget)]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{method}: the server ended with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{method}: the server was not ready in 900 s")
 
 
 def run_one(method: str, case: dict, opts: dict, queue) -> None:
     import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from trl.data_utils import apply_chat_template
 
     from trl_rm_env import RewardModelEnvironment
-    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
+    from trl_rm_env.tokenization import encode_conversation
 
     torch.set_num_threads(opts["threads"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = build_tiny_tokenizer()
-    tokenizer.model_max_length = 10**6
-    model = build_tiny_reward_model(
-        tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536, **opts["model_kwargs"]
-    ).to(device)
-    prompts, completions = make_batch(tokenizer, case["prompts"], opts["generations"], case["prompt"], case["completion"])
-    budget = max(opts["budget"], case["prompt"] + case["completion"] + 256)  # a whole sequence fits one pass
+    model_dir = opts["model_dir"]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # Warm-up batches first, then the timed ones; the same sequence of batches for every method.
+    batches = [batch_for(tokenizer, case, opts, index) for index in range(case["warmup"] + case["repeats"])]
+    if case["warmup"] and case["prompt"] > 2048 and opts["data"] != "hh":  # long case: warm up on short batches
+        batches[: case["warmup"]] = [
+            make_batch(tokenizer, case["prompts"], opts["generations"], 256, 64, seed=1000 + index)
+            for index in range(case["warmup"])
+        ]
+    budget = max(budget_for(tokenizer, case, opts, *batch) for batch in batches)
+    server, measured = None, None  # a served configuration's process (peak memory: its tree)
 
     if method == "TRL GRPO model reward":
-        def score():
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").to(device)
+
+        def score(prompts, completions):
             texts = [apply_chat_template({"messages": p + c}, tokenizer)["text"] for p, c in zip(prompts, completions)]
             inputs = tokenizer(text=texts, return_tensors="pt", padding=True, padding_side="right",
                                add_special_tokens=False).to(device)
             with torch.inference_mode():
                 return model(**inputs).logits[:, 0].float().cpu(), inputs["input_ids"].numel()
-    else:
-        mode = {"ours: defaults": "auto", "ours: plain": False, "ours: shared": True}[method]
-        kwargs = {} if mode == "auto" else {"prefix_sharing": mode}
-        env = RewardModelEnvironment(model, tokenizer, device=device, max_tokens_per_batch=budget, **kwargs)
+    elif method.startswith("vLLM offline"):
+        from vllm import LLM, PoolingParams
+        from vllm.inputs import TokensPrompt
 
-        def score():
+        from trl_rm_env.scoring.vllm import kv_cache_bytes
+
+        config = AutoModelForSequenceClassification.from_pretrained(model_dir).config
+        if "every core" in method:  # what our engine sets on a CPU of few cores (`cpu_thread_env`)
+            os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        llm = LLM(model=model_dir, runner="pooling", convert="classify", dtype="float32", enable_prefix_caching=True,
+                  max_model_len=budget, max_num_batched_tokens=budget,
+                  kv_cache_memory_bytes=kv_cache_bytes(config, "float32", 2 * budget), seed=0)  # fmt: skip
+        encoded = {  # encoded before the clock starts
+            id(batch[0]): [TokensPrompt(prompt_token_ids=encode_conversation(tokenizer, p, c)) for p, c in zip(*batch)]
+            for batch in batches
+        }
+
+        def score(prompts, completions):
+            ids = encoded[id(prompts)]
+            out = llm.classify(ids, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
+            return torch.tensor([o.outputs.probs[0] for o in out]), None
+    elif method.startswith("served: "):
+        server, url = start_server(method, model_dir, budget)
+        measured = [server.pid]
+        env = RewardModelEnvironment("rm", remote_url=url, tokenizer=model_dir, max_concurrency=256)
+
+        def score(prompts, completions):
+            return torch.tensor(asyncio.run(env(prompts, completions))), None
+    else:
+        kwargs = {
+            "ours: defaults": {},
+            "ours: hf": {"engine": "hf"},
+            "ours: plain": {"engine": "hf", "prefix_sharing": False},
+            "ours: shared": {"engine": "hf", "prefix_sharing": True},
+            "ours: vllm": {"engine": "vllm"},
+        }[method]
+        env = RewardModelEnvironment(model_dir, device=device, max_tokens_per_batch=budget, **kwargs)
+
+        def score(prompts, completions):
             rewards = torch.tensor(env(prompts, completions))
-            return rewards, sum(r * n for r, n in env.scorer.last_batch_shapes)
+            shapes = env.scorer.last_batch_shapes  # transformers: the padded positions it ran; vLLM: none
+            return rewards, sum(r * n for r, n in shapes) if shapes else None
 
-    if case["warmup"] and case["prompt"] > 2048:  # long case: warm up (threads, allocator, kernels) on a short batch
-        full = (prompts, completions)
-        prompts, completions = make_batch(tokenizer, case["prompts"], opts["generations"], 256, 64, seed=1)
-        score()
-        prompts, completions = full
-    else:
-        for _ in range(case["warmup"]):
-            score()
-    times = []
-    for _ in range(case["repeats"]):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        scores, positions = score()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    queue.put({"scores": scores.tolist(), "seconds": statistics.median(times), "positions": positions,
-               "peak_mb": peak_memory_mb(), "gflops": matmul_gflops(opts["threads"])})
+    try:
+        for batch in batches[: case["warmup"]]:
+            score(*batch)
+        times, scores, positions = [], [], 0
+        for prompts, completions in batches[case["warmup"] :]:
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            batch_scores, batch_positions = score(prompts, completions)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+            scores += batch_scores.tolist()
+            if batch_positions is None:  # vLLM and servers: the tokens sent (their prefix caching computes fewer)
+                batch_positions = sum(len(encode_conversation(tokenizer, p, c)) for p, c in zip(prompts, completions))
+            positions += batch_positions
+        queue.put({"scores": scores, "seconds": sum(times) / len(times), "positions": positions // len(times),
+                   "peak_mb": peak_memory_mb(measured), "gflops": matmul_gflops(opts["threads"])})
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(60)
+        if method.startswith("vLLM offline"):  # a spawned child joins its children at exit: stop vLLM's first
+            llm.llm_engine.engine_core.shutdown()
 
 
-def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[str]]:
-    from trl_rm_env.testing import build_tiny_tokenizer, tiny_qwen3_config
+def save_model(opts: dict) -> str:
+    """The benchmark's reward model (random init from seed 0) and tokenizer, saved once for every method."""
+    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.model_max_length = 10**6
+    model = build_tiny_reward_model(
+        tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536, **opts["model_kwargs"]
+    )
+    path = tempfile.mkdtemp(prefix="bench-score-rm-")
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[str]]:
+    from transformers import AutoTokenizer
+
+    from trl_rm_env.testing import tiny_qwen3_config
+
+    opts["model_dir"] = save_model(opts)
+    tokenizer = AutoTokenizer.from_pretrained(opts["model_dir"])
     config = tiny_qwen3_config(tokenizer, **opts["model_kwargs"]).to_dict()
     rate = opts["gflops"] * 1e9
     ctx = mp.get_context("spawn")
@@ -165,14 +369,20 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[st
             queue = ctx.Queue()
             proc = ctx.Process(target=run_one, args=(method, case, opts, queue))
             proc.start()
-            results[method] = queue.get()
+            while True:  # a child that died without a result is an error, not a wait forever
+                try:
+                    results[method] = queue.get(timeout=5)
+                    break
+                except Exception:
+                    if not proc.is_alive():
+                        raise SystemExit(f"{method}: the benchmark process ended with status {proc.exitcode}") from None
             proc.join()
             time.sleep(opts["settle"])  # let the previous child's memory go back before the next one starts
             print(f"  done: {case['prompt']}x{case['completion']} {method} ({results[method]['seconds']:.2f} s)",
                   file=sys.stderr)
-        prompts, completions = make_batch(tokenizer, case["prompts"], opts["generations"], case["prompt"],
-                                          case["completion"])
-        unique, flops = floor_flops(tokenizer, prompts, completions, config)
+        timed = [batch_for(tokenizer, case, opts, i) for i in range(case["warmup"], case["warmup"] + case["repeats"])]
+        floors = [floor_flops(tokenizer, *batch, config) for batch in timed]  # per batch, averaged like the times
+        unique, flops = sum(u for u, _ in floors) // len(floors), sum(f for _, f in floors) / len(floors)
         base_name = METHODS[0] if METHODS[0] in results else "ours: plain"
         base = results[base_name]
         n = case["prompts"] * opts["generations"]
@@ -181,9 +391,11 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[st
                 continue
             r = results[method]
             diff = max(abs(a - b) for a, b in zip(r["scores"], base["scores"]))
+            vllm = results.get("vLLM offline")
             rows.append([
-                f"{case['prompt']}/{case['completion']}", method, f"{n / r['seconds']:.2f}",
+                case_name(case, opts), method, f"{n / r['seconds']:.2f}",
                 f"{base['seconds'] / r['seconds']:.2f}x", f"{results['ours: plain']['seconds'] / r['seconds']:.2f}x",
+                f"{vllm['seconds'] / r['seconds']:.2f}x" if vllm else "-",
                 str(r["positions"]), str(unique), f"{flops / 1e9:.0f}",
                 f"{100 * flops / (max(rate, r['gflops'] * 1e9)) / r['seconds']:.0f}%",
                 f"{r['peak_mb']:.0f}", "-" if method == base_name else f"{diff:.1e}",
@@ -191,9 +403,15 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[st
     return rows
 
 
+def case_name(case: dict, opts: dict) -> str:
+    return "hh-rlhf" if opts["data"] == "hh" else f"{case['prompt']}/{case['completion']}"
+
+
 def print_table(rows: list[list[str]], base: str) -> None:
-    header = ["prompt/compl", "method", "compl/s", f"vs {base}", "vs plain", "token positions", "unique tokens",
+    header = ["prompt/compl", "method", "compl/s", f"vs {base}", "vs plain", "vs vLLM", "token positions", "unique tokens",
               "floor GFLOP", "floor %", "peak MB", f"max \\|score - {base}\\|"]  # pipes escaped for Markdown
+    if all(row[5] == "-" for row in rows):  # vLLM not run
+        header, rows = header[:5] + header[6:], [row[:5] + row[6:] for row in rows]
     if base == "plain":  # TRL not run: "vs plain" would be there twice
         header, rows = header[:4] + header[5:], [row[:4] + row[5:] for row in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
@@ -209,9 +427,10 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=8, help="G: completions per prompt")
     parser.add_argument("--budget", type=int, default=8192,
                         help="our max_tokens_per_batch (raised to fit one whole sequence of a case)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls, median (default 3; --long: 1)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed calls, each on a new batch of the case; the mean (default 3; --long: 1)")
     parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed calls first (prompts over 2048 tokens: one call on a 256-token batch instead)")
+                        help="untimed calls first, on batches of their own (prompts over 2048 tokens: 256-token ones)")
     parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 2))
     parser.add_argument("--long", action="store_true", help="the long-context suite: --model wide, one group")
     parser.add_argument("--model", choices=sorted(MODELS), default=None, help="default: small (--long: wide)")
@@ -222,7 +441,10 @@ def main() -> None:
     parser.add_argument("--trl-max-prompt", type=int, default=None,
                         help="skip TRL's path above this prompt length (default: never; --long: 4096, its one padded "
                         "batch of 16k-token rows takes minutes here)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    parser.add_argument("--methods", default=None,
+                        help="comma-separated subset of the methods (default: all; without vLLM, those that need none)")
+    parser.add_argument("--data", choices=["synthetic", "hh"], default="synthetic",
+                        help="synthetic prompts of the --cases lengths, or hh-rlhf contexts and answers (one case)")
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds between child processes (the run after TRL's large one was measured slower)")
     args = parser.parse_args()
@@ -232,8 +454,11 @@ def main() -> None:
         "generations": args.generations, "budget": args.budget, "threads": args.threads,
         "model_kwargs": model_kwargs(model, args.layers),
         "trl_max_prompt": args.trl_max_prompt or (4096 if long else 10**9), "settle": args.settle,
+        "data": args.data,
     }
     spec = args.cases or ("4096x200,16384x200" if long else "64x64,256x64,256x256,1024x64,1024x256")
+    if args.data == "hh":
+        spec = "0x0"  # one case: the lengths are the data's
     cases = []
     for item in spec.split(","):
         prompt_len, completion_len = (int(x) for x in item.split("x"))
@@ -241,7 +466,11 @@ def main() -> None:
                       "prompts": args.prompts or (1 if long else 4),
                       "repeats": args.repeats or (1 if long else 3),
                       "warmup": args.warmup})
-    methods = [m.strip() for m in args.methods.split(",") if m.strip() in METHODS]  # in the order given
+    if args.methods is None:
+        have_vllm = importlib.util.find_spec("vllm") is not None
+        methods = [m for m in METHODS if have_vllm or m not in NEEDS_VLLM]
+    else:
+        methods = [m.strip() for m in args.methods.split(",") if m.strip() in METHODS]  # in the order given
     if "ours: plain" not in methods:
         methods.append("ours: plain")  # the "vs plain" column
     opts["gflops"] = matmul_gflops(args.threads)
@@ -251,9 +480,11 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else f"cpu x{args.threads} threads"
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     layers = opts["model_kwargs"]["num_hidden_layers"]
-    print(f"\nModel: {model} ({layers} layers, hidden {opts['model_kwargs']['hidden_size']}); B={cases[0]['prompts']} "
-          f"prompt(s) x G={args.generations}; our token budget {args.budget} (or one whole sequence); median of "
-          f"{cases[0]['repeats']} after {cases[0]['warmup']} warm-up; device {device}; matmul {opts['gflops']:.0f} "
+    data = "hh-rlhf contexts and answers" if args.data == "hh" else "synthetic"
+    print(f"\nModel: {model} ({layers} layers, hidden {opts['model_kwargs']['hidden_size']}); data: {data}; "
+          f"B={cases[0]['prompts']} "
+          f"prompt(s) x G={args.generations}; our token budget {args.budget} (or one whole sequence); mean of "
+          f"{cases[0]['repeats']} calls after {cases[0]['warmup']} warm-up, each on a new batch; device {device}; matmul {opts['gflops']:.0f} "
           f"GFLOP/s; peak MB is the process's peak (CPU: RSS, model included)\n"
           f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")
     print_table(rows, "TRL" if METHODS[0] in methods and all(c["prompt"] <= opts["trl_max_prompt"] for c in cases)
