@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scoring", ("scoring",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
-    ("base", ("errors", "waiting", "model_source", "testing", "distributed", "compat")),
+    ("base", ("errors", "waiting", "model_source", "testing", "distributed", "compat", "lazy")),
 )
 USERS_OF_A_REWARD_MODEL = ("environment", "scoring", "serving", "evaluation")
 

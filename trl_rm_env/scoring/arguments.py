@@ -31,20 +31,25 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM: GPUs the model is split over.")
 
 
-def load_scorer(args: argparse.Namespace, **options: Any):
-    """`load_reward_scorer` with the options `eval` and `serve` share (`add_model_arguments`, `--batch-size`), plus
+def scoring_options(args: argparse.Namespace, **options: Any):
+    """The `ScoringOptions` of the flags `eval` and `serve` share (`add_model_arguments`, `--batch-size`), plus
     `options`."""
-    from .loading import load_reward_scorer
+    from .options import ScoringOptions
 
     values = dict(engine=args.engine, vllm_tensor_parallel_size=args.tensor_parallel_size, **options)
     if args.vllm_gpu_memory_utilization is not None:
         values["vllm_gpu_memory_utilization"] = args.vllm_gpu_memory_utilization
+    return ScoringOptions(batch_size=args.batch_size, max_length=args.max_length, **values)
+
+
+def load_scorer(args: argparse.Namespace, **options: Any):
+    """`load_reward_scorer` of `args.model` with `scoring_options(args, **options)`."""
+    from .loading import load_reward_scorer
+
     return load_reward_scorer(
         args.model,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
         precision=args.precision,
         device=args.device,
         trust_remote_code=args.trust_remote_code,
-        **values,
+        options=scoring_options(args, **options),
     )

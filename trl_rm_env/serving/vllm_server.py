@@ -39,42 +39,25 @@ STOP_GRACE = 20.0  # seconds the server's process group gets to end after SIGTER
 
 def vllm_server_command(
     model: str,
+    arguments: dict[str, Any],
     *,
     served_names: Sequence[str],
     host: str,
     port: int,
-    dtype: str,
-    max_length: int | None = None,
-    max_tokens_per_batch: int | None = None,
-    tensor_parallel_size: int = 1,
     data_parallel_size: int = 1,
-    gpu_memory_utilization: float | None = None,
-    kv_cache_memory_bytes: int | None = None,
-    trust_remote_code: bool = False,
     guarded: bool = False,
 ) -> list[str]:
-    """The command line of vLLM's OpenAI-compatible server for a reward model (see the module docstring)."""
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model,
-        "--runner", "pooling", "--convert", "classify",
-        "--served-model-name", *dict.fromkeys(served_names),
-        "--host", host, "--port", str(port),
-        "--dtype", dtype,
-        "--enable-prefix-caching",
-        "--tensor-parallel-size", str(tensor_parallel_size),
-        "--data-parallel-size", str(data_parallel_size),
-    ]  # fmt: skip
-    if max_length is not None:
-        command += ["--max-model-len", str(max_length)]
-    if max_tokens_per_batch is not None:
-        command += ["--max-num-batched-tokens", str(max(max_tokens_per_batch, max_length or 0))]
-    if gpu_memory_utilization is not None:
-        command += ["--gpu-memory-utilization", str(gpu_memory_utilization)]
-    elif kv_cache_memory_bytes is not None:
-        command += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
-    if trust_remote_code:
-        command.append("--trust-remote-code")
+    """The command line of vLLM's OpenAI-compatible server for a reward model: its engine `arguments`
+    (`trl_rm_env.scoring.vllm.engine_arguments`) as flags, and the server's own (see the module docstring)."""
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    for name, value in arguments.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            command.append(flag)
+        elif value is not False and value is not None:
+            command += [flag, str(value)]
+    command += ["--served-model-name", *dict.fromkeys(served_names), "--host", host, "--port", str(port)]
+    command += ["--data-parallel-size", str(data_parallel_size)]
     if guarded:
         command += ["--middleware", f"{__name__}.guard_every_path"]
     return command
@@ -133,6 +116,7 @@ def stop_group(proc: subprocess.Popen, grace: float = STOP_GRACE) -> None:
 
 def run_vllm_server(
     model: str,
+    arguments: dict[str, Any],
     *,
     served_name: str,
     host: str = "127.0.0.1",
@@ -140,11 +124,11 @@ def run_vllm_server(
     api_key: str | None = None,
     startup_timeout: float = 900.0,
     cpu_backend: bool = False,
-    **options: Any,
+    data_parallel_size: int = 1,
 ) -> int:
     """Run vLLM's server for `model` until SIGTERM/SIGINT or until it ends; return its exit status (0 when we
-    stopped it). `cpu_backend`: vLLM's CPU build runs it (its threads: `cpu_thread_env`). `options`: the rest of
-    `vllm_server_command`'s arguments.
+    stopped it). `arguments`: vLLM's engine arguments (`engine_arguments`); `cpu_backend`: vLLM's CPU build runs it
+    (its threads: `cpu_thread_env`).
 
     Raises:
         RuntimeError: the server ended before it was ready, or was not ready within `startup_timeout` seconds.
@@ -157,7 +141,13 @@ def run_vllm_server(
     if api_key:
         env["VLLM_API_KEY"] = env[GUARD_KEY_ENV] = api_key
     command = vllm_server_command(
-        model, served_names=[served_name, model], host=host, port=port, guarded=bool(api_key), **options
+        model,
+        arguments,
+        served_names=[served_name, model],
+        host=host,
+        port=port,
+        data_parallel_size=data_parallel_size,
+        guarded=bool(api_key),
     )
     proc = subprocess.Popen(command, env=env, start_new_session=True)
     stopping = {"signal": None}

@@ -1,0 +1,25 @@
+"""Public names of a package imported on first use (PEP 562), so that importing the package costs nothing heavy."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """`(__getattr__, __dir__)` for `package` whose public names live in the modules `where` maps them to (relative
+    to `package` or absolute); a name is imported when first read, then kept in the package."""
+    names = sorted(where)
+
+    def __getattr__(name: str) -> Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(where[name], package), name)
+        setattr(importlib.import_module(package), name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return list(names)
+
+    return __getattr__, __dir__
