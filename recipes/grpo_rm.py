@@ -64,12 +64,14 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
     from trl import GRPOConfig, ModelConfig, TrlParser
 
+    from trl_rm_env.compat import accept_activation_checkpointing  # transformers < 5.20: the old name
     from trl_rm_env.grpo_args import RewardModelArguments
 
     dataclass_types = (RewardModelArguments, GRPOConfig, ModelConfig)
     if subparsers is not None:
-        return subparsers.add_parser("grpo-rm", help="GRPO with a reward model", dataclass_types=dataclass_types)
-    return TrlParser(dataclass_types)
+        parser = subparsers.add_parser("grpo-rm", help="GRPO with a reward model", dataclass_types=dataclass_types)
+        return accept_activation_checkpointing(parser)
+    return accept_activation_checkpointing(TrlParser(dataclass_types))
 
 
 if __name__ == "__main__":

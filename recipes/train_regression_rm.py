@@ -75,15 +75,18 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
     from trl import ModelConfig, TrlParser
 
+    from trl_rm_env.compat import accept_activation_checkpointing  # transformers < 5.20: the old name
     from trl_rm_env.data.regression import RegressionDataArguments
     from trl_rm_env.trainer.config import RegressionRewardConfig
 
     dataclass_types = (RegressionDataArguments, RegressionRewardConfig, ModelConfig)
     if subparsers is not None:
-        return subparsers.add_parser(
-            "train-regression-rm", help="Train a regression reward model", dataclass_types=dataclass_types
+        return accept_activation_checkpointing(
+            subparsers.add_parser(
+                "train-regression-rm", help="Train a regression reward model", dataclass_types=dataclass_types
+            )
         )
-    return TrlParser(dataclass_types)
+    return accept_activation_checkpointing(TrlParser(dataclass_types))
 
 
 if __name__ == "__main__":

@@ -64,13 +64,15 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
 def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
     from trl import ModelConfig, TrlParser
 
+    from trl_rm_env.compat import accept_activation_checkpointing  # transformers < 5.20: the old name
     from trl_rm_env.data.arguments import RankedDataArguments
     from trl_rm_env.trainer import RankedRewardConfig
 
     dataclass_types = (RankedDataArguments, RankedRewardConfig, ModelConfig)
     if subparsers is not None:
-        return subparsers.add_parser("train-rm", help="Train a reward model", dataclass_types=dataclass_types)
-    return TrlParser(dataclass_types)
+        parser = subparsers.add_parser("train-rm", help="Train a reward model", dataclass_types=dataclass_types)
+        return accept_activation_checkpointing(parser)
+    return accept_activation_checkpointing(TrlParser(dataclass_types))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import yaml
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env.cli import main as cli_main
-from trl_rm_env.compat import CHECKPOINTING_FIELD, accept_activation_checkpointing
+from trl_rm_env.compat import CHECKPOINTING_FIELD
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))
@@ -48,14 +48,13 @@ def test_shipped_yaml_parses_with_its_recipe(config, monkeypatch):
 
         monkeypatch.setattr(training_args, "is_torch_bf16_gpu_available", lambda: True)
     monkeypatch.setattr(sys, "argv", [f"{recipe_for(config)}.py", "--config", str(config)])
-    # As `run_recipe` parses (transformers before 5.20 calls activation_checkpointing gradient_checkpointing).
-    parsed = accept_activation_checkpointing(recipe.make_parser()).parse_args_and_config()
+    parsed = recipe.make_parser().parse_args_and_config()
     assert len(parsed) == 3
     raw = yaml.safe_load(config.read_text())
     # Every key of the YAML reaches one of the dataclasses with its value (nothing silently dropped).
     values = {k: v for args in parsed for k, v in vars(args).items()}
     for key, value in raw.items():
-        key = CHECKPOINTING_FIELD if key == "activation_checkpointing" else key
+        key = CHECKPOINTING_FIELD if key == "activation_checkpointing" else key  # its name before transformers 5.20
         assert key in values, f"{config.name}: {key} is not an argument of {recipe_for(config)}.py"
         if isinstance(value, (int, float, str, bool)) and key not in ("report_to", "lr_scheduler_type"):
             got = values[key]

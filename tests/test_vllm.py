@@ -30,7 +30,6 @@ if importlib.util.find_spec("vllm") is None:
 
 pytestmark = pytest.mark.vllm
 
-SERVER_MEMORY = 0.05  # of the RAM (CPU backend): vLLM's server takes its own default share otherwise
 MAX_LENGTH = 160
 
 
@@ -238,9 +237,11 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
 
     model, tokenizer = hf_model
     key = "vllm-test-key"
+    # Memory as a user gets it: on CPU, a KV cache of one step plus one sequence (vLLM's default share of the RAM
+    # refuses to start on a busy machine).
     server = ServerProcess(
         str(tiny_dir / "reward_model"), "--engine", "vllm", "--max-length", str(MAX_LENGTH),
-        "--vllm-gpu-memory-utilization", str(SERVER_MEMORY), env={"TRL_RM_ENV_API_KEY": key},
+        env={"TRL_RM_ENV_API_KEY": key},
     )  # fmt: skip
     try:
         url = server.wait(timeout=600)
@@ -252,8 +253,9 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
             assert client.input_format == "tokens"
             torch.testing.assert_close(torch.tensor(client.score_sync(pairs)), want, atol=1e-4, rtol=0)
         # vLLM checks the key on /v1 paths only; ours guards /pooling and /classify too.
-        with pytest.raises(RemoteScoringError, match="401"):
-            RemoteScorer(url, tokenizer=tokenizer, api_key="wrong", retries=0).score_sync(pairs[:1])
+        for api in ("pooling", "classify"):
+            with pytest.raises(RemoteScoringError, match="401"):
+                RemoteScorer(url, api=api, tokenizer=tokenizer, api_key="wrong", retries=0).score_sync(pairs[:1])
         with urllib.request.urlopen(url + "/health", timeout=10) as response:
             assert response.status == 200  # /health needs no key (liveness probes)
         started = _descendants(server.proc.pid)

@@ -3,7 +3,8 @@
 vLLM's CPU build pins `transformers<5.20`, so an environment with in-process vLLM runs an older transformers than
 a plain install. The one difference our code meets: transformers 5.20 renamed `TrainingArguments.gradient_checkpointing`
 to `activation_checkpointing` (the old name stays as a deprecated alias). Our recipes and docs use the new name; on
-older releases `accept_activation_checkpointing` makes a recipe's parser read it as the old one.
+older releases `accept_activation_checkpointing` (called by every recipe's `make_parser`) makes a recipe's parser
+read it as the old one.
 """
 
 from __future__ import annotations

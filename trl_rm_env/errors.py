@@ -82,9 +82,7 @@ def run_recipe(make_parser: Callable[[], Any], main: Callable[..., Any], argv: l
 
     prepare_process()  # before the arguments, and with them the process group, exist
     try:
-        from .compat import accept_activation_checkpointing
-
-        parsed = accept_activation_checkpointing(make_parser()).parse_args_and_config(args=argv)
+        parsed = make_parser().parse_args_and_config(args=argv)
         main(*parsed)
     except expected_errors() as err:
         if debug_enabled():

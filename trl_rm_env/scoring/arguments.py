@@ -25,8 +25,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "--vllm-gpu-memory-utilization",
         type=float,
         default=None,
-        help="vLLM: share of the device's memory it may take (on CPU, of the RAM). Default: eval, a KV cache of what "
-        "scoring needs; serve, vLLM's own.",
+        help="vLLM: share of the device's memory it may take (on CPU, of the RAM). Default: a KV cache of what "
+        "scoring needs (serve on a GPU: vLLM's own default).",
     )
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="vLLM: GPUs the model is split over.")
 
