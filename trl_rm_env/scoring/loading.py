@@ -17,6 +17,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..distributed import launched
 from ..model_source import check_model_source
 from .options import ScoringOptions
 from .scorer import RewardScorer
@@ -100,7 +101,7 @@ def choose_engine(
         return "hf", hf_only
     if not vllm_installed():
         return "hf", "vLLM is not installed"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if launched():
         return "hf", "several processes run (each would start its own vLLM: serve it once and use remote_url)"
     if device is not None and torch.device(device).type != vllm_device():
         return "hf", f"device {device} is not the one vLLM runs on ({vllm_device()})"
