@@ -17,7 +17,9 @@ from trl_rm_env.sharing import (
     kv_sharing_unsupported,
     normalize_prefix_sharing,
     plan_passes,
+    share_plan,
     shared_context_scores,
+    shared_prefixes_in,
 )
 from trl_rm_env.testing import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
@@ -184,6 +186,49 @@ def test_scorer_shares_groups_exactly_within_the_budget(request, tokenizer_name,
         assert all(rows <= batch_size for rows, _ in scorer.last_batch_shapes)
     back = scorer.score(prompts[::-1], completions[::-1])  # input order is kept
     torch.testing.assert_close(back, reference.flip(0), atol=1e-4, rtol=0)
+
+
+def test_shared_prefixes_are_found_in_token_ids_alone():
+    """Token ids that come without context lengths (a server's requests): the members of each group are found in any
+    order, each keeps a token of its own, and a lone sequence or a few shared tokens before long answers stay plain."""
+    groups = random_groups(0, [(40, [5, 9, 1, 7]), (25, [12, 3, 6]), (60, [4, 4])], vocab=500)
+    groups.append([groups[2][0][:30], groups[2][0][:31]])  # the first is a prefix of the second: it keeps one token
+    lone = [[7] * 50]
+    sequences = [seq for group in groups for seq in group] + lone
+    order = random.Random(0).sample(range(len(sequences)), len(sequences))
+    shuffled = [sequences[i] for i in order]
+    found = shared_prefixes_in(shuffled, ratio=8.0)
+    planned, plain = share_plan(shuffled, found, always=False, ratio=8.0)
+    members = sorted(sorted(order[i] for i in items) for _, items in planned)
+    starts = [0, 4, 7, 9, 11]
+    assert members == [list(range(a, b)) for a, b in zip(starts, starts[1:])]
+    assert sorted(p for p, _ in planned) == [25, 29, 40, 60]  # the prefix case: 30 tokens, one kept as its own
+    assert [order[i] for i in plain] == [11]
+    # Three shared template tokens before 200-token answers do not pay under "auto"; `always` shares them.
+    template = [[1, 2, 3, *row] for row in random_groups(1, [(0, [200] * 4)], vocab=500)[0]]
+    assert shared_prefixes_in(template, ratio=8.0) == [0] * 4
+    assert shared_prefixes_in(template, ratio=8.0, always=True) == [3] * 4
+    assert shared_prefixes_in([], ratio=8.0) == [] and shared_prefixes_in([[5]], ratio=8.0) == [0]
+
+
+@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+def test_score_ids_finds_the_groups_and_scores_exactly(request, tokenizer_name):
+    """`score_ids` (the server's path: token ids, no contexts) shares each GRPO group's prompt, in any input order,
+    and every score equals that sequence scored alone; with `prefix_sharing=False` nothing is shared."""
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    model = build_tiny_reward_model(tokenizer, seed=9)
+    prompts, completions = chat_groups(4, 5, seed=6, prompt_words=(20, 60))
+    ids = RewardScorer(model, tokenizer, prefix_sharing=False).encode(prompts, completions).ids
+    order = random.Random(1).sample(range(len(ids)), len(ids))
+    ids = [ids[i] for i in order]
+    reference = torch.tensor([score_one(model, seq) for seq in ids])
+    scorer = RewardScorer(model, tokenizer, batch_size=3, max_tokens_per_batch=300)
+    torch.testing.assert_close(scorer.score_ids(ids), reference, atol=1e-4, rtol=0)
+    assert scorer.last_shared == list(range(len(ids)))
+    assert all(rows * keys <= 300 for rows, keys in scorer.last_key_shapes)
+    plain = RewardScorer(model, tokenizer, prefix_sharing=False)
+    torch.testing.assert_close(plain.score_ids(ids), reference, atol=1e-4, rtol=0)
+    assert plain.last_shared == [] and plain.last_key_shapes == []
 
 
 @pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])

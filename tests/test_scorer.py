@@ -191,7 +191,8 @@ def test_plan_batches_longest_first_and_limits(tiny_rm, tiny_tokenizer):
 def test_sequence_longer_than_budget(tiny_rm, tiny_tokenizer):
     """score_ids scores an over-budget sequence alone; score() caps max_length at the budget and truncates."""
     budget = 64
-    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=budget)
+    # The plain path's budget: `short` is a prefix of `long`, which prefix sharing would find and share.
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=budget, prefix_sharing=False)
     assert scorer.max_length == budget  # documented: a single sequence must always fit in one batch
     long = tiny_tokenizer(LONG)["input_ids"]
     short = long[:10]

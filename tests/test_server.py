@@ -16,7 +16,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp", reason="the serving extra (aiohttp) is not installed")
 
 import torch  # noqa: E402
-from helpers import ServerProcess, conversations, grpo_config  # noqa: E402
+from helpers import ServerProcess, conversations, grpo_config, score_one  # noqa: E402
 
 from trl_rm_env.scoring.scorer import RewardScorer  # noqa: E402
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
@@ -260,6 +260,34 @@ def test_a_batch_that_raises_is_rescored_request_by_request(tiny_rm, tiny_tokeni
     assert good == pytest.approx(expected.tolist(), abs=1e-4)
     failed_batch = calls.index(max(calls))
     assert calls[failed_batch] > 1 and calls[failed_batch + 1 :] == [1] * calls[failed_batch]  # then one by one
+
+
+def test_a_grpo_request_of_token_ids_shares_each_prompt_and_scores_exactly(tiny_rm, tiny_tokenizer):
+    """Token ids carry no context boundary (the client's default request): the server finds each group's prompt in
+    them, encodes it once (prefix sharing), and answers each sequence's score alone."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from trl_rm_env.serving.server import ScoringServer
+
+    ids = []
+    for p in range(3):
+        context = [{"role": "user", "content": f"Question {p}: explain why {p} + {p} = {2 * p}, step by step. " * 6}]
+        for g in range(4):
+            answer = [{"role": "assistant", "content": f"Because {p} and {p} make {2 * p}." + " Indeed." * g}]
+            ids.append(encode_conversation(tiny_tokenizer, context, answer))
+    reference = [score_one(tiny_rm, seq) for seq in ids]
+    server = ScoringServer(RewardScorer(tiny_rm, tiny_tokenizer), "rm")
+
+    async def run():
+        async with TestClient(TestServer(server.make_app(), host="127.0.0.1")) as client:
+            response = await client.post("/pooling", json={"input": ids})
+            return response.status, await response.json()
+
+    status, body = asyncio.run(run())
+    assert status == 200
+    assert [d["data"][0] for d in body["data"]] == pytest.approx(reference, abs=1e-4)
+    assert server.scorer.last_shared == list(range(len(ids)))
+    assert len(server.scorer.last_key_shapes) >= 1  # the completions ran against cached prompts
 
 
 # ---------------------------------------------------------------------------------------------------- remote environment

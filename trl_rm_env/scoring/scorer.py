@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..sharing import share_plan, sharing_saves
+from ..sharing import share_plan, shared_prefixes_in, sharing_saves
 from ..tokenization import Message, common_prefix_length, context_token_ids, encode_conversation, left_truncate
 from .hf import HFEngine
 from .options import ScoringOptions
@@ -208,8 +208,16 @@ class RewardScorer:
 
     # ------------------------------------------------------------------ scoring
     def score_ids(self, sequences: Sequence[Sequence[int]], progress: bool | None = None) -> torch.Tensor:
-        """Rewards (fp32, CPU, input order) of already-encoded sequences, each run whole (no sharing); `progress`
-        overrides `show_progress`."""
+        """Rewards (fp32, CPU, input order) of already-encoded sequences; `progress` overrides `show_progress`.
+
+        Where the engine shares prefixes (`prefix_sharing`), the sequences that begin with the same tokens (a GRPO
+        group's prompt) are found in the ids themselves (`trl_rm_env.sharing.shared_prefixes_in`) and scored against
+        one encoding of that prefix, as `score_ids_shared` does with given context lengths; scores stay those of
+        each sequence run alone."""
+        if self.prefix_sharing and len(sequences) > 1:
+            found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=self.prefix_sharing is True)
+            return self.score_ids_shared(sequences, found, progress)
+        self.last_shared = []
         self._last_id_outputs = self.engine.outputs(sequences, None, progress)
         return self._reward_of(self._last_id_outputs)
 

@@ -1,7 +1,8 @@
 """Batching queued scoring requests: the server's worker, without HTTP.
 
 Each request's token ids wait in a bounded queue; one worker takes the queued requests, as many as fit in a token
-budget, and scores them in one `RewardScorer.score_ids` call on a scoring thread, so the event loop keeps answering.
+budget, and scores them in one `RewardScorer.score_ids` call on a scoring thread, so the event loop keeps answering
+(that call shares the prefixes the sequences have in common, within a request and across the batched ones).
 Scores are exact: batching never changes a score. If a batched call fails, each request in it is scored again alone,
 so one bad request cannot fail the others.
 """
@@ -139,8 +140,6 @@ class ScoreBatcher:
                 if not j.future.done():
                     j.future.set_result(scores[offset : offset + len(j.ids)])
                 offset += len(j.ids)
-
-
 
     def _score(self, sequences: Sequence[Sequence[int]]) -> list[float]:
         return self.scorer.score_ids(sequences, progress=False).tolist()

@@ -23,7 +23,9 @@ Endpoints (docs/evaluate_and_serve.md has a curl for each):
 Data path: the body is read and its items encoded by `requests.py` (size, time, UTF-8, JSON, lengths before
 tokenizing, tokenizing on an encoding thread); the request is queued (full queue: 503 with `Retry-After`) and scored
 by the batching worker of `batcher.py`, as many queued requests as fit in the token budget in one
-`RewardScorer.score_ids` call. Scores are exact: batching never changes a score. The dialects are in `protocol.py`.
+`RewardScorer.score_ids` call, which finds the sequences that begin alike (a GRPO group's prompt) in the token ids
+and encodes each such prefix once (prefix sharing). Scores are exact: batching and sharing never change a score. The
+dialects are in `protocol.py`.
 
 Failures stay with their request: if a batched call fails, each request in it is scored again alone; a request with
 a non-finite score (NaN/inf) gets HTTP 500 with error type `NonFiniteScoreError` naming its items, and the requests

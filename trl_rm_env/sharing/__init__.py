@@ -20,7 +20,14 @@ from .mode import (
     scoring_mode,
     training_layout,
 )
-from .planning import AUTO_MIN_SAVING, plan_passes, share_plan, shared_prefix_length, sharing_saves
+from .planning import (
+    AUTO_MIN_SAVING,
+    plan_passes,
+    share_plan,
+    shared_prefix_length,
+    shared_prefixes_in,
+    sharing_saves,
+)
 
 __all__ = [
     "AUTO_MIN_SAVING",
@@ -37,6 +44,7 @@ __all__ = [
     "share_plan",
     "shared_context_scores",
     "shared_prefix_length",
+    "shared_prefixes_in",
     "shared_prefix_mask",
     "shared_prefix_scores",
     "sharing_saves",

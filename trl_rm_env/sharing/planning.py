@@ -19,6 +19,10 @@ from ..tokenization import common_prefix_length
 AUTO_MIN_SAVING = 0.1
 """`"auto"` shares a group when the cost model saves at least this fraction of its plain cost."""
 
+MAX_FOUND_GROUP = 64
+"""Most sequences in one group that `shared_prefixes_in` forms (a larger set sharing a prefix becomes several groups,
+each encoding the prefix once): it bounds the search to `MAX_FOUND_GROUP` steps per sequence."""
+
 
 def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     """Longest prefix shared by every sequence, capped so each sequence keeps at least one token of its own."""
@@ -104,6 +108,59 @@ def sharing_saves(prefix: int, completions: Sequence[int], ratio: float) -> floa
     plain = sum((prefix + c) * ratio + (prefix + c) ** 2 for c in completions)
     shared = prefix * ratio + prefix**2 + sum(c * ratio + c * (prefix + c) for c in completions)
     return 1.0 - shared / plain
+
+
+def shared_prefixes_in(sequences: Sequence[Sequence[int]], ratio: float, always: bool = False) -> list[int]:
+    """Context lengths for token ids that came without them (a server's token-id requests): for each sequence, how
+    many leading tokens it shares with the other members of its group, 0 for a sequence in no group.
+
+    Sequences are sorted by their tokens, so those sharing a prefix are neighbours; the groups are the runs of
+    neighbours whose shared prefix (the smallest neighbour overlap in the run, each keeping one token of its own)
+    saves the most by the cost model (module docstring), found by dynamic programming over the sorted order (runs of
+    at most `MAX_FOUND_GROUP`).
+    A run is a candidate when it saves at least `AUTO_MIN_SAVING` of its plain cost (any saving with `always`).
+    `share_plan` given these lengths scores each group against its prefix; every score stays exact whatever the
+    grouping.
+    """
+    n = len(sequences)
+    order = sorted(range(n), key=lambda i: tuple(sequences[i]))
+    overlap = [common_prefix_length(sequences[a], sequences[b]) for a, b in zip(order, order[1:])]
+    lengths = [len(sequences[i]) for i in order]
+    linear = 1.0 if math.isinf(ratio) else ratio
+    quadratic = 0.0 if math.isinf(ratio) else 1.0
+    # best[k]: the largest saving over the first k sorted sequences; cut[k]: where the last run of those starts.
+    best = [0.0] * (n + 1)
+    cut = list(range(n + 1))
+    for end in range(1, n + 1):
+        best[end], cut[end] = best[end - 1], end - 1  # sequence end-1 alone
+        prefix = lengths[end - 1] - 1
+        total = square = 0
+        for start in range(end - 1, max(end - MAX_FOUND_GROUP, 0) - 1, -1):  # the run order[start:end]
+            total += lengths[start]
+            square += lengths[start] ** 2
+            prefix = min(prefix, lengths[start] - 1)
+            if start < end - 1:
+                prefix = min(prefix, overlap[start])
+            if prefix < 1:
+                break
+            members = end - start
+            if members < 2:
+                continue
+            # plain: sum(L*r + L^2); shared: p*r + p^2 + sum((L-p)*r + (L-p)*L)  (module docstring's cost)
+            plain = total * linear + square * quadratic
+            saving = (members - 1) * prefix * linear + (prefix * total - prefix**2) * quadratic
+            if (always or saving >= AUTO_MIN_SAVING * plain) and best[start] + saving > best[end]:
+                best[end], cut[end] = best[start] + saving, start
+    context_lengths = [0] * n
+    end = n
+    while end > 0:
+        start = cut[end]
+        if end - start > 1:
+            prefix = min(min(lengths[start:end]) - 1, min(overlap[start : end - 1]))
+            for k in range(start, end):
+                context_lengths[order[k]] = prefix
+        end = start
+    return context_lengths
 
 
 def share_plan(
