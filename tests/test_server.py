@@ -290,6 +290,47 @@ def test_a_grpo_request_of_token_ids_shares_each_prompt_and_scores_exactly(tiny_
     assert len(server.scorer.last_key_shapes) >= 1  # the completions ran against cached prompts
 
 
+# ChatML whose role names are capitals when the template's keyword argument `loud_roles` is set.
+LOUD_TEMPLATE = (
+    "{%- for message in messages %}<|im_start|>{{ message.role | upper if loud_roles else message.role }}\n"
+    "{{ message.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_template_kwargs_reach_the_token_ids_the_client_sends(tiny_rm, tiny_tokenizer):
+    """`template_kwargs` render here as in local scoring (served scores equal local ones with them, and differ from
+    scores without them); with no tokenizer to render them, the client refuses them in one line."""
+    import copy
+
+    from aiohttp.test_utils import TestServer
+
+    from trl_rm_env.environment import RewardModelEnvironment
+    from trl_rm_env.serving.server import ScoringServer
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = LOUD_TEMPLATE
+    pairs = conversations(4, offset=40)
+    contexts, completions = [c for c, _ in pairs], [r for _, r in pairs]
+    loud = RewardScorer(tiny_rm, tok, template_kwargs={"loud_roles": True}).score(contexts, completions)
+    quiet = RewardScorer(tiny_rm, tok).score(contexts, completions)
+    assert (loud - quiet).abs().min() > 1e-4  # the keyword argument changes what the model reads
+
+    async def run():
+        server = TestServer(ScoringServer(RewardScorer(tiny_rm, tok), "rm").make_app(), host="127.0.0.1")
+        async with server:
+            url = str(server.make_url(""))
+            client = RemoteScorer(url, tokenizer=tok, template_kwargs={"loud_roles": True})
+            env = RewardModelEnvironment(None, tok, remote_url=url, template_kwargs={"loud_roles": True})
+            return await client.score(pairs), await env(contexts, completions)
+
+    served, rewards = asyncio.run(run())
+    assert served == pytest.approx(loud.tolist(), abs=1e-4)
+    assert rewards == pytest.approx(loud.tolist(), abs=1e-4)
+    with pytest.raises(ValueError, match=r"template_kwargs \['loud_roles'\] .* Give RemoteScorer\(tokenizer=\.\.\.\)"):
+        RemoteScorer("http://127.0.0.1:9", template_kwargs={"loud_roles": True})
+
+
 # ---------------------------------------------------------------------------------------------------- remote environment
 
 

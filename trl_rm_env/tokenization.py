@@ -366,6 +366,23 @@ def context_token_ids(
     return encode_messages(tokenizer, context, **template_kwargs)
 
 
+def encode_pair(
+    tokenizer: PreTrainedTokenizerBase,
+    context: str | Sequence[Message],
+    completion: str | Sequence[Message],
+    *,
+    context_ids: Sequence[int] | None = None,
+    **template_kwargs,
+) -> tuple[list[int], int]:
+    """Token ids of `(context, completion)` (`encode_conversation`) and how many leading ones are the context's: what
+    prefix sharing groups by and what `left_truncate` may cut. `context_ids`: the context's own ids
+    (`context_token_ids`) when the caller already has them (GRPO repeats each prompt)."""
+    ids = encode_conversation(tokenizer, context, completion, **template_kwargs)
+    if context_ids is None:
+        context_ids = context_token_ids(tokenizer, context, **template_kwargs)
+    return ids, common_prefix_length(ids, context_ids)
+
+
 def left_truncate(ids: list[int], context_length: int, max_length: int, bos_token_id: int | None) -> list[int] | None:
     """Cut tokens from the left of the context so `ids` fits in `max_length`; None if the completion alone is too long.
 

@@ -43,6 +43,8 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
         api_key: Sent as `Authorization: Bearer <key>`; None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`.
         remote_input: `"tokens"` (the RM's tokenizer is required), `"messages"` or `"auto"` (default: tokens when
             the tokenizer can be loaded; which one is used is logged once).
+        template_kwargs: Extra keyword arguments of the RM's chat template, as for local scoring; applied to the
+            token ids (or OpenRLHF text) rendered here, so they need the RM's tokenizer.
         nonfinite_reward: Reward for an item the server scored NaN/inf; None raises an error, as local scoring does.
         empty_completion_reward, strip_reasoning, clip, name: As for `RewardModelEnvironment`.
         normalization: `none` or `running` (`checkpoint` needs the model config, which a remote RM does not give).
@@ -70,6 +72,7 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
         clip: float | None = None,
         name: str = "reward_model_env",
         remote_input: str = "auto",
+        template_kwargs: dict[str, Any] | None = None,
         **unused: Any,
     ):
         local_only = sorted(k for k, v in unused.items() if v not in (None, False))
@@ -91,6 +94,7 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
             nonfinite_reward=nonfinite_reward,
             tokenizer=tokenizer,
             input_format="auto" if remote_input == "auto" else remote_input,
+            template_kwargs=template_kwargs,
         )
         self.model = None
         self.remote_url = self.client.urls

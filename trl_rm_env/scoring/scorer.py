@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..sharing import share_plan, shared_prefixes_in, sharing_saves
-from ..tokenization import Message, common_prefix_length, context_token_ids, encode_conversation, left_truncate
+from ..tokenization import Message, context_token_ids, encode_pair, left_truncate
 from .hf import HFEngine
 from .options import ScoringOptions
 
@@ -182,11 +182,12 @@ class RewardScorer:
         for i, (context, completion) in enumerate(zip(contexts, completions)):
             if self.strip_reasoning:
                 completion = strip_completion_reasoning(completion)
-            seq = encode_conversation(self.tokenizer, context, completion, **self.template_kwargs)
             key = id(context)
             if key not in cache:
                 cache[key] = context_token_ids(self.tokenizer, context, **self.template_kwargs)
-            context_length = common_prefix_length(seq, cache[key])
+            seq, context_length = encode_pair(
+                self.tokenizer, context, completion, context_ids=cache[key], **self.template_kwargs
+            )
             if self.max_length is not None and len(seq) > self.max_length:
                 cut = left_truncate(seq, context_length, self.max_length, self.tokenizer.bos_token_id)
                 if self.truncation == "left" and cut is not None:

@@ -57,9 +57,8 @@ import torch
 
 from ..scoring.scorer import split_conversation
 from ..tokenization import (
-    common_prefix_length,
     context_token_ids,
-    encode_conversation,
+    encode_pair,
     encode_text,
     has_special_text,
     left_truncate,
@@ -142,6 +141,10 @@ class RemoteScorer:
         max_length: Tokens mode: the server's longest sequence; a longer one has its context cut on the left, as
             local scoring does (a completion alone too long is sent whole, and refused). None: the server's
             `max_model_len` from `GET /v1/models`, asked once.
+        template_kwargs: Extra keyword arguments of the RM's chat template (`RewardScorer`'s `template_kwargs`,
+            e.g. `{"enable_thinking": False}`), applied where conversations are rendered here: token ids, and text
+            for `api="openrlhf"`. Messages are rendered by the server with its own settings, so they need a
+            `tokenizer` here (a ValueError says so).
     """
 
     def __init__(
@@ -161,6 +164,7 @@ class RemoteScorer:
         tokenizer: Any = None,
         input_format: str = "auto",
         max_length: int | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ):
         if api not in APIS:
             raise ValueError(f"api must be one of {sorted(APIS)}, got {api!r}")
@@ -173,7 +177,14 @@ class RemoteScorer:
             )
         if input_format == "auto":
             input_format = "tokens" if tokenizer is not None and api != "openrlhf" else "messages"
+        if template_kwargs and tokenizer is None:
+            raise ValueError(
+                f"template_kwargs {sorted(template_kwargs)} are applied where conversations are rendered here; without "
+                "the reward model's tokenizer they would go as messages, which the server renders with its own "
+                "settings. Give RemoteScorer(tokenizer=...) (the reward model's)."
+            )
         self.input_format = input_format
+        self.template_kwargs = dict(template_kwargs or {})
         self.max_length = max_length
         self._asked_max_length = max_length is not None
         urls = [urls] if isinstance(urls, str) else list(urls)
@@ -227,8 +238,9 @@ class RemoteScorer:
         """
         if self.input_format == "tokens" and not self._asked_max_length:
             self.max_length = await self._server_max_length()
+        contexts: dict[int, tuple[Any, list[int]]] = {}  # context ids by context object (GRPO repeats prompts)
         payloads = [
-            self._body(self._encode(item) if self.input_format == "tokens" else _payload(item))
+            self._body(self._encode(item, contexts) if self.input_format == "tokens" else _payload(item))
             for item in conversations
         ]
         self.last_nonfinite = []
@@ -257,8 +269,9 @@ class RemoteScorer:
             )
         return scores
 
-    def _encode(self, item: Any) -> dict[str, Any]:
-        """One item as token ids, encoded as local scoring encodes it (`RewardScorer.encode`)."""
+    def _encode(self, item: Any, contexts: dict[int, tuple[Any, list[int]]]) -> dict[str, Any]:
+        """One item as token ids, encoded as local scoring encodes it (`RewardScorer.encode`); `contexts` caches the
+        contexts' own ids by object (each kept beside its ids, so no other object takes its id during the call)."""
         if isinstance(item, str):  # already rendered: special tokens in it are the template's
             return {"input": encode_text(self.tokenizer, item)}
         if isinstance(item, tuple) and len(item) == 2:
@@ -267,9 +280,12 @@ class RemoteScorer:
             context, completion = split_conversation(item)
         else:
             _payload(item)  # raises the TypeError that names what is accepted
-        ids = encode_conversation(self.tokenizer, context, completion)
+        if id(context) not in contexts:
+            contexts[id(context)] = (context, context_token_ids(self.tokenizer, context, **self.template_kwargs))
+        ids, context_length = encode_pair(
+            self.tokenizer, context, completion, context_ids=contexts[id(context)][1], **self.template_kwargs
+        )
         if self.max_length is not None and len(ids) > self.max_length:
-            context_length = common_prefix_length(ids, context_token_ids(self.tokenizer, context))
             ids = left_truncate(ids, context_length, self.max_length, self.tokenizer.bos_token_id) or ids
         return {"input": ids}
 
@@ -309,7 +325,7 @@ class RemoteScorer:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-                return {"query": [render_conversation(self.tokenizer, messages)]}
+                return {"query": [render_conversation(self.tokenizer, messages, **self.template_kwargs)]}
             return {"query": [payload["input"]]}
         body = dict(payload, use_activation=self.use_activation)
         if self.api == "pooling":
