@@ -505,6 +505,42 @@ def test_from_config_chat_template_follows_nemo_rl(saved_rm, tmp_path):
         RewardModelEnvironment.from_config(nemo_rl_config(path, checkpoint_path=str(tmp_path)), device="cpu")
 
 
+def test_from_config_with_remote_url_renders_the_nemo_template_in_the_client(saved_rm):
+    """With `remote_url` the client renders the token ids, so NeMo RL's `chat_template` and `chat_template_kwargs`
+    apply there (the rewards equal the local environment's from the same config); without a tokenizer to render
+    them, a config that sets a template is refused in one line."""
+    import asyncio
+
+    from aiohttp.test_utils import TestServer
+
+    from trl_rm_env.scoring.scorer import RewardScorer
+    from trl_rm_env.serving.server import ScoringServer
+
+    path, tok, model = saved_rm
+    template = "{% for m in messages %}{{ m['role'] | upper if loud else m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tokenizer_cfg = {"name": str(path), "chat_template": template, "chat_template_kwargs": {"loud": True}}
+    config = nemo_rl_config(path, tokenizer=tokenizer_cfg)
+    prompts, completions = grpo_batch()
+    local = RewardModelEnvironment.from_config(config, device="cpu")
+    want = local(prompts, completions)
+    plain = RewardModelEnvironment(path, device="cpu")(prompts, completions)
+    assert max(abs(a - b) for a, b in zip(want, plain)) > 1e-4  # the template and its argument change the scores
+
+    async def remote_rewards():
+        app = ScoringServer(RewardScorer(model, tok), "rm", aliases=[str(path)]).make_app()  # `model_name` is sent
+        async with TestServer(app, host="127.0.0.1") as server:
+            env = RewardModelEnvironment.from_config(config, remote_url=str(server.make_url("")))
+            assert env.tokenizer.chat_template == template and env.client.template_kwargs == {"loud": True}
+            return await env(prompts, completions)
+
+    assert asyncio.run(remote_rewards()) == pytest.approx(want, abs=1e-4)
+    with pytest.raises(ValueError, match="tokenizer.chat_template is applied where conversations are rendered"):
+        RewardModelEnvironment.from_config(
+            nemo_rl_config(path, tokenizer={"name": str(path), "chat_template": template}),
+            remote_url="http://127.0.0.1:9", remote_input="messages",
+        )
+
+
 # ---------------------------------------------------------------------------------------------------- GRPO
 
 

@@ -329,6 +329,8 @@ def test_template_kwargs_reach_the_token_ids_the_client_sends(tiny_rm, tiny_toke
     assert rewards == pytest.approx(loud.tolist(), abs=1e-4)
     with pytest.raises(ValueError, match=r"template_kwargs \['loud_roles'\] .* Give RemoteScorer\(tokenizer=\.\.\.\)"):
         RemoteScorer("http://127.0.0.1:9", template_kwargs={"loud_roles": True})
+    with pytest.raises(ValueError, match=r"with input_format='messages' and tokenizer=set they would go as messages"):
+        RemoteScorer("http://127.0.0.1:9", tokenizer=tok, input_format="messages", template_kwargs={"loud_roles": True})
 
 
 # ---------------------------------------------------------------------------------------------------- remote environment

@@ -160,11 +160,17 @@ class RewardModelEnvironment(RewardFunction):
         `trl_rm_env.environment.nemo` for what is mapped, ignored and refused.
         """
         model, tokenizer, kwargs, tokenizer_cfg = nemo.environment_arguments(config, cls.argument_names())
+        if tokenizer_cfg.get("chat_template_kwargs"):
+            kwargs["template_kwargs"] = dict(tokenizer_cfg["chat_template_kwargs"])
         env = cls(model, tokenizer, **{**kwargs, **overrides})
         if "chat_template" in tokenizer_cfg:
+            if env.tokenizer is None:  # remote, sending messages: the server renders them with its own template
+                raise ValueError(
+                    "tokenizer.chat_template is applied where conversations are rendered, here; with remote_url and "
+                    "no reward-model tokenizer they go as messages that the server renders with its own template. "
+                    "Give tokenizer.name (the reward model's tokenizer) so token ids are sent."
+                )
             env.tokenizer.chat_template = nemo.nemo_chat_template(tokenizer_cfg["chat_template"], env.tokenizer)
-        if tokenizer_cfg.get("chat_template_kwargs"):
-            env.scorer.template_kwargs = dict(tokenizer_cfg["chat_template_kwargs"])
         return env
 
     @classmethod

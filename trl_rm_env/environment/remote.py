@@ -97,6 +97,9 @@ class RemoteRewardModelEnvironment(RewardModelEnvironment, remote=True):
             template_kwargs=template_kwargs,
         )
         self.model = None
+        # The RM's tokenizer where conversations are rendered here (token ids, OpenRLHF text); None where the server
+        # renders them (messages), so nothing set on it here could change a reward.
+        self.tokenizer = tokenizer if self.client.renders_here else None
         self.remote_url = self.client.urls
         self._setup(
             self.client,

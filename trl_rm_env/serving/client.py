@@ -143,8 +143,8 @@ class RemoteScorer:
             `max_model_len` from `GET /v1/models`, asked once.
         template_kwargs: Extra keyword arguments of the RM's chat template (`RewardScorer`'s `template_kwargs`,
             e.g. `{"enable_thinking": False}`), applied where conversations are rendered here: token ids, and text
-            for `api="openrlhf"`. Messages are rendered by the server with its own settings, so they need a
-            `tokenizer` here (a ValueError says so).
+            for `api="openrlhf"`. Messages are rendered by the server with its own settings, so there they are
+            refused (a ValueError says so): give the `tokenizer` and send token ids.
     """
 
     def __init__(
@@ -177,13 +177,16 @@ class RemoteScorer:
             )
         if input_format == "auto":
             input_format = "tokens" if tokenizer is not None and api != "openrlhf" else "messages"
-        if template_kwargs and tokenizer is None:
-            raise ValueError(
-                f"template_kwargs {sorted(template_kwargs)} are applied where conversations are rendered here; without "
-                "the reward model's tokenizer they would go as messages, which the server renders with its own "
-                "settings. Give RemoteScorer(tokenizer=...) (the reward model's)."
-            )
         self.input_format = input_format
+        # Conversations are rendered here (token ids, or OpenRLHF's text), else by the server (messages).
+        self.renders_here = tokenizer is not None and (input_format == "tokens" or api == "openrlhf")
+        if template_kwargs and not self.renders_here:
+            raise ValueError(
+                f"template_kwargs {sorted(template_kwargs)} are applied where conversations are rendered, here; "
+                f"with input_format={input_format!r} and tokenizer={'set' if tokenizer is not None else None} they "
+                "would go as messages, which the server renders with its own settings. Give RemoteScorer(tokenizer="
+                "...) (the reward model's) and input_format='tokens'."
+            )
         self.template_kwargs = dict(template_kwargs or {})
         self.max_length = max_length
         self._asked_max_length = max_length is not None
