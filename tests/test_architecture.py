@@ -16,7 +16,7 @@ MAX_LINES = 450
 
 # docs/architecture.md, "The layers", top to bottom: a module may import its own layer and the ones below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("entry points", ("trl_rm_env", "cli", "recipe", "grpo_args", "report", "rewardbench2")),
+    ("entry points", ("trl_rm_env", "cli", "recipe", "grpo_args")),
     ("training", ("trainer",)),
     ("using a reward model", ("environment", "serving", "evaluation")),
     ("scoring", ("scoring",)),

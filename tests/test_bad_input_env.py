@@ -11,7 +11,8 @@ import torch
 from helpers import _one_thread, reference_ids, score_one  # noqa: F401
 
 from trl_rm_env import RewardModelEnvironment
-from trl_rm_env.environment import COMPLETION_ROLES, KNOWN_ROLES, RemoteRewardModelEnvironment
+from trl_rm_env.data.messages import COMPLETION_ROLES, KNOWN_ROLES
+from trl_rm_env.environment import RemoteRewardModelEnvironment
 from trl_rm_env.testing import IM_END, IM_START
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]

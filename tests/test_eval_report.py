@@ -96,7 +96,7 @@ def test_report_files_and_numbers_equal_the_json(tiny_dir, tmp_path, capsys):
 
 def test_report_without_matplotlib_is_one_line(tiny_dir, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
-    from trl_rm_env.report import write_report
+    from trl_rm_env.evaluation.report import write_report
 
     with pytest.raises(ImportError, match=r"pip install trl-rm-env\[report\]"):
         write_report({"sets": {}}, [], tmp_path)

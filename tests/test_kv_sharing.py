@@ -20,6 +20,7 @@ from trl_rm_env.sharing import (
     share_plan,
     shared_context_scores,
     shared_prefixes_in,
+    sharing_saves,
 )
 from trl_rm_env.testing import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
@@ -274,13 +275,13 @@ def test_nonfinite_rows_stay_apart(tiny_tokenizer):
 def test_auto_cost_model(tiny_rm, tiny_tokenizer):
     scorer = RewardScorer(tiny_rm, tiny_tokenizer)
     assert scorer.prefix_sharing == "auto"
-    ratio = scorer._linear_to_attention_cost()
+    ratio = scorer.engine.cost_ratio  # the engine's cost model of this RM (`linear_to_attention_cost`)
     p, cs = 100, [20, 30]
     plain = sum((p + c) * ratio + (p + c) ** 2 for c in cs)
     shared = p * ratio + p**2 + sum(c * ratio + c * (p + c) for c in cs)
-    assert scorer.sharing_saves(p, cs) == pytest.approx(1 - shared / plain)
-    assert scorer.sharing_saves(500, [10] * 8) > 0.8  # long prompt, short answers
-    assert scorer.sharing_saves(3, [200] * 8) < 0.1  # a template's few shared tokens: not worth a second pass
+    assert sharing_saves(p, cs, ratio) == pytest.approx(1 - shared / plain)
+    assert sharing_saves(500, [10] * 8, ratio) > 0.8  # long prompt, short answers
+    assert sharing_saves(3, [200] * 8, ratio) < 0.1  # a template's few shared tokens: not worth a second pass
 
 
 def test_scorer_modes_and_fallbacks(tiny_tokenizer, caplog):

@@ -252,10 +252,10 @@ def test_group_shared_scoring_through_the_environment(tiny_rm, tiny_tokenizer):
 
 
 def test_cost_model_of_the_tiny_config(tiny_rm, tiny_tokenizer):
-    from trl_rm_env import RewardScorer
+    from trl_rm_env.sharing.planning import linear_to_attention_cost
 
     # hidden 128, 4 heads x 32, 2 KV heads, MLP 256: 2 * (128*128 + 2*128*64 + 128*128 + 3*128*256) / (4 * 128)
-    assert RewardScorer(tiny_rm, tiny_tokenizer)._linear_to_attention_cost() == 576.0
+    assert linear_to_attention_cost(tiny_rm.config) == 576.0
 
 
 @pytest.mark.parametrize(

@@ -178,14 +178,14 @@ def test_token_budget_bounds_every_batch_at_scale(tiny_tokenizer):
 def test_plan_batches_longest_first_and_limits(tiny_rm, tiny_tokenizer):
     lengths = [3, 10, 5, 10, 1, 7, 7]
     scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=20)
-    batches = scorer.plan_batches(lengths)
+    batches = scorer.engine.plan_batches(lengths)
     flat = [i for b in batches for i in b]
     assert sorted(flat) == list(range(len(lengths)))
     assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
     for b in batches:
         assert len(b) * max(lengths[i] for i in b) <= 20
     scorer = RewardScorer(tiny_rm, tiny_tokenizer, batch_size=3, max_tokens_per_batch=1000)
-    assert [len(b) for b in scorer.plan_batches(lengths)] == [3, 3, 1]
+    assert [len(b) for b in scorer.engine.plan_batches(lengths)] == [3, 3, 1]
 
 
 def test_sequence_longer_than_budget(tiny_rm, tiny_tokenizer):

@@ -97,9 +97,9 @@ def _eval(args: argparse.Namespace) -> int:
         evaluate_with_scores,
         format_regression_results_table,
         format_results_table,
-        is_regression_model,
         write_scores_file,
     )
+    from .heads import is_regression_model
 
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
     regression = is_regression_model(AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code))

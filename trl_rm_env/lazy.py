@@ -20,6 +20,6 @@ def lazy_exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str]
         return value
 
     def __dir__() -> list[str]:
-        return list(names)
+        return sorted(set(names) | set(vars(importlib.import_module(package))))
 
     return __getattr__, __dir__

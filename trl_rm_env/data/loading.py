@@ -65,6 +65,23 @@ def check_on_invalid(on_invalid: str) -> None:
         raise ValueError(f"on_invalid must be 'raise' or 'skip', got {on_invalid!r}")
 
 
+def convert_row(
+    convert: Callable[[Any, int], Any], row: Any, row_num: int, on_invalid: OnInvalid = "raise"
+) -> tuple[Any, DataValidationError | None]:
+    """The raise-or-skip rule for one row: `(convert(row, row_num), None)`; for a bad row (`convert` raised a
+    `DataValidationError`, or the row is one: a line that could not be read), the error is raised with
+    `on_invalid="raise"` and returned as `(None, error)` with `"skip"`. `collect_records` runs it over a list;
+    the trainer runs it per row inside `dataset.map` (`trl_rm_env.trainer.examples`)."""
+    try:
+        if isinstance(row, DataValidationError):
+            raise row
+        return convert(row, row_num), None
+    except DataValidationError as err:
+        if on_invalid == "raise":
+            raise
+        return None, err
+
+
 def collect_records(
     rows: Iterable[tuple[int, Any]],
     convert: Callable[[Any, int], dict[str, Any] | None],
@@ -86,16 +103,10 @@ def collect_records(
     check_on_invalid(on_invalid)
     records = []
     for row_num, row in rows:
-        try:
-            if isinstance(row, DataValidationError):
-                raise row
-            record = convert(row, row_num)
-        except DataValidationError as err:
-            if on_invalid == "raise":
-                raise
+        record, err = convert_row(convert, row, row_num, on_invalid)
+        if err is not None:
             report.add_invalid(err)
-            continue
-        if record is None:
+        elif record is None:
             report.ties += 1
         else:
             records.append(record)

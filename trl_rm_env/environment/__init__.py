@@ -20,15 +20,12 @@ the plain model (fp32, within 1e-4).
 - `nemo.py`: NeMo RL's `env.reward_model` block read as arguments (`RewardModelEnvironment.from_config`).
 """
 
-from ..data.messages import COMPLETION_ROLES, KNOWN_ROLES
 from .local import RewardModelEnvironment
 from .nemo import PASSTHROUGH_TEMPLATE
 from .remote import RemoteRewardModelEnvironment
 from .rewards import NORMALIZATIONS, RewardFunction
 
 __all__ = [
-    "COMPLETION_ROLES",
-    "KNOWN_ROLES",
     "NORMALIZATIONS",
     "PASSTHROUGH_TEMPLATE",
     "RemoteRewardModelEnvironment",

@@ -21,8 +21,6 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _WHERE = {
-    "is_regression_model": "trl_rm_env.heads",
-    "load_reward_scorer": "trl_rm_env.scoring.loading",
     "MARGIN_BUCKETS": ".preference",
     "evaluate_reward_model": ".preference",
     "evaluate_with_scores": ".preference",

@@ -18,8 +18,8 @@ When set names are RewardBench v1 subsets the section scores are added (`rewardb
 
 Every set also gets its length bias (Pearson r of score and completion tokens; accuracy on pairs whose better answer
 is the shorter / the longer one) and its calibration (accuracy per |margin| bucket, `MARGIN_BUCKETS`, beside the
-Bradley-Terry expectation). RewardBench 2 rows (`trl_rm_env.rewardbench2.load_rewardbench2`) add its subset scores.
-`evaluate_with_scores` also returns one row per scored completion (`eval --scores`; `trl_rm_env.report` plots them).
+Bradley-Terry expectation). RewardBench 2 rows (`trl_rm_env.evaluation.rewardbench2.load_rewardbench2`) add its subset scores.
+`evaluate_with_scores` also returns one row per scored completion (`eval --scores`; `trl_rm_env.evaluation.report` plots them).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def evaluate_reward_model(
         `{"sets": {name: {"records", "pairs", "correct", "score_ties", "accuracy", "margin", "rewards_better_mean",
         "rewards_worse_mean", "length_pearson", "shorter_better", "longer_better", "equal_length_pairs",
         "margin_buckets", "skipped", "ties"}}, "rewardbench": {section: {...}}}`, plus `"rewardbench2"` when the
-        records are RewardBench 2 rows (`trl_rm_env.rewardbench2.rewardbench2_scores`). Accuracy is correct / pairs
+        records are RewardBench 2 rows (`trl_rm_env.evaluation.rewardbench2.rewardbench2_scores`). Accuracy is correct / pairs
         (ties in score count as wrong); margin is the mean of `score(better) - score(worse)` over pairs. Sets without
         pairs have NaN accuracy and margin. See `evaluate_with_scores` for the per-completion scores too.
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..sharing import share_plan, shared_prefixes_in, sharing_saves
+from ..sharing import shared_prefixes_in
 from ..tokenization import Message, context_token_ids, encode_pair, left_truncate
 from .hf import HFEngine
 from .options import ScoringOptions
@@ -137,36 +137,13 @@ class RewardScorer:
     label_index = property(lambda self: self.options.label_index)
     show_progress = property(lambda self: self.options.show_progress)
 
-    @property
-    def template_kwargs(self) -> dict[str, Any]:
-        return self.options.template_kwargs
-
-    @template_kwargs.setter
-    def template_kwargs(self, value: dict[str, Any]) -> None:
-        self.options.template_kwargs = dict(value or {})
+    template_kwargs = property(lambda self: self.options.template_kwargs)
 
     # What an engine may report (`Engine`'s optional members); an engine without them shares nothing itself.
     prefix_sharing = property(lambda self: getattr(self.engine, "prefix_sharing", False))  # the mode that runs
     device = property(lambda self: getattr(self.engine, "device", torch.device("cpu")))
     last_batch_shapes = property(lambda self: getattr(self.engine, "last_batch_shapes", []))  # (rows, length) a pass
     last_key_shapes = property(lambda self: getattr(self.engine, "last_key_shapes", []))  # (rows, keys) a shared pass
-
-    def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
-        """Group item indices into micro-batches: longest first, within `batch_size` rows and the token budget."""
-        return self.engine.plan_batches(lengths)
-
-    def share_plan(
-        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int]
-    ) -> tuple[list[tuple[int, list[int]]], list[int]]:
-        """Which items this scorer scores against a shared context (`trl_rm_env.sharing.share_plan`)."""
-        return share_plan(sequences, context_lengths, self.prefix_sharing is True, self.engine.cost_ratio)
-
-    def sharing_saves(self, prefix: int, completions: Sequence[int]) -> float:
-        """The fraction of a group's plain FLOPs that sharing its context saves, for this model (`sharing_saves`)."""
-        return sharing_saves(prefix, completions, self.engine.cost_ratio)
-
-    def _linear_to_attention_cost(self) -> float:
-        return self.engine.cost_ratio
 
     # ------------------------------------------------------------------ encoding
     def encode(

@@ -14,21 +14,17 @@ Both use aiohttp; importing this package does not load it, the names load on fir
 
 from __future__ import annotations
 
-from typing import Any
-
-__all__ = ["RemoteScorer", "RemoteScoringError", "ScoringServer", "run_server"]
+from ..lazy import lazy_exports
 
 _WHERE = {
-    "RemoteScorer": "client",
-    "RemoteScoringError": "client",
-    "ScoringServer": "server",
-    "run_server": "server",
+    "RemoteScorer": ".client",
+    "RemoteScoringError": ".client",
+    "ScoringServer": ".server",
+    "run_server": ".server",
 }
+"""Public names, imported on first use (aiohttp loads with them)."""
+
+__all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        from importlib import import_module
-
-        return getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

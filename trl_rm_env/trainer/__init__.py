@@ -8,7 +8,6 @@
 - `checkpoints.py`: atomic checkpoints and resume; `saving.py`: the final checkpoint and the printed tables.
 """
 
-from ..metrics import record_statistics, summarize_statistics
 from .collator import DataCollatorForRankedPreference
 from .config import RankedRewardConfig, RegressionRewardConfig
 from .examples import tokenize_rank_record
@@ -22,7 +21,5 @@ __all__ = [
     "RegressionRewardConfig",
     "ranked_bradley_terry_loss",
     "ranked_pairs",
-    "record_statistics",
-    "summarize_statistics",
     "tokenize_rank_record",
 ]

@@ -29,6 +29,7 @@ from trl.trainer.utils import global_then_local_main_first
 
 from ..data.converters import binary_to_rank, fold_context_into_completions, record_validation_view
 from ..data.loaders import validate_records
+from ..data.loading import convert_row
 from ..data.schema import DataValidationError, validate_rank_record
 from ..tokenization import common_prefix_length, context_token_ids, encode_conversation, left_truncate
 
@@ -244,23 +245,24 @@ class ExamplePreparer:
         eos = processing_class.eos_token
         on_invalid, max_length, truncation = args.on_invalid, args.max_length, args.truncation
 
+        def convert(example, row):
+            # TRL responses may run for several turns: then they are whole conversations of an empty context.
+            record = fold_context_into_completions(binary_to_rank(example, dataset_name, row, "row"))
+            validate_rank_record(record_validation_view(record), dataset_name, row, "row")
+            return record, template_kwargs(example, dataset_name, row)
+
         def process(example, row):
             out: dict[str, Any] = {}
             for key in ("chosen", "rejected"):  # TRL appends EOS to plain-text responses
                 if isinstance(example.get(key), str) and eos and not example[key].endswith(eos):
                     out[key] = example[key] + eos
-            try:
-                # TRL responses may run for several turns: then they are whole conversations of an empty context.
-                record = fold_context_into_completions(binary_to_rank(example, dataset_name, row, "row"))
-                validate_rank_record(record_validation_view(record), dataset_name, row, "row")
-                kwargs = template_kwargs(example, dataset_name, row)
-            except DataValidationError as err:
-                if on_invalid == "raise":
-                    raise
+            converted, err = convert_row(convert, example, row, on_invalid)
+            if err is not None:
                 out.update(chosen_ids=[], rejected_ids=[], status="invalid", reason=err.reason)
                 if has_margin:
                     out["margin"] = 0.0
                 return out
+            record, kwargs = converted
             tokenized, status = tokenize_rank_record(record, processing_class, max_length, truncation, kwargs)
             ids = tokenized["completion_ids"] if tokenized is not None else [[], []]
             out.update(chosen_ids=ids[0], rejected_ids=ids[1], status=status, reason="")

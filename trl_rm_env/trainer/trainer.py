@@ -167,10 +167,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         if ranks is None:  # TRL's pair layout (ours or TRL's DataCollatorForPreference): every chosen, then rejected
             rows = inputs["score_index"] if "score_index" in inputs else inputs["input_ids"]
             ranks, record_index = _pair_layout(rows.shape[0], rows.device)
-        if "prefix_ids" in inputs:  # contexts once with a KV cache, completions against it (see prefix_sharing.py)
+        if "prefix_ids" in inputs:  # contexts once with a KV cache, completions against it (`trl_rm_env.sharing.kv`)
             scores, outputs = shared_context_scores(model, inputs)
             token_count = inputs["prefix_mask"].sum() + inputs["completion_mask"].sum()
-        elif "segment_ids" in inputs:  # prefix-shared rows (see prefix_sharing.py)
+        elif "segment_ids" in inputs:  # block-mask rows (`trl_rm_env.sharing.mask`)
             dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
             if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
                 dtype = torch.float32
