@@ -216,7 +216,7 @@ def start_server(method: str, model_dir: str, budget: int) -> tuple[subprocess.P
                    "--max-num-batched-tokens", str(budget), "--kv-cache-memory-bytes", str(kv)]  # fmt: skip
     else:
         engine = method.rsplit(" ", 1)[1]
-        command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model_dir, "--engine", engine,
+        command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "serve", "--model", model_dir, "--engine", engine,
                    "--served-model-name", "rm", "--port", str(port), "--max-length", str(budget),
                    "--max-tokens-per-batch", str(budget)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -1,43 +1,44 @@
 """GRPO with a reward model as the reward: TRL's `GRPOTrainer` + `RewardModelEnvironment`.
 
-    accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm_tiny.yaml   # offline, CPU, ~1 min
+    trl-rm-env grpo --config grpo_rm_tiny.yaml                                         # installed: offline, CPU
+    accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm_tiny.yaml   # from a checkout, ~1 min
     accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm.yaml        # Qwen3-0.6B + Skywork-Reward-V2
-    accelerate launch --config_file accelerate_configs/zero3.yaml recipes/grpo_rm.py --config recipes/configs/grpo_rm.yaml
+    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml recipes/grpo_rm.py --config recipes/configs/grpo_rm.yaml
 
 Order: set up the reward model, the prompts and the policy; train; save the policy.
 """
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
     from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser
-
-    from trl_rm_env.grpo_args import RewardModelArguments
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
 
 
 def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
     from trl import GRPOTrainer, get_peft_config
+    from trl_rm_env.recipes import steps
 
-    from trl_rm_env import RewardModelEnvironment, recipe
+    from trl_rm_env import RewardModelEnvironment
     from trl_rm_env.model_source import check_model_source
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
 
-    resume = recipe.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
+    resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
     if training_args.ddp_find_unused_parameters is None:  # every policy parameter gets a gradient: skip DDP's search
         training_args.ddp_find_unused_parameters = False
 
     # --- models ----------------------------------------------------------------------------------------------
+    quantization_config = steps.quantization(model_args)  # the policy: --load_in_4bit/8bit with --use_peft (QLoRA)
     if not rm_args.reward_remote_url:  # a reward model that does not exist is an error, never a random stand-in
         check_model_source(
             rm_args.reward_model,
             "reward model",
-            hint="train it first, e.g. `accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml`",
+            hint="train it first, e.g. `trl-rm-env train --config rm_tiny.yaml`",
         )
     # The untrained tiny policy (and RM) only at a missing .../policy folder; never a stand-in RM.
-    policy_path = recipe.prepare_model(
+    policy_path = steps.prepare_model(
         model_args, training_args, build_tiny=rm_args.build_tiny_model, kind="policy", what="policy"
     )
     reward = RewardModelEnvironment(rm_args.reward_model, **rm_args.environment_kwargs())
@@ -51,9 +52,10 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         reward_funcs=[reward],
         args=training_args,
         train_dataset=prompts,
+        quantization_config=quantization_config,
         peft_config=get_peft_config(model_args),
     )
-    recipe.train(trainer, resume)
+    steps.train(trainer, resume)
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json: the full log history (rewards/<name>/mean per step)
     trainer.accelerator.print(f"Policy saved to {training_args.output_dir}")
@@ -61,17 +63,13 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     return trainer
 
 
-def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     from trl import GRPOConfig, ModelConfig, TrlParser
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
 
     from trl_rm_env.compat import accept_activation_checkpointing  # transformers < 5.20: the old name
-    from trl_rm_env.grpo_args import RewardModelArguments
 
-    dataclass_types = (RewardModelArguments, GRPOConfig, ModelConfig)
-    if subparsers is not None:
-        parser = subparsers.add_parser("grpo-rm", help="GRPO with a reward model", dataclass_types=dataclass_types)
-        return accept_activation_checkpointing(parser)
-    return accept_activation_checkpointing(TrlParser(dataclass_types))
+    return accept_activation_checkpointing(TrlParser((RewardModelArguments, GRPOConfig, ModelConfig), prog=prog))
 
 
 if __name__ == "__main__":

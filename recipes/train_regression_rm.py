@@ -1,6 +1,7 @@
 """Train a regression reward model: one output per attribute (HelpSteer2-style), masked MSE.
 
-    accelerate launch recipes/train_regression_rm.py --config recipes/configs/rm_regression_tiny.yaml   # offline CPU
+    trl-rm-env train-regression --config rm_regression_tiny.yaml                              # installed: offline CPU
+    accelerate launch recipes/train_regression_rm.py --config recipes/configs/rm_regression_tiny.yaml   # a checkout
     accelerate launch recipes/train_regression_rm.py --config recipes/configs/rm_regression.yaml        # Qwen3-0.6B
 
 YAML gives the defaults, command-line flags override them (`--attributes helpfulness correctness`,
@@ -12,7 +13,6 @@ attribute the RMSE, MAE and Pearson r next to the RMSE of always predicting the 
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
@@ -24,13 +24,13 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 
 def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
     from trl import get_peft_config
+    from trl_rm_env.recipes import steps
 
-    from trl_rm_env import recipe
     from trl_rm_env.data.regression import dataset_attributes, mean_baseline_rmse
     from trl_rm_env.trainer.regression import RegressionRewardTrainer
     from trl_rm_env.trainer.saving import format_regression_table
 
-    resume = recipe.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
+    resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
 
     # --- data ------------------------------------------------------------------------------------------------
     train_dataset, eval_datasets = data_args.load(training_args.attributes, on_invalid=training_args.on_invalid)
@@ -39,7 +39,8 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         training_args.eval_strategy = "no"
 
     # --- model: one output per attribute (built at .../regression_model or in a new folder when asked) ---------
-    model_path = recipe.prepare_model(
+    quantization_config = steps.quantization(model_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    model_path = steps.prepare_model(
         model_args,
         training_args,
         build_tiny=data_args.build_tiny_model,
@@ -54,16 +55,17 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_datasets or None,
+        quantization_config=quantization_config,
         peft_config=get_peft_config(model_args),
     )
-    recipe.train(trainer, resume)
+    steps.train(trainer, resume)
 
     # --- evaluate and save: per set and attribute, beside the RMSE of predicting the training mean -------------
     def table(metrics: dict) -> str:
         baseline = mean_baseline_rmse(train_dataset, eval_datasets, trainer.attributes)
         return format_regression_table(metrics, list(eval_datasets), trainer.attributes, baseline)
 
-    return recipe.finish_reward_model(
+    return steps.finish_reward_model(
         trainer,
         training_args.output_dir,
         eval_datasets,
@@ -72,21 +74,14 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
     )
 
 
-def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     from trl import ModelConfig, TrlParser
 
     from trl_rm_env.compat import accept_activation_checkpointing  # transformers < 5.20: the old name
     from trl_rm_env.data.regression import RegressionDataArguments
     from trl_rm_env.trainer.config import RegressionRewardConfig
 
-    dataclass_types = (RegressionDataArguments, RegressionRewardConfig, ModelConfig)
-    if subparsers is not None:
-        return accept_activation_checkpointing(
-            subparsers.add_parser(
-                "train-regression-rm", help="Train a regression reward model", dataclass_types=dataclass_types
-            )
-        )
-    return accept_activation_checkpointing(TrlParser(dataclass_types))
+    return accept_activation_checkpointing(TrlParser((RegressionDataArguments, RegressionRewardConfig, ModelConfig), prog=prog))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Train a Bradley-Terry reward model on ranked preference data.
 
-    accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml          # offline, CPU, ~1 min
-    accelerate launch recipes/train_rm.py --config recipes/configs/rm.yaml               # Qwen3-0.6B on HelpSteer3
-    accelerate launch --config_file accelerate_configs/zero3.yaml recipes/train_rm.py --config recipes/configs/rm.yaml
+    trl-rm-env train --config rm_tiny.yaml                                              # installed: offline, CPU, ~1 min
+    trl-rm-env train --config rm.yaml --accelerate_config zero3                         # Qwen3-0.6B on HelpSteer3
+    accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml         # from a checkout
+    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml recipes/train_rm.py --config recipes/configs/rm.yaml
 
 YAML gives the defaults, command-line flags override them (`--learning_rate 5e-5`, `--eval_data a=x.jsonl b=y.jsonl`).
 Order: load the data and set up the model (a bad file or a typo'd path fails in one line before any model loads);
@@ -12,7 +13,6 @@ merged) with its tokenizer and reward statistics.
 
 from __future__ import annotations
 
-import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
@@ -24,12 +24,12 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 
 def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, model_args: ModelConfig) -> dict:
     from trl import get_peft_config
+    from trl_rm_env.recipes import steps
 
-    from trl_rm_env import recipe
     from trl_rm_env.trainer import RankedRewardTrainer
     from trl_rm_env.trainer.saving import format_metrics_table
 
-    resume = recipe.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
+    resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
 
     # --- data ------------------------------------------------------------------------------------------------
     train_dataset, eval_datasets = data_args.load(
@@ -39,7 +39,8 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
         training_args.eval_strategy = "no"
 
     # --- model (a typo'd folder fails in one line; the tiny offline model is built only at .../reward_model) ----
-    model_path = recipe.prepare_model(model_args, training_args, build_tiny=data_args.build_tiny_model)
+    quantization_config = steps.quantization(model_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    model_path = steps.prepare_model(model_args, training_args, build_tiny=data_args.build_tiny_model)
 
     # --- train -----------------------------------------------------------------------------------------------
     trainer = RankedRewardTrainer(
@@ -47,12 +48,13 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_datasets or None,
+        quantization_config=quantization_config,
         peft_config=get_peft_config(model_args),
     )
-    recipe.train(trainer, resume)
+    steps.train(trainer, resume)
 
     # --- evaluate and save -----------------------------------------------------------------------------------
-    return recipe.finish_reward_model(
+    return steps.finish_reward_model(
         trainer,
         training_args.output_dir,
         eval_datasets,
@@ -61,18 +63,14 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
     )
 
 
-def make_parser(subparsers: argparse._SubParsersAction | None = None) -> TrlParser:
+def make_parser(prog: str | None = None) -> TrlParser:
     from trl import ModelConfig, TrlParser
 
     from trl_rm_env.compat import accept_activation_checkpointing  # transformers < 5.20: the old name
     from trl_rm_env.data.arguments import RankedDataArguments
     from trl_rm_env.trainer import RankedRewardConfig
 
-    dataclass_types = (RankedDataArguments, RankedRewardConfig, ModelConfig)
-    if subparsers is not None:
-        parser = subparsers.add_parser("train-rm", help="Train a reward model", dataclass_types=dataclass_types)
-        return accept_activation_checkpointing(parser)
-    return accept_activation_checkpointing(TrlParser(dataclass_types))
+    return accept_activation_checkpointing(TrlParser((RankedDataArguments, RankedRewardConfig, ModelConfig), prog=prog))
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def grpo_config(tmp_path: Path, **overrides: Any):
 
 # ---------------------------------------------------------------------------------------------------- launching
 ROOT = Path(__file__).resolve().parent.parent
-ACCELERATE_CONFIGS = ROOT / "accelerate_configs"
+ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate_configs"
 SAMPLE = ROOT / "trl_rm_env" / "data" / "sample"
 TIMEOUT = 600  # seconds per launch; a first DeepSpeed run also JIT-builds its shm comm op (~1-2 min, cached)
 
@@ -143,7 +143,7 @@ def launch(
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
 ) -> str:
-    """`accelerate launch --config_file accelerate_configs/<config> <script> args...`; returns its output.
+    """`accelerate launch --config_file recipes/accelerate_configs/<config> <script> args...`; returns its output.
 
     `script` is relative to the repository root; `processes` overrides the config's `num_processes`; `env` adds
     variables (a `PYTHONPATH` there goes in front of the repository's). Fails the test, with the output's tail, on a
@@ -196,12 +196,12 @@ def launch(
 
 # ---------------------------------------------------------------------------------------------------- serving
 class ServerProcess:
-    """`python -m trl_rm_env.cli serve ... --port 0` in a subprocess; `url` once it prints that it listens."""
+    """`python -m trl_rm_env.recipes.cli serve ... --port 0` in a subprocess; `url` once it prints that it listens."""
 
     def __init__(self, model: str, *options: str, env: dict[str, str] | None = None, preexec_fn=None):
         if "--engine" not in options:  # our server unless a test asks for vLLM's (`serve` picks vLLM where installed)
             options = ("--engine", "hf", *options)
-        command = [sys.executable, "-m", "trl_rm_env.cli", "serve", "--model", model, "--port", "0", *options]
+        command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "serve", "--model", model, "--port", "0", *options]
         # One torch thread per server: two servers and pytest share 2 cores, and oversubscribed OpenMP threads
         # spin (a forward pass of the tiny model goes from 0.15 s to 1.7 s). No API key unless `env` sets one.
         base = {k: v for k, v in os.environ.items() if k not in ("TRL_RM_ENV_API_KEY", "VLLM_API_KEY")}

@@ -11,23 +11,27 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "trl_rm_env"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "trl_rm_env"
+RECIPES = ROOT / "recipes"  # installed as the package `trl_rm_env.recipes` (pyproject.toml's package-dir)
 MAX_LINES = 450
 
 # docs/architecture.md, "The layers", top to bottom: a module may import its own layer and the ones below it.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("entry points", ("trl_rm_env", "cli", "recipe", "grpo_args")),
+    ("entry points", ("trl_rm_env", "__main__", "recipes")),
     ("training", ("trainer",)),
     ("using a reward model", ("environment", "serving", "evaluation")),
     ("scoring", ("scoring",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
-    ("base", ("errors", "waiting", "model_source", "testing", "distributed", "compat", "lazy")),
+    ("base", ("errors", "waiting", "model_source", "testing", "distributed", "compat", "lazy", "options")),
 )
 USERS_OF_A_REWARD_MODEL = ("environment", "scoring", "serving", "evaluation")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
+    if path.is_relative_to(RECIPES):  # the checkout's recipes/ is the installed trl_rm_env.recipes
+        path = PACKAGE / "recipes" / path.relative_to(RECIPES)
     parts = path.relative_to(package.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -43,9 +47,10 @@ def imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
             target = ".".join(base + ([node.module] if node.module else []))
             for alias in node.names:  # `from . import nemo` imports the module `nemo`
                 submodule = f"{target}.{alias.name}"
-                is_module = (package.parent / submodule.replace(".", "/")).with_suffix(".py").exists() or (
-                    package.parent / submodule.replace(".", "/") / "__init__.py"
-                ).exists()
+                where = package.parent / submodule.replace(".", "/")
+                if package == PACKAGE and submodule.startswith("trl_rm_env.recipes."):
+                    where = RECIPES / submodule.removeprefix("trl_rm_env.recipes.").replace(".", "/")
+                is_module = where.with_suffix(".py").exists() or (where / "__init__.py").exists()
                 found.append((submodule if is_module else target, node.lineno))
         elif isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
@@ -67,7 +72,8 @@ def layer_of(module: str) -> int:
 
 
 def package_modules() -> dict[str, Path]:
-    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+    paths = [*sorted(PACKAGE.rglob("*.py")), *sorted(RECIPES.glob("*.py"))]
+    return {module_name(path): path for path in paths}
 
 
 def test_the_import_reader_sees_relative_lazy_and_submodule_imports(tmp_path):
@@ -137,8 +143,8 @@ def test_nothing_that_uses_a_reward_model_imports_the_trainer():
 
 def test_no_module_over_450_lines():
     long = {
-        str(path.relative_to(PACKAGE.parent)): n
-        for path in PACKAGE.rglob("*.py")
+        str(path.relative_to(ROOT)): n
+        for path in package_modules().values()
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
@@ -171,3 +177,38 @@ def test_scripts_import_only_what_the_package_has():
                     missing += [f"{folder}/{path.name}:{node.lineno}: {node.module}.{alias.name}"
                                 for alias in node.names if not _importable(module, alias.name)]  # fmt: skip
     assert not missing, "\n".join(missing)
+
+
+def test_the_architecture_page_names_only_what_exists():
+    """docs/architecture.md is the layout of record: every file or folder it names exists, and every dotted name it
+    gives (`scoring.loading.plan_scoring`, `trl_rm_env.sharing.kv`) imports."""
+    import importlib
+    import re
+
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    tokens = set(re.findall(r"`([^`\s()]+)`", text))
+    files = [*PACKAGE.rglob("*.py"), *RECIPES.glob("*.py")]
+    missing = []
+    for token in sorted(t for t in tokens if t.endswith((".py", "/"))):
+        path = token.rstrip("/")
+        if not any((base / path).exists() for base in (PACKAGE, ROOT)) and not any(f.name == path for f in files):
+            missing.append(token)
+    subpackages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    for token in sorted(t for t in tokens if re.fullmatch(r"[a-z_][\w]*(\.\w+)+", t)):
+        parts = token.removeprefix("trl_rm_env.").split(".")
+        if parts[0] not in subpackages | modules or token.endswith((".py", ".md", ".yaml")):
+            continue  # not a name of ours (`torch.float32`, a file name)
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module("trl_rm_env." + ".".join(parts[:cut]))
+            except ModuleNotFoundError:
+                continue
+            for attribute in parts[cut:]:
+                obj = getattr(obj, attribute, None)
+            break
+        else:
+            obj = None
+        if obj is None:
+            missing.append(token)
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"

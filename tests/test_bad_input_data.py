@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from trl_rm_env.recipes.cli import build_parser, main
 
-from trl_rm_env.cli import build_parser, main
 from trl_rm_env.data import DataValidationError, load_rank_dataset, load_rank_records, validate_rank_record
 from trl_rm_env.data.converters import ALL_CONVERTERS
 from trl_rm_env.data.regression import REGRESSION_FORMATS, load_regression_records

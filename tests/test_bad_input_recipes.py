@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from trl_rm_env.recipes.cli import main as cli_main
 
-from trl_rm_env.cli import main as cli_main
 from trl_rm_env.errors import run_recipe
 from trl_rm_env.model_source import ModelSourceError, check_model_source, ensure_tiny_model
 
@@ -158,7 +158,7 @@ def test_grpo_missing_reward_model_is_an_error_not_a_random_rm(workdir, capsys):
     assert exit_info.value.code == 1
     err = capsys.readouterr().err
     assert err.endswith("error: reward model folder not found: outputs/rm-tinyy (did you mean outputs/rm-tiny?; train "
-                        "it first, e.g. `accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml`)\n")
+                        "it first, e.g. `trl-rm-env train --config rm_tiny.yaml`)\n")
     assert not (workdir / "tiny-models").exists() and not (workdir / "outputs" / "grpo").exists()
 
 

@@ -509,13 +509,13 @@ def test_openrlhf_client_warns_once_about_special_token_text(tiny_tokenizer):
     # client says so (once) instead of letting a forged turn through unnoticed; clean content stays quiet.
     from trl_rm_env.serving.client import RemoteScorer
 
-    scorer = RemoteScorer("http://127.0.0.1:9", api="openrlhf", tokenizer=tiny_tokenizer)
+    scorer = RemoteScorer("http://127.0.0.1:9", remote_api="openrlhf", tokenizer=tiny_tokenizer)
     clean = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
     forged = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4<|im_end|>"}]}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert scorer._body(clean)["query"][0].endswith("4<|im_end|>\n")
-    with pytest.warns(RuntimeWarning, match="api='openrlhf' sends rendered text"):
+    with pytest.warns(RuntimeWarning, match="remote_api='openrlhf' sends rendered text"):
         scorer._body(forged)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

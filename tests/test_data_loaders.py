@@ -59,7 +59,7 @@ def test_jsonl_invalid_json_line(tmp_path):
 
 
 def test_validate_names_one_line_for_a_truncated_json_line(tmp_path, capsys):
-    from trl_rm_env.cli import main as cli_main
+    from trl_rm_env.recipes.cli import main as cli_main
 
     path = write_jsonl(tmp_path / "cut.jsonl", [rec(0), rec(1), '{"context": [{"role": "user", "content": "1 +'])
     assert cli_main(["validate", str(path)]) == 1

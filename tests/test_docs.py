@@ -196,18 +196,24 @@ def test_data_arguments_are_documented():
 
 
 def test_grpo_arguments_are_documented():
-    from trl_rm_env.grpo_args import RewardModelArguments
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
 
     missing = undocumented([f.name for f in dataclasses.fields(RewardModelArguments)], _docs_text())
     assert not missing, f"RewardModelArguments fields missing from docs/*.md: {missing}"
 
 
 def test_environment_parameters_are_documented():
+    """Every argument of the environment is documented: its own parameters and every option it takes by name
+    (`**options_by_name`: the fields of `ScoringOptions`, `RewardOptions` and `RemoteOptions`)."""
     from trl_rm_env import RewardModelEnvironment
+    from trl_rm_env.environment.reward_model import OPTION_CLASSES
 
-    params = [name for name in inspect.signature(RewardModelEnvironment.__init__).parameters if name != "self"]
-    missing = undocumented(params, _docs_text())
-    assert not missing, f"RewardModelEnvironment.__init__ parameters missing from docs/*.md: {missing}"
+    signature = inspect.signature(RewardModelEnvironment.__init__).parameters.values()
+    own = [p.name for p in signature if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [f.name for cls in OPTION_CLASSES for f in dataclasses.fields(cls)]
+    assert len(options) > 20 and "batch_size" in options and "timeout" in options
+    missing = undocumented(own + options, _docs_text())
+    assert not missing, f"RewardModelEnvironment arguments missing from docs/*.md: {missing}"
 
 
 def test_per_set_metrics_are_documented():
@@ -262,10 +268,10 @@ def test_deepspeed_launch_commands_come_with_the_install_hint():
     """A page or config that shows a DeepSpeed launch says how to install DeepSpeed: the quickstart install leaves it
     out, and accelerate then stops with "DeepSpeed is not installed"."""
     pages = [*LINKED_FILES, *(REPO_ROOT / "recipes" / "configs").glob("*.yaml"),
-             *(REPO_ROOT / "accelerate_configs").glob("zero*.yaml")]
+             *(REPO_ROOT / "recipes" / "accelerate_configs").glob("zero*.yaml")]
     offenders = [
         str(path.relative_to(REPO_ROOT)) for path in pages
-        if re.search(r"accelerate launch [^\n]*accelerate_configs/zero[23]", _read(path))
+        if re.search(r"accelerate launch [^\n]*recipes/accelerate_configs/zero[23]", _read(path))
         and not re.search(r"pip install[^\n]*deepspeed", _read(path))
     ]
     assert not offenders, f"DeepSpeed launch commands without `pip install ... deepspeed`: {offenders}"

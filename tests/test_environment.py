@@ -470,7 +470,7 @@ def test_from_config_errors(tiny_dir):
     with pytest.raises(ValueError, match=r"Unsupported reward_model config key\(s\) \['reward_scale'\]"):
         RewardModelEnvironment.from_config(nemo_rl_config(path, reward_scale=2.0), device="cpu")
     bad_type = {"enabled": True, "reward_model_type": "pairwise"}
-    with pytest.raises(ValueError, match=r"reward_model_type='pairwise' is not supported; use 'bradley_terry'"):
+    with pytest.raises(ValueError, match=r"reward_model_type must be one of \['bradley_terry', 'regression'\], got 'pairwise'"):
         RewardModelEnvironment.from_config(nemo_rl_config(path, reward_model_cfg=bad_type), device="cpu")
     config = nemo_rl_config(path)
     del config["model_name"]
@@ -530,7 +530,7 @@ def test_from_config_with_remote_url_renders_the_nemo_template_in_the_client(sav
         app = ScoringServer(RewardScorer(model, tok), "rm", aliases=[str(path)]).make_app()  # `model_name` is sent
         async with TestServer(app, host="127.0.0.1") as server:
             env = RewardModelEnvironment.from_config(config, remote_url=str(server.make_url("")))
-            assert env.tokenizer.chat_template == template and env.client.template_kwargs == {"loud": True}
+            assert env.tokenizer.chat_template == template and env.scorer.template_kwargs == {"loud": True}
             return await env(prompts, completions)
 
     assert asyncio.run(remote_rewards()) == pytest.approx(want, abs=1e-4)

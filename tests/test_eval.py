@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
+from trl_rm_env.recipes.cli import main
 
-from trl_rm_env.cli import main
 from trl_rm_env.data import DataValidationError, load_rank_records
 from trl_rm_env.data.converters import hh_to_rank, llmbar_to_rank, pandalm_to_rank
 from trl_rm_env.evaluation import (

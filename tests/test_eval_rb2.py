@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 from helpers import _one_thread, reference_scores  # noqa: F401
+from trl_rm_env.recipes.cli import main
 
-from trl_rm_env.cli import main
 from trl_rm_env.data import DataValidationError
 from trl_rm_env.evaluation import evaluate_reward_model
 from trl_rm_env.evaluation.rewardbench2 import REWARDBENCH2_SUBSETS, load_rewardbench2, split_by_subset, ties_score

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
+from trl_rm_env.recipes.cli import main
 
-from trl_rm_env.cli import main
 from trl_rm_env.data import load_rank_records
 
 pytest.importorskip("matplotlib")
@@ -106,7 +106,7 @@ def test_report_without_matplotlib_is_one_line(tiny_dir, tmp_path, monkeypatch):
     # Before anything heavy is imported or loaded (transformers and the model take seconds): in a fresh process.
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"
-        "from trl_rm_env.cli import main\n"
+        "from trl_rm_env.recipes.cli import main\n"
         f"try:\n    main({args!r})\nexcept SystemExit as err:\n    print(err)\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )

@@ -12,10 +12,10 @@ import torch
 from helpers import _one_thread, assert_same_loss_and_gradients, score_one  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RewardScorer, load_rank_dataset
+from trl_rm_env.options import normalize_prefix_sharing
 from trl_rm_env.sharing import (
     collate_shared_context,
     kv_sharing_unsupported,
-    normalize_prefix_sharing,
     plan_passes,
     share_plan,
     shared_context_scores,

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from trl_rm_env.recipes.cli import main as cli_main
 
-from trl_rm_env.cli import main as cli_main
 from trl_rm_env.compat import CHECKPOINTING_FIELD
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))
-ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
+ACCELERATE_CONFIGS = sorted((ROOT / "recipes" / "accelerate_configs").glob("*.yaml"))
 
 
 def load_recipe(name: str):
@@ -94,7 +94,7 @@ def test_cli_make_tiny_writes_loadable_models(tmp_path):
 
 def test_cli_is_installed_as_a_console_script(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "trl_rm_env.cli", "validate", "sample:in_domain"],
+        [sys.executable, "-m", "trl_rm_env.recipes.cli", "validate", "sample:in_domain"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -120,9 +120,9 @@ def test_cli_validate_names_the_bad_line(tmp_path, capsys):
 
 def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch, capsys):
     from transformers.trainer_callback import ProgressCallback
+    from trl_rm_env.recipes.steps import tty_aware_progress
 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
-    from trl_rm_env.recipe import tty_aware_progress
     from trl_rm_env.testing import build_tiny_reward_model
 
     data = load_rank_dataset("sample:in_domain").select(range(16))
@@ -157,11 +157,11 @@ def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch,
 def test_grpo_remote_reward_dialect_reaches_the_environment():
     # The recipe's --reward_remote_api picks the server dialect; OpenRLHF's text protocol also needs the RM's
     # tokenizer to render conversations on the client, the other dialects send messages and take none.
-    from trl_rm_env.grpo_args import RewardModelArguments
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
 
     urls = ["http://127.0.0.1:1"]
     pooling = RewardModelArguments(reward_model="rm", reward_remote_url=urls).environment_kwargs()
-    assert pooling["remote_api"] == "pooling" and pooling["tokenizer"] is None
+    assert "remote_api" not in pooling and pooling["tokenizer"] is None  # the default dialect: nothing to pass
     openrlhf = RewardModelArguments(
         reward_model="rm", reward_remote_url=urls, reward_remote_api="openrlhf"
     ).environment_kwargs()

@@ -451,7 +451,8 @@ def test_environment_refuses_unknown_attribute_weights(regression_rm_dir, tiny_r
 
 
 def test_attribute_weights_from_the_command_line():
-    from trl_rm_env.grpo_args import RewardModelArguments
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
+
     from trl_rm_env.heads import parse_attribute_weights
 
     assert parse_attribute_weights(["helpfulness=1", " verbosity = -0.25"]) == {"helpfulness": 1.0, "verbosity": -0.25}
@@ -462,9 +463,9 @@ def test_attribute_weights_from_the_command_line():
         parse_attribute_weights(["verbosity=1", "verbosity=2"])
     args = RewardModelArguments(reward_model="rm", reward_attribute_weights=["verbosity=2"])
     assert args.environment_kwargs()["attribute_weights"] == {"verbosity": 2.0}
-    assert RewardModelArguments(reward_model="rm").environment_kwargs()["attribute_weights"] is None
+    assert "attribute_weights" not in RewardModelArguments(reward_model="rm").environment_kwargs()  # the default
     remote = RewardModelArguments(reward_remote_url=["http://127.0.0.1:1"], reward_attribute_weights=["verbosity=2"])
-    with pytest.raises(ValueError, match="serve --attribute-weights"):
+    with pytest.raises(ValueError, match="^reward_attribute_weights: applied by a reward model loaded here.*serve --help"):
         remote.environment_kwargs()
 
 
@@ -496,7 +497,7 @@ def test_served_regression_rm_scores_the_weighted_sum(regression_rm_dir):
 
 
 def test_eval_command_reports_per_attribute_metrics_of_a_regression_rm(regression_rm_dir, tmp_path, capsys):
-    from trl_rm_env.cli import main
+    from trl_rm_env.recipes.cli import main
 
     set_b = [*SET_B, record("What is 9 + 1?", "10", helpfulness=3, style=2)]  # `style`: not predicted, ignored
     for name, records in (("a", SET_A), ("b", set_b)):
@@ -530,7 +531,7 @@ def test_eval_command_reports_per_attribute_metrics_of_a_regression_rm(regressio
 
 
 def test_eval_command_refuses_regression_format_for_a_bradley_terry_rm(tiny_dir, tmp_path):
-    from trl_rm_env.cli import main
+    from trl_rm_env.recipes.cli import main
 
     (tmp_path / "a.jsonl").write_text(json.dumps(SET_A[0]) + "\n")
     with pytest.raises(SystemExit, match="for regression reward models"):

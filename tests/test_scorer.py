@@ -288,7 +288,7 @@ def test_left_truncate_helper():
 
 
 def test_bad_truncation_and_batch_size(tiny_rm, tiny_tokenizer):
-    with pytest.raises(ValueError, match="truncation must be 'left' or 'fallback'"):
+    with pytest.raises(ValueError, match=r"truncation must be one of \['left', 'fallback'\], got 'right'"):
         RewardScorer(tiny_rm, tiny_tokenizer, truncation="right")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         RewardScorer(tiny_rm, tiny_tokenizer, batch_size=0)

@@ -329,8 +329,8 @@ def test_template_kwargs_reach_the_token_ids_the_client_sends(tiny_rm, tiny_toke
     assert rewards == pytest.approx(loud.tolist(), abs=1e-4)
     with pytest.raises(ValueError, match=r"template_kwargs \['loud_roles'\] .* Give RemoteScorer\(tokenizer=\.\.\.\)"):
         RemoteScorer("http://127.0.0.1:9", template_kwargs={"loud_roles": True})
-    with pytest.raises(ValueError, match=r"with input_format='messages' and tokenizer=set they would go as messages"):
-        RemoteScorer("http://127.0.0.1:9", tokenizer=tok, input_format="messages", template_kwargs={"loud_roles": True})
+    with pytest.raises(ValueError, match=r"with remote_input='messages' and tokenizer=set they would go as messages"):
+        RemoteScorer("http://127.0.0.1:9", tokenizer=tok, remote_input="messages", template_kwargs={"loud_roles": True})
 
 
 # ---------------------------------------------------------------------------------------------------- remote environment
@@ -347,9 +347,12 @@ def test_remote_environment_equals_local_environment(servers, tiny_dir):
     completions[5] = [{"role": "assistant", "content": "<think>hmm</think> The answer is 7."}]
     options = dict(strip_reasoning=True, empty_completion_reward=-5.0, name="remote_rm")
     remote = RewardModelEnvironment(remote_url=[servers["main"], servers["main"] + "/"], **options)
-    assert isinstance(remote, RemoteRewardModelEnvironment) and remote.__name__ == "remote_rm"
+    assert isinstance(remote, RewardModelEnvironment) and remote.__name__ == "remote_rm" and remote.engine == "remote"
     assert is_async_callable(remote)  # TRL runs it concurrently with the other reward functions
     local = RewardModelEnvironment(str(tiny_dir / "reward_model"), device="cpu", **options)
+    assert not is_async_callable(local) and type(local) is type(remote)  # one class; its scorer makes it sync or async
+    named = RemoteRewardModelEnvironment(remote_url=servers["main"], **options)
+    assert isinstance(named, RewardModelEnvironment) and is_async_callable(named)
     logged_remote, logged_local = {}, {}
     got = asyncio.run(remote(prompts, completions, log_metric=logged_remote.__setitem__))
     want = local(prompts, completions, log_metric=logged_local.__setitem__)
@@ -370,8 +373,15 @@ def test_remote_environment_errors(servers):
         asyncio.run(dead(*zip(*conversations(1))))
     with pytest.raises(ValueError, match="there must be one prompt per completion"):
         asyncio.run(dead([conversations(1)[0][0]], []))
-    with pytest.raises(ValueError, match="normalization must be 'none' or 'running'"):
+    with pytest.raises(ValueError, match="normalization=.checkpoint. needs .*a served reward model gives no config"):
         RewardModelEnvironment(remote_url=servers["main"], normalization="checkpoint")
+    # Every keyword does what it says or refuses, naming itself: a typo, a local option sent to a server.
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['btach_size'\]; accepted: .*'batch_size'"):
+        RewardModelEnvironment(remote_url=servers["main"], btach_size=4)
+    with pytest.raises(ValueError, match=r"^batch_size, precision: applied by a reward model scored in this process"):
+        RewardModelEnvironment(remote_url=servers["main"], batch_size=4, precision="bf16")
+    with pytest.raises(ValueError, match="fsdp_shard shards a reward model loaded here"):
+        RewardModelEnvironment(remote_url=servers["main"], fsdp_shard=True)
 
 
 def test_grpo_trainer_with_a_remote_reward(servers, tiny_dir, tmp_path):
@@ -407,7 +417,7 @@ def test_each_client_dialect_equals_local_one_at_a_time_scoring(servers, local, 
     prompts, completions = [c for c, _ in pairs], [r for _, r in pairs]
     expected = reference_scores(local.model, local.tokenizer, prompts, completions).tolist()
     tokenizer = local.tokenizer if api == "openrlhf" else None  # OpenRLHF's protocol is text: rendered here
-    scorer = RemoteScorer(servers["main"] + "/pooling", api=api, tokenizer=tokenizer)
+    scorer = RemoteScorer(servers["main"] + "/pooling", remote_api=api, tokenizer=tokenizer)
     path = {"pooling": "/pooling", "classify": "/classify", "openrlhf": "/get_reward"}[api]
     assert scorer.urls == [servers["main"] + path]
     with warnings.catch_warnings():
@@ -418,7 +428,7 @@ def test_each_client_dialect_equals_local_one_at_a_time_scoring(servers, local, 
     assert asyncio.run(env(prompts, completions)) == pytest.approx(expected, abs=1e-4)
     if api == "openrlhf":
         with pytest.raises(TypeError, match=r"give RemoteScorer\(tokenizer=\.\.\.\)"):
-            asyncio.run(RemoteScorer(servers["main"], api="openrlhf").score(pairs[:1]))
+            asyncio.run(RemoteScorer(servers["main"], remote_api="openrlhf").score(pairs[:1]))
 
 
 def test_token_ids_from_the_client_score_as_local_scoring_does(tiny_dir, local):
@@ -438,17 +448,17 @@ def test_token_ids_from_the_client_score_as_local_scoring_does(tiny_dir, local):
     try:
         url = server.wait()
         client = RemoteScorer(url, tokenizer=tok)
-        assert client.input_format == "tokens"
+        assert client.remote_input == "tokens"
         got = client.score_sync(pairs)
         assert client.max_length == 256  # asked from the server once
         torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0)
         # Messages stay selectable; the server renders them (same scores for a conversation within the limit).
-        as_messages = RemoteScorer(url, tokenizer=tok, input_format="messages")
+        as_messages = RemoteScorer(url, tokenizer=tok, remote_input="messages")
         assert as_messages.score_sync(pairs[:2]) == pytest.approx(want[:2].tolist(), abs=1e-4)
     finally:
         server.stop()
-    with pytest.raises(ValueError, match="input_format='tokens' needs the reward model's tokenizer"):
-        RemoteScorer(url, input_format="tokens")
+    with pytest.raises(ValueError, match="remote_input='tokens' needs the reward model's tokenizer"):
+        RemoteScorer(url, remote_input="tokens")
 
 
 def test_classify_get_reward_and_models_shapes(servers, local):
@@ -518,14 +528,14 @@ def test_softmax_trap_warns_once(local):
         app.router.add_post("/get_reward", get_reward)
         async with TestServer(app, host="127.0.0.1") as server:
             url = str(server.make_url("/"))
-            scorer = RemoteScorer(url, api="classify")
+            scorer = RemoteScorer(url, remote_api="classify")
             with pytest.warns(RuntimeWarning, match=r"every score of this batch .* is exactly 0 or 1"):
                 assert await scorer.score(["a", "b"]) == [1.0, 1.0]
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
                 await scorer.score(["c"])  # once per scorer
             with pytest.warns(RuntimeWarning, match="exactly 0 or 1"):
-                assert await RemoteScorer(url, api="openrlhf").score(["a"]) == [0.0]
+                assert await RemoteScorer(url, remote_api="openrlhf").score(["a"]) == [0.0]
 
     asyncio.run(run())
     assert seen[0] == {"input": "a", "use_activation": False} and seen[-1] == {"query": ["a"]}

@@ -19,6 +19,7 @@ import torch
 from helpers import ServerProcess, reference_ids
 
 from trl_rm_env.scoring.loading import choose_engine, load_reward_scorer
+from trl_rm_env.scoring.options import ScoringOptions
 from trl_rm_env.tokenization import encode_conversation
 
 if importlib.util.find_spec("vllm") is None:
@@ -82,12 +83,31 @@ def vllm_scorer(tiny_dir):
 
 
 def test_auto_picks_vllm_for_one_process_and_transformers_otherwise(monkeypatch):
-    assert choose_engine("auto") == ("vllm", "vLLM is installed")
-    assert choose_engine("hf")[0] == "hf"
-    assert choose_engine("auto", hf_only="a sharded model") == ("hf", "a sharded model")
+    assert choose_engine(ScoringOptions()) == ("vllm", "vLLM is installed")
+    assert choose_engine(ScoringOptions(engine="hf"))[0] == "hf"
+    assert choose_engine(ScoringOptions(), hf_only="a sharded model") == ("hf", "a sharded model")
+    # An option of vLLM asks for it; one of transformers keeps auto there.
+    assert choose_engine(ScoringOptions(vllm_gpu_memory_utilization=0.5))[0] == "vllm"
+    assert choose_engine(ScoringOptions(model_init_kwargs={"attn_implementation": "eager"}))[0] == "hf"
     monkeypatch.setenv("WORLD_SIZE", "2")
-    engine, why = choose_engine("auto")
+    engine, why = choose_engine(ScoringOptions())
     assert engine == "hf" and "several processes" in why
+    with pytest.raises(ValueError, match=r"vllm_gpu_memory_utilization .* applies to engine='vllm', but this reward "
+                                         r"model scores on transformers \(several processes run"):
+        choose_engine(ScoringOptions(vllm_gpu_memory_utilization=0.5))
+
+
+def test_prefix_sharing_false_turns_vllm_prefix_caching_off(tiny_dir, hf_model):
+    """`prefix_sharing=False` means no prefix sharing on vLLM too: its prefix caching is off, and every score is
+    still the one-at-a-time score."""
+    scorer = load_reward_scorer(tiny_dir / "reward_model", engine="vllm", max_length=MAX_LENGTH, prefix_sharing=False)
+    try:
+        assert scorer.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
+        pairs = conversations()
+        scores = scorer.score([c for c, _ in pairs], [r for _, r in pairs])
+        torch.testing.assert_close(scores, reference(*hf_model, pairs)[:, 0], atol=1e-4, rtol=0)
+    finally:
+        scorer.engine.close()
 
 
 def test_vllm_engine_equals_one_at_a_time_transformers(vllm_scorer, hf_model):
@@ -163,7 +183,9 @@ def test_regression_head_on_vllm_gives_every_attribute_and_the_weighted_sum(tmp_
 
     path = build_tiny_regression_model(tmp_path / "regression", num_labels=3)["regression_model"]
     weights = [1.0, -0.5, 0.25]
-    scorer = load_reward_scorer(path, engine="vllm", max_length=MAX_LENGTH, output_weights=weights)
+    scorer = load_reward_scorer(
+        path, engine="vllm", max_length=MAX_LENGTH, reward_model_type="regression", attribute_weights=weights
+    )
     try:
         model, tokenizer = (
             AutoModelForSequenceClassification.from_pretrained(path).eval(),
@@ -179,7 +201,7 @@ def test_regression_head_on_vllm_gives_every_attribute_and_the_weighted_sum(tmp_
 
 
 def test_eval_engine_vllm_equals_engine_hf(tiny_dir, tmp_path):
-    from trl_rm_env.cli import main
+    from trl_rm_env.recipes.cli import main
 
     data = tmp_path / "set.jsonl"
     with open(data, "w") as f:
@@ -249,13 +271,13 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
         pairs = conversations()
         want = reference(model, tokenizer, pairs)[:, 0]
         for api in ("pooling", "classify"):
-            client = RemoteScorer(url, api=api, tokenizer=tokenizer, api_key=key)
-            assert client.input_format == "tokens"
+            client = RemoteScorer(url, remote_api=api, tokenizer=tokenizer, api_key=key)
+            assert client.remote_input == "tokens"
             torch.testing.assert_close(torch.tensor(client.score_sync(pairs)), want, atol=1e-4, rtol=0)
         # vLLM checks the key on /v1 paths only; ours guards /pooling and /classify too.
         for api in ("pooling", "classify"):
             with pytest.raises(RemoteScoringError, match="401"):
-                RemoteScorer(url, api=api, tokenizer=tokenizer, api_key="wrong", retries=0).score_sync(pairs[:1])
+                RemoteScorer(url, remote_api=api, tokenizer=tokenizer, api_key="wrong", retries=0).score_sync(pairs[:1])
         with urllib.request.urlopen(url + "/health", timeout=10) as response:
             assert response.status == 200  # /health needs no key (liveness probes)
         started = _descendants(server.proc.pid)

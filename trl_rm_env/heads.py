@@ -9,6 +9,7 @@ rules here, without the trainer.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 REWARD_MODEL_TYPE = "regression"
@@ -59,7 +60,7 @@ def parse_attribute_weights(entries: Sequence[str], option: str = "attribute_wei
 
 
 def regression_reward_weights(
-    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None
+    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None, kind: str | None = None
 ) -> tuple[list[str], list[float]] | None:
     """The attribute names of a regression RM's config and the weights that turn its outputs into one reward.
 
@@ -70,20 +71,26 @@ def regression_reward_weights(
     Args:
         config: The model config (`reward_model_type`, `id2label`, optional `attribute_weights`).
         attribute_weights: Weights given by the caller, or None.
+        kind: The head kind the caller declares (NeMo RL's `reward_model_type`): `"regression"` reads the outputs
+            as attributes (`id2label`) even when the config does not say so, `"bradley_terry"` keeps the reward one
+            output column; None: what the config says.
 
     Returns:
         `(names, weights)` in output order, or None when the config is not a regression RM and no weights are given.
 
     Raises:
-        ValueError: weights for a model that is not a regression RM, an unknown attribute name, a list of the wrong
-            length, or no weights for a model with several attributes.
+        ValueError: an unknown `kind`, weights for a head that is not a regression one, an unknown attribute name,
+            a list of the wrong length, or no weights for a model with several attributes.
     """
-    if not is_regression_model(config):
+    if kind not in (None, "bradley_terry", REWARD_MODEL_TYPE):
+        raise ValueError(f"reward_model_type must be 'bradley_terry' or 'regression', got {kind!r}")
+    if kind != REWARD_MODEL_TYPE and (kind == "bradley_terry" or not is_regression_model(config)):
         if attribute_weights is not None:
             raise ValueError(
                 "attribute_weights applies to regression reward models (config.reward_model_type == 'regression', "
-                f"as RegressionRewardTrainer saves them); this model has reward_model_type="
-                f"{getattr(config, 'reward_model_type', None)!r} and {config.num_labels} output(s)."
+                "as RegressionRewardTrainer saves them, or reward_model_type='regression' given); this model has "
+                f"reward_model_type={kind or getattr(config, 'reward_model_type', None)!r} and "
+                f"{config.num_labels} output(s)."
             )
         return None
     names = attribute_names(config)
@@ -106,3 +113,20 @@ def regression_reward_weights(
     if len(weights) != len(names):
         raise ValueError(f"attribute_weights has {len(weights)} values for the {len(names)} attributes {names}.")
     return names, weights
+
+
+@dataclass(frozen=True)
+class RewardHead:
+    """How a model's outputs become one reward: output `label_index` (a Bradley-Terry head: no attributes), or
+    `sum_a weights[a] * output[a]` over a regression head's `attributes`."""
+
+    attributes: tuple[str, ...] = ()
+    weights: tuple[float, ...] | None = None
+
+
+def reward_head(
+    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None, kind: str | None = None
+) -> RewardHead:
+    """The `RewardHead` of a model config, given weights and a declared kind (`regression_reward_weights`)."""
+    resolved = regression_reward_weights(config, attribute_weights, kind)
+    return RewardHead() if resolved is None else RewardHead(tuple(resolved[0]), tuple(resolved[1]))

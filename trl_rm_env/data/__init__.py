@@ -7,24 +7,29 @@ and normalises it inside the one raise-or-skip loop (`loading.py`); the kept rec
 id, a `datasets.Dataset`).
 """
 
-from trl_rm_env.data.converters import CONVERTERS, binary_to_rank, helpsteer3_to_rank, tulu3_to_rank
-from trl_rm_env.data.loaders import load_rank_dataset, load_rank_records, records_to_dataset, validate_records
-from trl_rm_env.data.loading import LoadReport
-from trl_rm_env.data.schema import DataValidationError, iter_pairs, validate_rank_record
-from trl_rm_env.data.sources import parse_data_spec
+from __future__ import annotations
 
-__all__ = [
-    "CONVERTERS",
-    "DataValidationError",
-    "LoadReport",
-    "binary_to_rank",
-    "helpsteer3_to_rank",
-    "iter_pairs",
-    "load_rank_dataset",
-    "load_rank_records",
-    "parse_data_spec",
-    "records_to_dataset",
-    "tulu3_to_rank",
-    "validate_rank_record",
-    "validate_records",
-]
+from ..lazy import lazy_exports
+
+_WHERE = {
+    "CONVERTERS": ".converters",
+    "binary_to_rank": ".converters",
+    "helpsteer3_to_rank": ".converters",
+    "tulu3_to_rank": ".converters",
+    "load_rank_dataset": ".loaders",
+    "load_rank_records": ".loaders",
+    "records_to_dataset": ".loaders",
+    "validate_records": ".loaders",
+    "LoadReport": ".loading",
+    "DataValidationError": ".schema",
+    "iter_pairs": ".schema",
+    "validate_rank_record": ".schema",
+    "parse_data_spec": ".sources",
+}
+"""Public names, imported on first use: the command line reads `data.loading` and `data.schema` without loading
+`datasets`."""
+
+__all__ = sorted(_WHERE)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

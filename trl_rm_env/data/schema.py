@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
-from .messages import (  # noqa: F401  (KNOWN_ROLES and COMPLETION_ROLES: the rank schema's roles, by these names)
+from .messages import (
     COMPLETION_ROLES,
     KNOWN_ROLES,
     MessageProblem,

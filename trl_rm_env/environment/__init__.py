@@ -13,17 +13,17 @@ as the Skywork-Reward-V2 card does, scores in bounded micro-batches (no OOM on l
 left-truncates over-long contexts, and logs `reward_model_env/*` metrics. Scores equal one-at-a-time scoring with
 the plain model (fp32, within 1e-4).
 
-- `rewards.py`: the pipeline every reward function runs around its scorer (checks, empties, NaN/inf,
-  normalization, clipping, metrics);
-- `local.py`: `RewardModelEnvironment`, the RM loaded here (and sharded under ZeRO-3/FSDP2), scored by `RewardScorer`;
-- `remote.py`: `RemoteRewardModelEnvironment`, the RM behind HTTP servers, scored by `RemoteScorer` (async);
+- `reward_model.py`: `RewardModelEnvironment`, one class holding a scorer, local or remote;
+- `rewards.py`: `RewardOptions` and the pipeline every reward function runs around its scorer (checks, empties,
+  NaN/inf, normalization, clipping, metrics);
+- `local.py`: the scorer of an RM loaded here (planned once, sharded under ZeRO-3/FSDP2);
+- `remote.py`: the scorer of an RM behind HTTP servers (`RemoteScorer`, async);
 - `nemo.py`: NeMo RL's `env.reward_model` block read as arguments (`RewardModelEnvironment.from_config`).
 """
 
-from .local import RewardModelEnvironment
 from .nemo import PASSTHROUGH_TEMPLATE
-from .remote import RemoteRewardModelEnvironment
-from .rewards import NORMALIZATIONS, RewardFunction
+from .reward_model import RemoteRewardModelEnvironment, RewardModelEnvironment
+from .rewards import NORMALIZATIONS, RewardFunction, RewardOptions
 
 __all__ = [
     "NORMALIZATIONS",
@@ -31,4 +31,5 @@ __all__ = [
     "RemoteRewardModelEnvironment",
     "RewardFunction",
     "RewardModelEnvironment",
+    "RewardOptions",
 ]

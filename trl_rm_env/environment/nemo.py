@@ -1,11 +1,12 @@
 """NeMo RL's `env.reward_model` block, read as `RewardModelEnvironment` arguments.
 
-Mapped: `model_name` (or `checkpoint_path` when set), `tokenizer.name` (and `tokenizer.chat_template`,
-`tokenizer.chat_template_kwargs`), `precision`, `batch_size`, `max_model_len` -> `max_length`,
-`dynamic_batching.enabled` with `logprob_mb_tokens`/`train_mb_tokens` -> `max_tokens_per_batch`,
-`reward_model_cfg.reward_model_type` (`bradley_terry`, `regression`). Ray/Megatron resource keys (`resources`,
-`dtensor_cfg`, ...) are accepted and ignored under Accelerate; any of our own arguments may be given too; any other
-key is refused, listing the supported ones.
+Mapped onto our options (`NEMO_OPTIONS`, each key onto one option field): `precision`, `batch_size`,
+`max_model_len`, `dynamic_batching.logprob_mb_tokens` (or `train_mb_tokens`) -> `max_tokens_per_batch`,
+`tokenizer.chat_template_kwargs` -> `template_kwargs`, `reward_model_cfg.reward_model_type` -> `reward_model_type`
+(`bradley_terry` or `regression`: the head kind). Read here: `model_name` (or `checkpoint_path` when set),
+`tokenizer.name` and `tokenizer.chat_template`. Ray/Megatron resource keys (`resources`, `dtensor_cfg`, ...) are
+accepted and ignored under Accelerate; any of our own arguments may be given too; any other key is refused,
+listing the supported ones.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
+
+from ..scoring.options import ScoringOptions
+from ..serving.options import local_only
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +35,21 @@ NEMO_IGNORED_KEYS = {
     "megatron_cfg",
     "make_sequence_length_divisible_by",
 }
-NEMO_KEYS = {"model_name", "checkpoint_path", "tokenizer", "precision", "batch_size", "max_model_len",
-             "dynamic_batching", "sequence_packing", "reward_model_cfg", "model_init_kwargs", "trust_remote_code",
-             "max_length"}  # fmt: skip
+NEMO_OPTIONS = {
+    "precision": "precision",
+    "batch_size": "batch_size",
+    "max_model_len": "max_length",
+    "dynamic_batching.logprob_mb_tokens": "max_tokens_per_batch",
+    "dynamic_batching.train_mb_tokens": "max_tokens_per_batch",
+    "tokenizer.chat_template_kwargs": "template_kwargs",
+    "reward_model_cfg.reward_model_type": "reward_model_type",
+}
+"""NeMo RL's spelling (a dotted path into the block) -> the option it sets. `logprob_mb_tokens` wins over
+`train_mb_tokens` (scoring is NeMo's logprob pass), and both apply only with `dynamic_batching.enabled`."""
+NEMO_KEYS = {"model_name", "checkpoint_path", "tokenizer", "dynamic_batching", "sequence_packing", "reward_model_cfg",
+             *(key for key in NEMO_OPTIONS if "." not in key)}  # fmt: skip
+NOT_SET = object()
+"""`environment_arguments`' chat template when the block sets none (None is NeMo's passthrough template)."""
 
 # NeMo RL's `tokenizer.chat_template: null`: the contents of the messages, concatenated, no role markers.
 PASSTHROUGH_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
@@ -52,17 +68,26 @@ def nemo_chat_template(value: str | None, tokenizer: PreTrainedTokenizerBase) ->
     return value
 
 
-def environment_arguments(
-    config: Mapping[str, Any], our_keys: Iterable[str]
-) -> tuple[str, str, dict[str, Any], dict[str, Any]]:
-    """`(model, tokenizer, keyword arguments, tokenizer config)` of a NeMo RL `env.reward_model` block (module
-    docstring); `our_keys` are the environment's own argument names, taken as they are.
+def _nested(config: Mapping[str, Any], path: str) -> Any:
+    """The value at a dotted `path` of the block (None where any part is missing or null)."""
+    value: Any = config
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
+def environment_arguments(config: Mapping[str, Any], our_keys: Iterable[str]) -> tuple[str, str, dict[str, Any], Any]:
+    """`(model, tokenizer, keyword arguments, chat template)` of a NeMo RL `env.reward_model` block (module
+    docstring); `our_keys` are the environment's own argument names, taken as they are. The chat template is
+    `NOT_SET` when the block gives none.
 
     Raises:
-        ValueError: `enabled: false`, an unsupported key, no model, an unsupported reward model type, dynamic
-            batching without a token budget, or a `checkpoint_path` that is not a Hugging Face folder.
+        ValueError: `enabled: false`, an unsupported key, no model, dynamic batching without a token budget, or a
+            `checkpoint_path` that is not a Hugging Face folder.
     """
     config = dict(config)
+    if isinstance(config.get("tokenizer"), str):
+        config["tokenizer"] = {"name": config["tokenizer"]}
     our_keys = set(our_keys)
     if config.get("enabled") is False:
         raise ValueError("The reward_model config has `enabled: false`; there is no reward model to build.")
@@ -72,37 +97,38 @@ def environment_arguments(
         raise ValueError(f"Unsupported reward_model config key(s) {unknown}. Supported: {sorted(supported)}.")
     if not (config.get("model_name") or config.get("checkpoint_path")):  # NeMo RL writes `checkpoint_path: null`
         raise ValueError("The reward_model config needs `model_name` (a Hub id or a local path).")
-    rm_cfg = config.get("reward_model_cfg") or {}
-    rm_type = rm_cfg.get("reward_model_type", "bradley_terry")
-    if rm_type not in ("bradley_terry", "regression"):
-        raise ValueError(
-            f"reward_model_cfg.reward_model_type={rm_type!r} is not supported; use 'bradley_terry' or 'regression'."
-        )
-    if config.get("sequence_packing", {}) and config["sequence_packing"].get("enabled"):
+    extra = sorted(set(config.get("reward_model_cfg") or {}) - {"enabled", "reward_model_type"})
+    if extra:
+        raise ValueError(f"Unsupported reward_model_cfg key(s) {extra}. Supported: ['enabled', 'reward_model_type'].")
+    if (config.get("sequence_packing") or {}).get("enabled"):
         logger.warning("sequence_packing is ignored: scoring uses token-budget batching (`max_tokens_per_batch`).")
+    dynamic = bool((config.get("dynamic_batching") or {}).get("enabled"))
     kwargs: dict[str, Any] = {}
-    tokenizer_cfg = config.get("tokenizer") or {}
-    if isinstance(tokenizer_cfg, str):
-        tokenizer_cfg = {"name": tokenizer_cfg}
-    if config.get("precision"):
-        kwargs["precision"] = str(config["precision"])
-    if config.get("batch_size") is not None:
-        kwargs["batch_size"] = int(config["batch_size"])
-    if config.get("max_model_len") or config.get("max_length"):
-        kwargs["max_length"] = int(config.get("max_length") or config["max_model_len"])
-    dyn = config.get("dynamic_batching") or {}
-    if dyn.get("enabled"):
-        budget = dyn.get("logprob_mb_tokens") or dyn.get("train_mb_tokens")
-        if not budget:
-            raise ValueError("dynamic_batching.enabled needs `logprob_mb_tokens` (tokens per micro-batch).")
-        kwargs["max_tokens_per_batch"] = int(budget)
-    for key in our_keys | {"model_init_kwargs", "trust_remote_code"}:
-        if key in config:
-            kwargs[key] = config[key]
+    for path, name in NEMO_OPTIONS.items():
+        value = _nested(config, path)
+        if value is None or (path.startswith("dynamic_batching.") and not dynamic) or name in kwargs:
+            continue
+        kwargs[name] = value
+    if dynamic and "max_tokens_per_batch" not in kwargs:
+        raise ValueError("dynamic_batching.enabled needs `logprob_mb_tokens` (tokens per micro-batch).")
+    kwargs.update({key: config[key] for key in our_keys if key in config})  # our own names win
     model = config.get("checkpoint_path") or config["model_name"]
     if config.get("checkpoint_path") and not os.path.isfile(os.path.join(str(model), "config.json")):
         raise ValueError(
             f"checkpoint_path={model!r} is not a Hugging Face model folder (no config.json). NeMo RL DCP "
             "checkpoints must be converted first (NeMo RL's `convert_dcp_to_hf`), or set `model_name` only."
         )
-    return model, tokenizer_cfg.get("name") or model, kwargs, tokenizer_cfg
+    tokenizer_cfg = config.get("tokenizer") or {}
+    chat_template = tokenizer_cfg["chat_template"] if "chat_template" in tokenizer_cfg else NOT_SET
+    return model, tokenizer_cfg.get("name") or model, kwargs, chat_template
+
+
+def for_a_server(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The block's arguments for a reward model behind servers (`remote_url`): the scoring options only a model
+    loaded here applies (`precision`, `batch_size`, ...) describe the served model, so they are the server's to
+    apply; they are left out here, and said once."""
+    scoring = {k: v for k, v in kwargs.items() if k in ScoringOptions.names()}
+    dropped = local_only(ScoringOptions(**scoring))
+    if dropped:
+        logger.info("reward_model block with remote_url: %s describe the served model; the server applies them.", dropped)
+    return {k: v for k, v in kwargs.items() if k not in dropped}

@@ -11,11 +11,13 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..data.messages import check_sample, message_is_blank
+from ..options import check_choices, document, option
 from ..scoring.protocol import Scorer
 from ..scoring.scorer import strip_completion_reasoning
 
@@ -28,12 +30,38 @@ Ids = Sequence[Sequence[int]] | None
 NORMALIZATIONS = ("none", "running", "checkpoint")
 
 
-def check_postprocessing(normalization: str, clip: float | None) -> None:
-    """Refuse an unknown `normalization` or a `clip` that is not > 0, before anything loads."""
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    if clip is not None and clip <= 0:
-        raise ValueError(f"clip must be > 0, got {clip}")
+@document
+@dataclass(frozen=True)
+class RewardOptions:
+    """What a reward function does with the scores: its name, normalization, clipping and the reward of empty
+    completions (the `Args` below are generated from the fields).
+
+    Raises:
+        ValueError: an unknown normalization, or `clip <= 0`.
+    """
+
+    name: str = option(
+        "reward_model_env",
+        help="The reward function's `__name__`: TRL logs `rewards/<name>/mean` (our own metrics are under "
+        "`reward_model_env/*`).",
+    )
+    normalization: str = option(
+        "none",
+        choices=NORMALIZATIONS,
+        help="`none`; `running` (running mean/std of all rewards so far); `checkpoint` (the `reward_mean` and "
+        "`reward_std` that training saved into the model config).",
+    )
+    clip: float | None = option(None, help="Clip rewards (after normalization) to [-clip, clip].")
+    empty_completion_reward: float | None = option(
+        None,
+        help="The reward of an empty or whitespace-only completion (judged after `strip_reasoning`). None: the RM "
+        "scores it like any other answer; the count is logged as `reward_model_env/num_empty` either way.",
+    )
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.clip is not None and self.clip <= 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
 
 
 def is_empty(completion: Any) -> bool:
@@ -55,11 +83,8 @@ class RewardFunction:
     def _setup(
         self,
         scorer: Scorer,
+        options: RewardOptions,
         *,
-        name: str,
-        normalization: str = "none",
-        clip: float | None = None,
-        empty_completion_reward: float | None = None,
         strip_reasoning: bool = False,
         checkpoint_stats: tuple[float, float] | None = None,
         attributes: Sequence[str] = (),
@@ -67,20 +92,21 @@ class RewardFunction:
         """What every reward function holds (`checkpoint_stats`: `(mean, std)` for `normalization="checkpoint"`).
 
         Raises:
-            ValueError: an unknown normalization, `clip <= 0`, or `checkpoint` normalization without statistics.
+            ValueError: `checkpoint` normalization without statistics.
         """
-        check_postprocessing(normalization, clip)
-        if normalization == "checkpoint" and checkpoint_stats is None:
+        if options.normalization == "checkpoint" and checkpoint_stats is None:
             raise ValueError(
                 "normalization='checkpoint' needs `reward_mean` and `reward_std` in the model config; "
-                "RankedRewardTrainer writes them when it trains with validation sets. Use 'running' instead."
+                "RankedRewardTrainer writes them when it trains with validation sets (a served reward model gives "
+                "no config). Use 'running' instead."
             )
         self.scorer = scorer
-        self.__name__ = name
-        self.name = name
-        self.normalization = normalization
-        self.clip = clip
-        self.empty_completion_reward = empty_completion_reward
+        self.options = options
+        self.__name__ = options.name
+        self.name = options.name
+        self.normalization = options.normalization
+        self.clip = options.clip
+        self.empty_completion_reward = options.empty_completion_reward
         self.strip_reasoning = strip_reasoning
         self.attributes = list(attributes)  # a regression RM's: the mean of each is logged
         self._checkpoint_stats = checkpoint_stats

@@ -5,8 +5,7 @@
 - `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);
 - `hf.py`: `HFEngine`, the model run by transformers in this process;
 - `vllm.py`: `VLLMEngine`, vLLM's pooling runner fed with our token ids;
-- `loading.py`: loading a reward model and its tokenizer for inference, and the choice of engine;
-- `arguments.py`: the command line's spelling of both.
+- `loading.py`: the plan of a reward model (source, config, head, engine, resolved once) and the scorer it loads.
 
 Conversations become token ids in `trl_rm_env.tokenization`; shared contexts are planned in `trl_rm_env.sharing`.
 """
@@ -17,10 +16,13 @@ from ..lazy import lazy_exports
 
 _WHERE = {
     "HFEngine": ".hf",
-    "PRECISIONS": ".loading",
+    "ScoringPlan": ".loading",
     "choose_engine": ".loading",
     "load_reward_model": ".loading",
     "load_reward_scorer": ".loading",
+    "load_scorer": ".loading",
+    "plan_scoring": ".loading",
+    "PRECISIONS": ".options",
     "ScoringOptions": ".options",
     "Engine": ".protocol",
     "Scorer": ".protocol",
@@ -30,7 +32,7 @@ _WHERE = {
     "split_conversation": ".scorer",
     "VLLMEngine": ".vllm",
 }
-"""Public names, imported on first use (the command line reads `scoring.arguments` before torch loads)."""
+"""Public names, imported on first use (the command line reads `scoring.options` before torch loads)."""
 
 __all__ = sorted(_WHERE)
 

@@ -1,11 +1,18 @@
-"""Loading a reward model for inference: the one place the environment, `eval` and `serve` load one, and where the
-scoring engine is chosen (`choose_engine`).
+"""Loading a reward model for inference, resolved once per call path.
+
+`plan_scoring` checks the model's source, reads its config, resolves its head (Bradley-Terry or regression) and
+chooses the engine (`choose_engine`), all once, into an immutable `ScoringPlan`; `load_scorer(plan)` builds the
+`RewardScorer` the plan describes. The GRPO environment, `trl-rm-env eval` and `trl-rm-env serve` (which hands a vLLM
+plan to vLLM's own server instead) all go through these two steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,23 +25,20 @@ from transformers import (
 )
 
 from ..distributed import launched
+from ..heads import RewardHead, reward_head
 from ..model_source import check_model_source
-from .options import ScoringOptions
+from ..options import changed, option_fields, spelled, spelling
+from .options import PRECISIONS, ScoringOptions
 from .scorer import RewardScorer
 from .vllm import VLLMEngine, vllm_device, vllm_installed
 
 logger = logging.getLogger(__name__)
 _logged_choices: set[tuple[str, str]] = set()
 
-PRECISIONS = {
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-}
-"""Precision names and their dtypes (NeMo RL's and torch's spellings)."""
+
+def torch_dtype(precision: str) -> torch.dtype:
+    """The torch dtype of a precision name (`ScoringOptions.precision`)."""
+    return getattr(torch, PRECISIONS[precision])
 
 
 def default_device() -> torch.device:
@@ -44,68 +48,80 @@ def default_device() -> torch.device:
     return PartialState().device
 
 
-def load_reward_model(
-    model: str | os.PathLike | PreTrainedModel,
-    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
-    *,
-    precision: str = "fp32",
-    device: str | torch.device | None = None,
-    trust_remote_code: bool = False,
-    model_init_kwargs: dict[str, Any] | None = None,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A `*ForSequenceClassification` reward model and its tokenizer, ready to score: frozen, in eval mode, on
-    `device` (default `default_device()`).
+@dataclass(frozen=True)
+class ScoringPlan:
+    """What scores and how, resolved once: built by `plan_scoring`, read by `load_scorer` and `trl-rm-env serve`.
 
     Args:
-        model: A local folder or Hub id (checked first: a typo'd folder fails in one line), or a loaded model.
-        tokenizer: Its tokenizer, a path or Hub id of one, or None (the model's own).
-        precision: `fp32`, `bf16` or `fp16` (or `float32`, `bfloat16`, `float16`) for a model loaded here.
-        device: Where the model runs.
-        trust_remote_code: Allow custom model code from the Hub.
-        model_init_kwargs: More `from_pretrained` keyword arguments.
-
-    Raises:
-        ValueError: an unknown precision.
-        trl_rm_env.model_source.ModelSourceError: a missing local model folder.
+        model: The reward model's checked local folder or Hub id (None when `loaded` holds the model).
+        loaded: A model the caller loaded, or None.
+        config: The model's config (read once).
+        options: The `ScoringOptions`.
+        head: How the outputs become one reward (`trl_rm_env.heads.RewardHead`).
+        engine: `"vllm"` or `"hf"`.
+        why: Why that engine (logged once per process).
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    if isinstance(model, str | os.PathLike):
-        path = check_model_source(str(model), "reward model")
-        kwargs = {"dtype": PRECISIONS[precision], "trust_remote_code": trust_remote_code, **(model_init_kwargs or {})}
-        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
-        tokenizer = path if tokenizer is None else tokenizer
-    if tokenizer is None:
-        tokenizer = model.config._name_or_path
-    if isinstance(tokenizer, str | os.PathLike):
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), trust_remote_code=trust_remote_code)
-    model.requires_grad_(False)  # a scoring model is never trained here
-    model.eval().to(device if device is not None else default_device())
-    return model, tokenizer
+
+    model: str | None
+    loaded: PreTrainedModel | None
+    config: Any
+    options: ScoringOptions
+    head: RewardHead
+    engine: str
+    why: str
 
 
-def choose_engine(
-    requested: str, *, device: str | torch.device | None = None, hf_only: str | None = None
-) -> tuple[str, str]:
+def engine_specific(options: ScoringOptions) -> dict[str, str]:
+    """The options given (not at their defaults) that belong to one engine: `{name: engine}`."""
+    given = changed(options)
+    return {f.name: spelling(f).engine for f in option_fields(ScoringOptions) if spelling(f).engine and f.name in given}
+
+
+def choose_engine(options: ScoringOptions, *, hf_only: str | None = None) -> tuple[str, str]:
     """`(engine, why)` for a reward model given by path or Hub id: `"vllm"` or `"hf"`.
 
-    `"vllm"` and `"hf"` are taken as asked. `"auto"` keeps transformers when vLLM is not installed, when several
-    processes run (each would start its own vLLM engine: serve one instead, `trl-rm-env serve --engine vllm`, and
-    pass `remote_url`), when `device` is not the device vLLM's build runs on, or when the caller says why only
-    transformers can serve the case (`hf_only`: a model to shard with ZeRO-3/FSDP2, transformers loading
-    arguments); otherwise vLLM.
+    `"vllm"` and `"hf"` are taken as asked. `"auto"` keeps transformers when the caller says only transformers can
+    serve the case (`hf_only`: a model to shard with FSDP2, a model already loaded), when a transformers-only option
+    is given (`model_init_kwargs`), when vLLM is not installed, when several processes run (each would start its
+    own vLLM engine: serve one instead, `trl-rm-env serve --engine vllm`, and pass `remote_url`), or when `device` is
+    not the device vLLM's build runs on; otherwise vLLM.
+
+    Raises:
+        ValueError: an option of one engine while the other is chosen (named, with why that engine), `hf_only`
+            with `engine="vllm"`, or a `device` vLLM does not run on with `engine="vllm"`.
     """
-    if requested in ("vllm", "hf"):
-        return requested, "asked for"
-    if hf_only:
-        return "hf", hf_only
-    if not vllm_installed():
-        return "hf", "vLLM is not installed"
-    if launched():
-        return "hf", "several processes run (each would start its own vLLM: serve it once and use remote_url)"
-    if device is not None and torch.device(device).type != vllm_device():
-        return "hf", f"device {device} is not the one vLLM runs on ({vllm_device()})"
-    return "vllm", "vLLM is installed"
+    specific = engine_specific(options)
+    if options.engine in ("vllm", "hf"):
+        engine, why = options.engine, "asked for"
+    elif hf_only:
+        engine, why = "hf", hf_only
+    elif "hf" in specific.values():
+        names = sorted(k for k, v in specific.items() if v == "hf")
+        engine, why = "hf", f"{', '.join(names)} are transformers loading arguments"
+    elif not vllm_installed():
+        engine, why = "hf", "vLLM is not installed"
+    elif launched():
+        engine, why = "hf", "several processes run (each would start its own vLLM: serve it once and use remote_url)"
+    elif options.device is not None and torch.device(options.device).type != vllm_device():
+        engine, why = "hf", f"device {options.device} is not the one vLLM runs on ({vllm_device()})"
+    else:
+        engine, why = "vllm", "vLLM is installed"
+    if engine == "vllm" and hf_only:
+        raise ValueError(f"engine='vllm' cannot serve this reward model: {hf_only}")
+    if engine == "vllm" and options.device is not None and vllm_installed() and torch.device(options.device).type != vllm_device():
+        raise ValueError(
+            f"device={options.device!r} applies to engine='hf'; vLLM runs the model on its own device "
+            f"({vllm_device()}: choose the GPU with CUDA_VISIBLE_DEVICES)"
+        )
+    wrong = sorted(name for name, owner in specific.items() if owner != engine)
+    if wrong:
+        owner = specific[wrong[0]]
+        raise ValueError(
+            f"{spelled(ScoringOptions, wrong)} applies to engine='{owner}', but this reward model scores on "
+            f"{'vLLM' if engine == 'vllm' else 'transformers'} ({why}): "
+            + ("install vLLM, or drop it" if owner == "vllm" else f"drop it, or set engine='{owner}'")
+        )
+    return engine, why
 
 
 def log_engine_choice(engine: str, why: str) -> None:
@@ -115,85 +131,108 @@ def log_engine_choice(engine: str, why: str) -> None:
         logger.info("Reward model scoring engine: %s (%s)", "vLLM" if engine == "vllm" else "transformers", why)
 
 
-def vllm_scorer(
-    model: str | os.PathLike,
-    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None,
-    options: ScoringOptions,
-    *,
-    precision: str = "fp32",
-    trust_remote_code: bool = False,
-) -> RewardScorer:
-    """A `RewardScorer` whose forward passes run in vLLM (`VLLMEngine`); the tokenizer is loaded here, the weights
-    by vLLM only."""
-    path = check_model_source(str(model), "reward model")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    if tokenizer is None or isinstance(tokenizer, str | os.PathLike):
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or path), trust_remote_code=trust_remote_code)
-    engine = VLLMEngine(
-        path, config, options, precision=precision, trust_remote_code=trust_remote_code, show_progress=options.show_progress
-    )
-    return RewardScorer(None, tokenizer, options, engine=engine, config=config)
-
-
-def scorer_on_chosen_engine(
-    model: str | os.PathLike,
-    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None,
-    options: ScoringOptions,
-    *,
-    precision: str = "fp32",
-    device: str | torch.device | None = None,
-    trust_remote_code: bool = False,
-    hf_only: str | None = None,
-) -> RewardScorer | None:
-    """A vLLM `RewardScorer` when `choose_engine` picks vLLM for this case, else None (the caller loads the model
-    with transformers). Under `"auto"`, a vLLM that fails to start is a warning and None, not an error."""
-    engine, why = choose_engine(options.engine, device=device, hf_only=hf_only)
-    if engine == "hf":
-        log_engine_choice(engine, why)
-        return None
-    if options.engine == "vllm" and hf_only:
-        raise ValueError(f"engine='vllm' cannot serve this reward model: {hf_only}")
-    try:
-        scorer = vllm_scorer(model, tokenizer, options, precision=precision, trust_remote_code=trust_remote_code)
-    except Exception as err:
-        if options.engine == "vllm":
-            raise
-        logger.warning("vLLM could not start (%s: %s); scoring with transformers instead.", type(err).__name__, err)
-        log_engine_choice("hf", "vLLM failed to start")
-        return None
-    log_engine_choice(engine, why)
-    return scorer
-
-
-def load_reward_scorer(
-    model: str | os.PathLike,
-    *,
-    precision: str = "fp32",
-    device: str | None = None,
-    trust_remote_code: bool = False,
+def plan_scoring(
+    model: str | os.PathLike | PreTrainedModel,
     options: ScoringOptions | None = None,
+    *,
+    hf_only: str | Callable[[Any, RewardHead], str | None] | None = None,
     **values: Any,
+) -> ScoringPlan:
+    """Resolve, once, what `load_scorer` needs: the model's source (a typo'd local folder fails here, in one
+    line), its config, its head and the engine.
+
+    Args:
+        model: A local folder or Hub id of a `*ForSequenceClassification` checkpoint, or a loaded model.
+        options, **values: The `ScoringOptions`, an instance and/or by name.
+        hf_only: Why only transformers can serve this case (see `choose_engine`), or None; or a function of the
+            model's config and head that says why (`trl-rm-env serve`: vLLM's server computes no regression reward).
+
+    Raises:
+        trl_rm_env.model_source.ModelSourceError: a missing local model folder.
+        ValueError: a bad option, weights that do not fit the head, or an option of the engine not chosen.
+    """
+    options = ScoringOptions.build(options, **values)
+    if isinstance(model, PreTrainedModel):
+        path, loaded, config = None, model, model.config
+        if options.engine == "vllm":
+            raise ValueError(
+                "engine='vllm' loads the reward model from its path or Hub id, not from a loaded model: give "
+                "the path (RewardModelEnvironment(path, engine='vllm'), load_reward_scorer(path, engine='vllm'))"
+            )
+        hf_only = hf_only or "the model is already loaded in this process"
+    else:
+        path, loaded = check_model_source(str(model), "reward model"), None
+        config = AutoConfig.from_pretrained(path, trust_remote_code=options.trust_remote_code)
+    head = reward_head(config, options.attribute_weights, options.reward_model_type)
+    if callable(hf_only):
+        hf_only = hf_only(config, head)
+    engine, why = choose_engine(options, hf_only=hf_only)
+    return ScoringPlan(path, loaded, config, options, head, engine, why)
+
+
+def load_reward_model(
+    model: str | os.PathLike | PreTrainedModel,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+    options: ScoringOptions | None = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A `*ForSequenceClassification` reward model and its tokenizer, ready to score with transformers: frozen, in
+    eval mode, on `options.device` (default `default_device()`), in `options.precision`.
+
+    Args:
+        model: A local folder or Hub id (loaded with `options.trust_remote_code` and `model_init_kwargs`), or a
+            loaded model.
+        tokenizer: Its tokenizer, a path or Hub id of one, or None (the model's own).
+        options: The `ScoringOptions` (default: the defaults).
+    """
+    options = options or ScoringOptions()
+    if isinstance(model, str | os.PathLike):
+        path = str(model)
+        kwargs = {"dtype": torch_dtype(options.precision), "trust_remote_code": options.trust_remote_code}
+        model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs | (options.model_init_kwargs or {}))
+        tokenizer = path if tokenizer is None else tokenizer
+    if tokenizer is None:
+        tokenizer = model.config._name_or_path
+    if isinstance(tokenizer, str | os.PathLike):
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), trust_remote_code=options.trust_remote_code)
+    model.requires_grad_(False)  # a scoring model is never trained here
+    model.eval().to(options.device if options.device is not None else default_device())
+    return model, tokenizer
+
+
+def load_scorer(
+    plan: ScoringPlan, tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None
 ) -> RewardScorer:
+    """The `RewardScorer` of `plan`: vLLM's engine, or the model loaded with transformers. Under `engine="auto"`
+    with no vLLM option given, a vLLM that fails to start is a warning and transformers scores instead."""
+    if plan.engine == "vllm":
+        try:
+            engine = VLLMEngine(plan.model, plan.config, plan.options)
+        except Exception as err:
+            if plan.options.engine == "vllm" or engine_specific(plan.options):
+                raise
+            logger.warning("vLLM could not start (%s: %s); scoring with transformers instead.", type(err).__name__, err)
+            plan = dataclasses.replace(plan, engine="hf", why="vLLM failed to start")
+        else:
+            log_engine_choice(plan.engine, plan.why)
+            if tokenizer is None or isinstance(tokenizer, str | os.PathLike):
+                trust = plan.options.trust_remote_code
+                tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or plan.model), trust_remote_code=trust)
+            return RewardScorer(None, tokenizer, plan.options, engine=engine, config=plan.config, head=plan.head)
+    log_engine_choice(plan.engine, plan.why)
+    model, tokenizer = load_reward_model(plan.loaded if plan.loaded is not None else plan.model, tokenizer, plan.options)
+    return RewardScorer(model, tokenizer, plan.options, head=plan.head)
+
+
+def load_reward_scorer(model: str | os.PathLike, options: ScoringOptions | None = None, **values: Any) -> RewardScorer:
     """Load a `*ForSequenceClassification` checkpoint (path or Hub id) and its tokenizer into a `RewardScorer`, on
-    the engine `options.engine` picks (`choose_engine`; `"auto"` by default).
+    the engine `options.engine` picks (`choose_engine`; `"auto"` by default): `load_scorer(plan_scoring(...))`.
 
     Args:
         model: Local folder or Hub id of the reward model.
-        precision: "fp32", "bf16" or "fp16". Scores are returned in fp32 whatever the precision.
-        device: "cpu", "cuda", "cuda:1", ... Default: `default_device()` (vLLM: its own device).
-        trust_remote_code: Allow custom model code from the Hub.
-        options, **values: The `ScoringOptions` (`batch_size`, `max_tokens_per_batch`, `max_length`, `engine`,
-            `output_weights`, ...).
+        options, **values: The `ScoringOptions` (`batch_size`, `max_tokens_per_batch`, `precision`, `engine`, ...).
 
     Raises:
-        ValueError: an unknown precision or option value.
+        ValueError: a bad option value.
         ImportError: `engine="vllm"` without vLLM installed.
     """
-    options = ScoringOptions.build(options, **values)
-    scorer = scorer_on_chosen_engine(
-        model, None, options, precision=precision, device=device, trust_remote_code=trust_remote_code
-    )
-    if scorer is not None:
-        return scorer
-    rm, tokenizer = load_reward_model(model, precision=precision, device=device, trust_remote_code=trust_remote_code)
-    return RewardScorer(rm, tokenizer, options)
+    return load_scorer(plan_scoring(model, options, **values))

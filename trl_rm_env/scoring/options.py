@@ -1,90 +1,190 @@
-"""`ScoringOptions`: how conversations become scores, declared once.
+"""`ScoringOptions`: how a reward model is loaded and scores conversations, each option declared once.
 
-`RewardScorer`, `RewardModelEnvironment`, `load_reward_scorer` and `RewardModelEnvironment.from_config` take these
-options by name (`batch_size=...`) and pass them on whole; the command line (`--batch-size`, `--max-tokens`,
-`--max-length`) and the GRPO recipe (`reward_batch_size`, ...) map their own spellings onto them in one place each.
+`RewardScorer`, `RewardModelEnvironment`, `load_reward_scorer`, `trl-rm-env eval` and `serve`, the GRPO recipe and
+NeMo RL's block all take these options; each surface's spelling (`--max-tokens-per-batch`,
+`reward_max_tokens_per_batch`, NeMo's `dynamic_batching.logprob_mb_tokens`) is generated from or mapped onto the
+field below (`trl_rm_env.options`). The options are immutable: they are resolved once per call path, with the model's
+config and the engine, into a `trl_rm_env.scoring.loading.ScoringPlan`.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..sharing import normalize_prefix_sharing
+from ..heads import parse_attribute_weights
+from ..options import build, changed, check_choices, document, normalize_prefix_sharing, option
+from ..options import names as option_names
 
-TRUNCATION_MODES = ("left", "fallback")
+PRECISIONS = {
+    "fp32": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+    "float32": "float32",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+}
+"""Precision names (ours, and torch's and NeMo RL's spellings) and the dtype each means, by torch's name (vLLM's
+`dtype` takes the same names)."""
 ENGINES = ("auto", "vllm", "hf")
+REWARD_MODEL_TYPES = ("bradley_terry", "regression")
 DEFAULT_BATCH_SIZE = 32  # sequences per forward pass when neither a row count nor a token budget is set
 
 
-@dataclass
-class ScoringOptions:
-    """How a reward model scores `(context, completion)` pairs.
-
-    Args:
-        batch_size: At most this many sequences per forward pass (default 32 when `max_tokens_per_batch` is unset).
-        max_tokens_per_batch: At most this many tokens per forward pass, padding included (`rows * longest`).
-            Items are sorted longest first, so batches of similar length pack tightly.
-        max_length: Longest sequence the model gets. Defaults to the model's `max_position_embeddings` (and never
-            more than `max_tokens_per_batch`: one sequence always fits in a batch).
-        truncation: For a sequence over `max_length`: `"left"` cuts the context from the left (a leading BOS is kept;
-            the completion is never cut), `"fallback"` gives it `overlength_reward` instead of a score.
-        overlength_reward: The reward for sequences that cannot be scored within `max_length` (with `"left"`, the ones
-            whose completion alone is too long). None raises an error instead.
-        nonfinite_reward: The reward used when the model returns NaN/inf. None raises an error naming the items.
-        strip_reasoning: Remove `<think>...</think>` from completions before scoring.
-        label_index: Which output column is the reward (0 for Bradley-Terry models).
-        show_progress: Show a progress bar over batches (`None`: only for more than 8 batches).
-        template_kwargs: Extra keyword arguments for the chat template (e.g. `enable_thinking`), as NeMo RL's
-            `tokenizer.chat_template_kwargs`.
-        prefix_sharing: Score the completions that share a context (a GRPO group) against one encoding of it (KV
-            cache; see `trl_rm_env.sharing`). `"auto"` (default): where the model supports it, for the groups where a
-            cost model says it pays; `True`: every group of two or more items that shares a token; `False`: never.
-        output_weights: A regression RM's reward is `outputs @ output_weights` (every output, not column
-            `label_index`); see `trl_rm_env.heads.regression_reward_weights`.
-        engine: What runs the model: `"vllm"` (vLLM's pooling runner fed with our token ids,
-            `trl_rm_env.scoring.vllm`), `"hf"` (transformers in this process, the exact reference and the engine of
-            training) or `"auto"` (default: vLLM where it is installed and can serve the case, else transformers;
-            see `trl_rm_env.scoring.loading.choose_engine`). Only a model given by path or Hub id can run on vLLM.
-        vllm_gpu_memory_utilization: With vLLM, the share of the device's memory it may take for weights and KV
-            cache (on the CPU backend, of the RAM), as TRL's colocated vLLM. None (default): a KV cache of what
-            scoring needs and no more (`trl_rm_env.scoring.vllm.kv_cache_bytes`), the rest left to training.
-        vllm_tensor_parallel_size: With vLLM, the number of GPUs the reward model is split over.
+def json_object(value: Any) -> dict[str, Any]:
+    """A dict from a dict or from JSON text (a command line's `'{"enable_thinking": false}'`); None: `{}`.
 
     Raises:
-        ValueError: an unknown truncation mode or engine, `batch_size < 1`, a bad `prefix_sharing` value or vLLM
-            memory share.
+        ValueError: text that is not a JSON object.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"expected a JSON object such as '{{\"enable_thinking\": false}}', got {value!r}") from err
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a JSON object (a mapping), got {value!r}")
+    return dict(value)
+
+
+def attribute_weights(value: Any) -> Mapping[str, float] | list[float] | None:
+    """Attribute weights from `name=weight` entries (a command line, a YAML list of strings), a mapping by name, or a
+    list of numbers in output order."""
+    if value is None or isinstance(value, Mapping):
+        return None if value is None else {str(k): float(v) for k, v in value.items()}
+    entries = [value] if isinstance(value, str) else list(value)
+    if entries and all(isinstance(e, str) for e in entries):
+        return parse_attribute_weights(entries, "attribute_weights")
+    return [float(e) for e in entries]
+
+
+@dataclass(frozen=True)
+class ScoringOptions:
+    """How a reward model scores `(context, completion)` pairs; the `Args` below are generated from the fields.
+
+    Raises:
+        ValueError: a value outside an option's choices, `batch_size < 1`, a vLLM memory share outside (0, 1], or a
+            bad `prefix_sharing`, `template_kwargs` or `attribute_weights` value.
     """
 
-    batch_size: int | None = None
-    max_tokens_per_batch: int | None = None
-    max_length: int | None = None
-    truncation: str = "left"
-    overlength_reward: float | None = None
-    nonfinite_reward: float | None = None
-    strip_reasoning: bool = False
-    label_index: int = 0
-    show_progress: bool | None = None
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    prefix_sharing: bool | str = "auto"
-    output_weights: Sequence[float] | None = None
-    engine: str = "auto"
-    vllm_gpu_memory_utilization: float | None = None
-    vllm_tensor_parallel_size: int = 1
+    batch_size: int | None = option(
+        None, help="At most this many sequences per forward pass (default 32 when `max_tokens_per_batch` is unset)."
+    )
+    max_tokens_per_batch: int | None = option(
+        None,
+        help="At most this many tokens per forward pass, padding included (rows x longest); items go longest first, so "
+        "batches of similar length pack tightly.",
+        aliases=("--max-tokens",),
+    )
+    max_length: int | None = option(
+        None,
+        help="Longest sequence the model gets (default: the model's `max_position_embeddings`, and never more than "
+        "`max_tokens_per_batch`).",
+        remote=True,
+    )
+    truncation: str = option(
+        "left",
+        choices=("left", "fallback"),
+        help="A sequence over `max_length`: `left` cuts its context from the left (a leading BOS is kept, the "
+        "completion never cut); `fallback` gives it `overlength_reward`.",
+    )
+    overlength_reward: float | None = option(
+        None,
+        help="The reward of a sequence that cannot be scored within `max_length` (with `left`: its completion alone "
+        "is too long). None: an error.",
+    )
+    nonfinite_reward: float | None = option(
+        None, help="The reward when the model returns NaN/inf. None: an error naming the items.", remote=True
+    )
+    strip_reasoning: bool = option(
+        False, help="Remove `<think>...</think>` from completions before scoring.", remote=True
+    )
+    label_index: int = option(0, help="Which output column is the reward (0 for a Bradley-Terry model).")
+    show_progress: bool | None = option(
+        None, help="Progress bar over batches (None: only for more than 8 batches).", flag=None, recipe=None
+    )
+    template_kwargs: dict[str, Any] = option(
+        default_factory=dict,
+        help="Extra keyword arguments of the RM's chat template, e.g. `{\"enable_thinking\": false}` (JSON on a "
+        "command line), as NeMo RL's `tokenizer.chat_template_kwargs`.",
+        text=dict,
+        remote=True,
+    )
+    prefix_sharing: bool | str = option(
+        "auto",
+        choices=("auto", True, False),
+        help="Score the completions that share a context (a GRPO group) against one encoding of it, exactly. "
+        "`auto`: where the model supports it and a cost model says it pays; `true`: every group; `false`: never "
+        "(on vLLM: its prefix caching off).",
+        text=str,
+    )
+    attribute_weights: Mapping[str, float] | Sequence[float] | None = option(
+        None,
+        help="A regression RM's reward weights: `name=weight` entries or a mapping by name (unnamed attributes "
+        "weigh 0), or a list in output order. None: the checkpoint's own `attribute_weights`.",
+        text=list,
+    )
+    reward_model_type: str | None = option(
+        None,
+        choices=REWARD_MODEL_TYPES,
+        help="The head kind: `bradley_terry` (the reward is output `label_index`) or `regression` (the "
+        "`attribute_weights` sum of the outputs). None: what the checkpoint's config says.",
+        recipe="reward_model_type",
+    )
+    engine: str = option(
+        "auto",
+        choices=ENGINES,
+        help="What runs the model: `vllm` (vLLM's pooling runner, fed with our token ids), `hf` (transformers in this "
+        "process, the exact reference) or `auto` (vLLM where it is installed and can serve the case, else hf).",
+    )
+    vllm_gpu_memory_utilization: float | None = option(
+        None,
+        help="vLLM: the share of the device's memory it may take (CPU backend: of the RAM). None: a KV cache of what "
+        "scoring needs, the rest left to training.",
+        engine="vllm",
+    )
+    vllm_tensor_parallel_size: int = option(
+        1, help="vLLM: the number of GPUs the model is split over.", flag="--tensor-parallel-size", engine="vllm"
+    )
+    precision: str = option(
+        "fp32",
+        choices=tuple(PRECISIONS),
+        help="Weights dtype of a model loaded here (fp32, bf16, fp16); rewards are fp32 whatever it is.",
+    )
+    device: str | None = option(
+        None,
+        help="Where transformers runs the model (cpu, cuda:1, ...). None: this Accelerate process's device.",
+        recipe=None,
+    )
+    trust_remote_code: bool = option(False, help="Allow custom model code from the Hub (off: no checkpoint code runs).")
+    model_init_kwargs: dict[str, Any] | None = option(
+        None,
+        help="More `from_pretrained` keyword arguments (JSON on a command line); transformers loading arguments, so "
+        "they keep `engine=auto` on transformers.",
+        text=dict,
+        engine="hf",
+    )
 
     def __post_init__(self) -> None:
-        if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"truncation must be 'left' or 'fallback', got {self.truncation!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        normalize = {
+            "prefix_sharing": normalize_prefix_sharing(self.prefix_sharing),
+            "template_kwargs": json_object(self.template_kwargs),
+            "model_init_kwargs": None if self.model_init_kwargs is None else json_object(self.model_init_kwargs),
+            "attribute_weights": attribute_weights(self.attribute_weights),
+        }
+        for name, value in normalize.items():
+            object.__setattr__(self, name, value)
+        check_choices(self)
         if self.vllm_gpu_memory_utilization is not None and not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)
-        self.template_kwargs = dict(self.template_kwargs or {})
+        for name in ("batch_size", "max_tokens_per_batch", "max_length", "vllm_tensor_parallel_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
 
     def rows_per_pass(self) -> int | None:
         """Sequences per forward pass: `batch_size`, else 32 when no token budget is set (None: the budget alone)."""
@@ -103,7 +203,7 @@ class ScoringOptions:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         """Every option's name."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        return option_names(cls)
 
     @classmethod
     def build(cls, options: ScoringOptions | None = None, **values: Any) -> ScoringOptions:
@@ -112,18 +212,11 @@ class ScoringOptions:
         Raises:
             TypeError: a name that is not an option, listing the options.
         """
-        unknown = sorted(set(values) - set(cls.names()))
-        if unknown:
-            raise TypeError(f"unknown scoring option(s) {unknown}; the options are {list(cls.names())}")
-        return dataclasses.replace(options, **values) if options is not None else cls(**values)
+        return build(cls, options, **values)
 
     def overrides(self) -> dict[str, Any]:
         """The options that differ from the defaults, by name (for a log line or a child process)."""
-        default = ScoringOptions()
-        return {name: value for name in self.names() if (value := getattr(self, name)) != getattr(default, name)}
+        return changed(self)
 
 
-def split_options(values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """`(scoring options, everything else)` of keyword arguments."""
-    names = set(ScoringOptions.names())
-    return {k: v for k, v in values.items() if k in names}, {k: v for k, v in values.items() if k not in names}
+document(ScoringOptions)

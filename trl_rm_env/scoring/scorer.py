@@ -3,7 +3,7 @@
 Data path: `(context, completion)` -> token ids with the RM's own chat template (`trl_rm_env.tokenization`) ->
 over-length handling (left truncation or a fallback reward) -> the engine's outputs, `(N, num_labels)` fp32 in input
 order (`engine`: `HFEngine`, the model run by transformers in this process, or `VLLMEngine`) -> the reward (column
-`label_index`, or a regression RM's weighted sum) -> NaN/inf handling. Options: `ScoringOptions`.
+`label_index`, or a regression RM's weighted sum: `head`) -> NaN/inf handling. Options: `ScoringOptions`.
 
 Exactness: every engine returns, for each sequence, what running that sequence alone gives (fp32: < 1e-4, proved by
 the parity tests); batching, padding and prefix sharing never change a score.
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..heads import RewardHead, reward_head
 from ..sharing import shared_prefixes_in
 from ..tokenization import Message, context_token_ids, encode_pair, left_truncate
 from .hf import HFEngine
@@ -72,11 +73,13 @@ class RewardScorer:
             the `engine` option. With a loaded `model`, `"auto"` and `"hf"` run it with `HFEngine`; vLLM loads a
             model from its path: use `load_reward_scorer(path, engine="vllm")`.
         config: The model's config when `model` is None (default: the engine's `config`).
+        head: How the outputs become one reward (`trl_rm_env.heads.RewardHead`); None: resolved from the config and
+            the `attribute_weights` and `reward_model_type` options (`trl_rm_env.heads.reward_head`).
 
     Raises:
         TypeError: an unknown option name, or neither a model nor an engine object.
-        ValueError: a bad option value, `engine="vllm"` with a loaded model, or `output_weights` that do not match
-            the model's outputs.
+        ValueError: a bad option value, `engine="vllm"` with a loaded model, or attribute weights that do not fit
+            the model's head.
     """
 
     is_async = False
@@ -89,6 +92,7 @@ class RewardScorer:
         *,
         engine: Any = None,
         config: Any = None,
+        head: RewardHead | None = None,
         **values: Any,
     ):
         if isinstance(engine, str):
@@ -108,11 +112,9 @@ class RewardScorer:
         self.max_tokens_per_batch = o.max_tokens_per_batch
         self.batch_size = o.rows_per_pass()
         self.max_length = o.longest_sequence(self.config)
-        self.output_weights = None if o.output_weights is None else torch.tensor(o.output_weights, dtype=torch.float32)
-        if self.output_weights is not None and self.output_weights.numel() != self.config.num_labels:
-            raise ValueError(
-                f"output_weights has {self.output_weights.numel()} values for {self.config.num_labels} outputs"
-            )
+        self.head = head if head is not None else reward_head(self.config, o.attribute_weights, o.reward_model_type)
+        weights = self.head.weights
+        self.output_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         if model is not None and getattr(model.config, "pad_token_id", None) is None:

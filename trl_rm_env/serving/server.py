@@ -64,22 +64,16 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("The scoring server needs aiohttp: pip install aiohttp") from err
 
+from ..options import build
 from ..scoring.scorer import RewardScorer
 from .batcher import QueueFullError, ScoreBatcher
 from .connections import OPEN_GUARDS, AcceptErrorFilter, ConnectionGuards, GuardedSite, default_max_connections
+from .options import SERVER_TOKEN_BUDGET, ServerLimits
 from .protocol import api_key_from_env, default_served_name, sigmoid
-from .requests import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_ITEMS_PER_REQUEST,
-    DEFAULT_MAX_REQUEST_BYTES,
-    RequestDecoder,
-    RequestError,
-    error_response,
-)
+from .requests import RequestDecoder, RequestError, error_response
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_HEADER_TIMEOUT = 10.0
 __all__ = ["ScoringServer", "api_key_from_env", "default_served_name", "run_server"]
 
 
@@ -91,14 +85,13 @@ class ScoringServer:
         scorer: The `RewardScorer` doing the work; its `max_tokens_per_batch` / `batch_size` bound each forward pass.
         model_name: The name in responses; a request naming another model gets 404 (as vLLM answers). Use the
             folder name (`default_served_name`), not a path: responses must not reveal the server's file system.
-        max_queue: Requests that may wait for the worker; one more gets HTTP 503 with `Retry-After: 1`.
-        max_request_bytes: Largest request body; a larger one gets HTTP 413.
+        limits, **values: The `ServerLimits` (`max_queue`: one more request gets HTTP 503 with `Retry-After: 1`;
+            `max_request_bytes`, `max_items_per_request`: 413; `body_timeout`: 408), an instance and/or by name.
         max_batch_tokens: Tokens the worker gathers from the queue for one scoring call (default: the scorer's
-            `max_tokens_per_batch`, else 16384). A single larger request is still scored, in several forward passes.
-        max_items_per_request: Most sequences in one request (`input` / `query` list items); more get HTTP 413.
+            `max_tokens_per_batch`, else `SERVER_TOKEN_BUDGET`). A single larger request is still scored, in several
+            forward passes.
         api_key: When set, every request but `GET /health` needs `Authorization: Bearer <api_key>` (vLLM's
             convention) or `X-API-Key: <api_key>` (OpenRLHF's server also takes it), else 401.
-        body_timeout: Seconds a client has to send the request body once its head arrived; slower gets HTTP 408.
         aliases: Other `model` values accepted in requests (never shown in responses): `trl-rm-env serve` accepts
             its `--model` argument, since verl sends the reward model's path as `model`.
     """
@@ -108,30 +101,22 @@ class ScoringServer:
         scorer: RewardScorer,
         model_name: str,
         *,
-        max_queue: int = 1024,
-        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        limits: ServerLimits | None = None,
         max_batch_tokens: int | None = None,
-        max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST,
         api_key: str | None = None,
-        body_timeout: float = DEFAULT_BODY_TIMEOUT,
         aliases: Sequence[str] = (),
+        **values: Any,
     ):
-        for name, value in [
-            ("max_queue", max_queue),
-            ("max_request_bytes", max_request_bytes),
-            ("max_items_per_request", max_items_per_request),
-        ]:
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if body_timeout <= 0:
-            raise ValueError(f"body_timeout must be > 0, got {body_timeout}")
+        limits = build(ServerLimits, limits, **values)
         self.scorer = scorer
         self.model_name = model_name
-        self.max_queue = max_queue
-        self.max_request_bytes = max_request_bytes
+        self.limits = limits
+        self.max_queue = limits.max_queue
+        self.max_request_bytes = limits.max_request_bytes
         self.api_key = api_key or None
-        self.decoder = RequestDecoder(scorer, {model_name, *aliases}, max_request_bytes, max_items_per_request, body_timeout)
-        self.batcher = ScoreBatcher(scorer, max_queue, max_batch_tokens or scorer.max_tokens_per_batch or 16384)
+        self.decoder = RequestDecoder(scorer, {model_name, *aliases}, limits)
+        budget = max_batch_tokens or scorer.max_tokens_per_batch or SERVER_TOKEN_BUDGET
+        self.batcher = ScoreBatcher(scorer, limits.max_queue, budget)
         self.stats = self.batcher.stats  # requests, scored, batches, rejected_full; and nonfinite (answered 500)
         self.stats["nonfinite"] = 0
         config = scorer.config
@@ -141,7 +126,7 @@ class ScoringServer:
         id2label = getattr(config, "id2label", None) or {}
         self.label = (
             str(id2label.get(0, "LABEL_0"))
-            if self.num_labels == 1 and getattr(scorer, "output_weights", None) is None
+            if self.num_labels == 1 and getattr(getattr(scorer, "head", None), "weights", None) is None
             else "score"
         )
         # Paths that must not appear in error texts: the model's and tokenizer's as loaded, and resolved.
@@ -357,14 +342,10 @@ def run_server(
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
-    max_queue: int = 1024,
-    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST,
     api_key: str | None = None,
-    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-    body_timeout: float = DEFAULT_BODY_TIMEOUT,
-    max_connections: int | None = None,
     aliases: Sequence[str] = (),
+    limits: ServerLimits | None = None,
+    **values: Any,
 ) -> None:
     """Serve `scorer` until interrupted (SIGINT/SIGTERM). Prints one line with the URL once it listens.
 
@@ -373,35 +354,19 @@ def run_server(
         model_name: Name reported in responses and accepted in requests (a name, not a path).
         host: Interface to bind; anything but loopback is reachable by others (set an API key).
         port: TCP port (0: any free port; the printed line has the real one).
-        max_queue: Requests that may wait; more get 503.
-        max_request_bytes: Largest request body; larger get 413.
-        max_items_per_request: Most sequences per request; more get 413.
         api_key: Bearer key required on every route but `/health` (None: `api_key_from_env()`; "" or unset: none).
-        header_timeout: Seconds a connection may take to deliver a request head (also the keep-alive idle time).
-        body_timeout: Seconds a request body may take to arrive; slower gets 408.
-        max_connections: Open connections at most (None: `default_max_connections()`); past it the oldest idle
-            one is closed.
         aliases: Other `model` values accepted in requests (the `--model` argument).
+        limits, **values: The `ServerLimits`, an instance and/or by name (`max_queue`, `header_timeout`,
+            `max_connections`, ...).
     """
-    if header_timeout <= 0:
-        raise ValueError(f"header_timeout must be > 0, got {header_timeout}")
+    limits = build(ServerLimits, limits, **values)
     api_key = api_key if api_key is not None else api_key_from_env()
     if not _is_loopback(host) and not api_key:
         logger.warning(
             "binding to %s without an API key (--api-key): anyone who can reach this port can use the server", host
         )
-    server = ScoringServer(
-        scorer,
-        model_name,
-        max_queue=max_queue,
-        max_request_bytes=max_request_bytes,
-        max_items_per_request=max_items_per_request,
-        api_key=api_key,
-        body_timeout=body_timeout,
-        aliases=aliases,
-    )
-    limit = default_max_connections()
-    guards = ConnectionGuards(header_timeout, max_connections or limit)
+    server = ScoringServer(scorer, model_name, limits=limits, api_key=api_key, aliases=aliases)
+    guards = ConnectionGuards(limits.header_timeout, limits.max_connections or default_max_connections())
     asyncio.run(_serve(server.make_app(), host, port, model_name, guards, bool(api_key)))
 
 

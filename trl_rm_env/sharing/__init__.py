@@ -16,7 +16,6 @@ from .mode import (
     SUPPORTED_ATTENTION,
     find_score_head,
     kv_sharing_unsupported,
-    normalize_prefix_sharing,
     scoring_mode,
     training_layout,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "collate_shared_context",
     "find_score_head",
     "kv_sharing_unsupported",
-    "normalize_prefix_sharing",
     "plan_passes",
     "plan_rows",
     "record_row",

@@ -22,16 +22,6 @@ KV_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3")
 """Attention kernels the KV-cache layout runs with."""
 
 
-def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
-    """`True`, `False` or `"auto"` from a bool, None (auto) or the strings auto/true/false (any case)."""
-    if value is None or isinstance(value, bool):
-        return "auto" if value is None else value
-    text = str(value).strip().lower()
-    if text in ("auto", "true", "false"):
-        return {"auto": "auto", "true": True, "false": False}[text]
-    raise ValueError(f"prefix_sharing must be True, False or 'auto', got {value!r}.")
-
-
 def find_score_head(model: torch.nn.Module) -> torch.nn.Module | None:
     """The `score` head of a `*ForSequenceClassification` model, through DDP/DeepSpeed/FSDP/PEFT wrappers.
 

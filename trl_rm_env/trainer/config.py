@@ -11,7 +11,7 @@ from trl import RewardConfig
 
 from ..data.loading import ON_INVALID_MODES
 from ..data.schema import MAX_COMPLETIONS_PER_RECORD
-from ..sharing import normalize_prefix_sharing
+from ..options import normalize_prefix_sharing
 
 TRUNCATION_MODES = ("drop", "left")
 

@@ -1,5 +1,10 @@
 """The `trl-rm-env` command.
 
+    trl-rm-env train --config rm_tiny.yaml [--accelerate_config ddp_cpu] [--flag value ...]
+    trl-rm-env train-regression --config rm_regression_tiny.yaml [...]
+    trl-rm-env grpo --config grpo_rm_tiny.yaml [...]
+                                           # the recipes, launched through Accelerate (TRL's `trl reward` shape):
+                                           # shipped config names or paths, flags override the YAML
     trl-rm-env make-tiny OUTDIR            # tiny offline reward model + policy (tests, quickstart)
     trl-rm-env validate FILE [--format F]  # read a data file as training does; count bad rows by reason, show the first
     trl-rm-env eval --model M --data FILE[:name] ... [--format F] [--output results.json]
@@ -19,12 +24,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .scoring.arguments import add_model_arguments, load_scorer
-from .serving.command import add_serve_parser
+from trl_rm_env.data.loading import ON_INVALID_MODES
+
+from .launch import RECIPES, add_launch_parsers
+from .serve import add_serve_parser
+from .spellings import add_flags, options_from_flags
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    from .testing import make_tiny
+    from trl_rm_env.testing import make_tiny
 
     paths = make_tiny(args.outdir, seed=args.seed, bos_in_template=args.bos_in_template)
     for name, path in paths.items():
@@ -33,9 +41,9 @@ def _make_tiny(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .data.loaders import load_rank_records, records_to_dataset
-    from .data.regression import REGRESSION_FORMATS, load_regression_records, regression_records_to_dataset
-    from .data.schema import MAX_COMPLETIONS_PER_RECORD, DataValidationError
+    from trl_rm_env.data.loaders import load_rank_records, records_to_dataset
+    from trl_rm_env.data.regression import REGRESSION_FORMATS, load_regression_records, regression_records_to_dataset
+    from trl_rm_env.data.schema import MAX_COMPLETIONS_PER_RECORD, DataValidationError
 
     # Report here, once: the loaders' own log line would repeat this summary.
     options = dict(split=args.split, data_format=args.format, on_invalid="skip", log=False, allow_empty=True)
@@ -62,8 +70,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
     """`FILE`, `FILE:name`, `name=SOURCE[:split]` or a Hub `SOURCE[:split]` -> `(name, source, split)`."""
-    from .data.sources import parse_data_spec
-    from .evaluation.rewardbench import LLMBAR_FILE_SUBSETS
+    from trl_rm_env.data.sources import parse_data_spec
+    from trl_rm_env.evaluation.rewardbench import LLMBAR_FILE_SUBSETS
 
     head, sep, tail = spec.rpartition(":")
     if sep and "=" not in spec and Path(head).is_file():
@@ -82,27 +90,29 @@ def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
 
 def _eval(args: argparse.Namespace) -> int:
     if args.report:  # fail before importing or loading anything (seconds), not after scoring
-        from .evaluation.report import pyplot
+        from trl_rm_env.evaluation.report import pyplot
 
         try:
             pyplot()
         except ImportError as err:
             raise SystemExit(f"error: {err}") from None
-    from transformers import AutoConfig
-
-    from .data.loaders import load_rank_records
-    from .data.regression import REGRESSION_FORMATS, load_regression_records
-    from .evaluation import (
+    from trl_rm_env.data.loaders import load_rank_records
+    from trl_rm_env.data.regression import REGRESSION_FORMATS, load_regression_records
+    from trl_rm_env.evaluation import (
         evaluate_regression_model,
         evaluate_with_scores,
         format_regression_results_table,
         format_results_table,
         write_scores_file,
     )
-    from .heads import is_regression_model
+    from trl_rm_env.heads import is_regression_model
+    from trl_rm_env.scoring.loading import load_scorer, plan_scoring
+    from trl_rm_env.scoring.options import ScoringOptions
 
+    # The model's source, config and engine, resolved once: a bad option fails here, before any data loads.
+    plan = plan_scoring(args.model, options_from_flags(args, ScoringOptions))
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
-    regression = is_regression_model(AutoConfig.from_pretrained(args.model, trust_remote_code=args.trust_remote_code))
+    regression = is_regression_model(plan.config)
     data_format = args.format
     if regression:
         data_format = "regression" if data_format == "rank" else data_format
@@ -129,7 +139,7 @@ def _eval(args: argparse.Namespace) -> int:
         else:
             records, report = load_rank_records(source, split=split, data_format=data_format, on_invalid=args.on_invalid)
             datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
-    scorer = load_scorer(args, max_tokens_per_batch=args.max_tokens)
+    scorer = load_scorer(plan)
     if regression:
         results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
     else:
@@ -149,7 +159,7 @@ def _eval(args: argparse.Namespace) -> int:
         write_scores_file(args.scores, rows)
         print(f"{len(rows)} per-completion scores written to {args.scores}")
     if args.report:
-        from .evaluation.report import write_report
+        from trl_rm_env.evaluation.report import write_report
 
         paths = write_report(_nan_to_none(results), rows, args.report)
         print(f"report written to {paths[-1]} ({len(paths) - 1} plots)")
@@ -158,7 +168,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _eval_rewardbench2_sets(specs: Sequence[str], on_invalid: str) -> tuple[dict, dict, dict]:
     """`eval --format rewardbench2`: one source of RewardBench 2 rows -> one set per subset."""
-    from .evaluation.rewardbench2 import load_rewardbench2, split_by_subset
+    from trl_rm_env.evaluation.rewardbench2 import load_rewardbench2, split_by_subset
 
     if len(specs) != 1:
         raise SystemExit("--format rewardbench2 takes one --data source (a file or allenai/reward-bench-2)")
@@ -181,6 +191,9 @@ def _nan_to_none(value: object) -> object:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `trl-rm-env` parser (`trl-rm-env --help`, `trl-rm-env eval --help`, ...)."""
+    from trl_rm_env.scoring.options import ScoringOptions
+
     parser = argparse.ArgumentParser(prog="trl-rm-env", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -190,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bos-in-template", action="store_true", help="Chat template that writes BOS (double-BOS case).")
     p.set_defaults(func=_make_tiny)
 
-    # Literal (importing trl_rm_env.data costs seconds on every command); a test holds it to the loaders' formats.
+    # Literal (importing the converters costs seconds on every command); a test holds it to the loaders' formats.
     validate_formats = ("rank", "binary", "helpsteer3", "tulu3", "llmbar", "pandalm", "hh", "regression", "helpsteer2")
     p = sub.add_parser(
         "validate",
@@ -223,9 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
         "strictly ordered pair), mean margin and counts, and RewardBench v1 section scores for sets named after its "
         "subsets (llmbar-natural, mt-bench-hard, ...). A regression reward model (RegressionRewardTrainer) is evaluated "
         "on regression records instead: RMSE, MAE and Pearson r per set and attribute. The same numbers for any "
-        "--batch-size or --max-tokens.",
+        "--batch-size or --max-tokens-per-batch.",
     )
-    add_model_arguments(p)
+    p.add_argument("--model", required=True, help="Reward model: a save_pretrained folder or a Hub id.")
     p.add_argument(
         "--data",
         required=True,
@@ -241,11 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         "subset, best-of-N and Ties scores, the six-subset mean); for a regression RM: regression (the default then) "
         "or helpsteer2.",
     )
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--batch-size", type=int, default=None, help="Sequences per forward pass (default 32).")
-    size.add_argument("--max-tokens", type=int, default=None, help="Token budget per forward pass, padding included.")
     p.add_argument(
-        "--on-invalid", default="skip", choices=["skip", "raise"], help="Skip and count bad rows, or stop at once."
+        "--on-invalid", default="skip", choices=ON_INVALID_MODES, help="Skip and count bad rows, or stop at once."
     )
     p.add_argument("--output", default=None, help="Write the results as JSON to this file.")
     p.add_argument(
@@ -261,9 +271,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="Write PNG plots and a report.md (needs matplotlib: pip install trl-rm-env[report]).",
     )
     p.add_argument("--no-progress", action="store_true", help="No progress bar.")
+    # How the reward model loads and scores: a flag per ScoringOptions field (a regression RM's attribute weights
+    # apply to a reward, not to its per-attribute evaluation; the progress bar is --no-progress's).
+    add_flags(p, ScoringOptions, exclude=("attribute_weights", "reward_model_type"))
     p.set_defaults(func=_eval)
 
     add_serve_parser(sub)
+    add_launch_parsers(sub)
     return parser
 
 
@@ -274,10 +288,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ...`, and return 1 (argument errors exit 2, as argparse does). `--debug` anywhere on the command line, or
     `TRL_RM_ENV_DEBUG=1`, shows the traceback instead.
     """
-    from .errors import debug_enabled, expected_errors, report_expected_error
-    from .model_source import check_model_source
+    from trl_rm_env.errors import debug_enabled, expected_errors, report_expected_error
+    from trl_rm_env.model_source import check_model_source
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in RECIPES:  # the recipes parse their own flags (TRL's TrlParser), then launch
+        from .launch import launch
+
+        return launch(argv[0], argv[1:])
     debug = "--debug" in argv or debug_enabled()
     argv = [a for a in argv if a != "--debug"]  # accepted before or after the command
     parser = build_parser()

@@ -1,9 +1,10 @@
-"""What the recipes share, so that each reads top to bottom: model -> data -> train -> evaluate and save.
+"""The steps the recipes share, so that each reads top to bottom: model -> data -> train -> evaluate and save.
 
 `start` (before anything loads: FSDP on CPU, the resume checkpoint), `prepare_model` (the tiny offline models when
-asked, a typo'd folder in one line, `model_init_kwargs` from the model arguments), `train` (the distributed setup
-printed, log-friendly progress, `train()`, the share of the model each process holds) and `finish_reward_model`
-(the training recipes' evaluation, checkpoint, metrics, log history and table).
+asked, a typo'd folder in one line, `model_init_kwargs` from the model arguments), `quantization` (TRL's
+`--load_in_4bit`/`--load_in_8bit` and `bnb_*` flags, checked), `train` (the distributed setup printed, log-friendly
+progress, `train()`, the share of the model each process holds) and `finish_reward_model` (the training recipes'
+evaluation, checkpoint, metrics, log history and table).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 
 from transformers import Trainer
 
-from .distributed import describe_sharding, enable_fsdp_on_cpu
-from .model_source import check_model_source, ensure_tiny_model
-from .trainer.checkpoints import resolve_resume_checkpoint
-from .trainer.saving import save_reward_model
+from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
+from trl_rm_env.model_source import check_model_source, ensure_tiny_model
+from trl_rm_env.trainer.checkpoints import resolve_resume_checkpoint
+from trl_rm_env.trainer.saving import save_reward_model
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +56,46 @@ def prepare_model(
     return path
 
 
+BNB_FLAGS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
+"""`ModelConfig`'s options of 4-bit quantization: they mean something only with `load_in_4bit`."""
+
+
+def quantization(model_args: Any) -> Any:
+    """The `BitsAndBytesConfig` of TRL's model flags (`get_quantization_config`, as `trl/scripts/reward.py` passes
+    it), or None: `--load_in_4bit` / `--load_in_8bit` with the `bnb_*` options. A quantized model trains adapters
+    only, so it needs `--use_peft` (QLoRA); the final checkpoint merges them into the full-precision weights.
+
+    Raises:
+        ValueError: a `bnb_*` option without `--load_in_4bit`, a quantized model without `--use_peft`, or
+            bitsandbytes missing, each naming the flag.
+    """
+    import dataclasses
+
+    from transformers.utils import is_bitsandbytes_available
+    from trl import get_quantization_config
+
+    defaults = {f.name: f.default for f in dataclasses.fields(model_args) if f.name in BNB_FLAGS}
+    given = [name for name, default in defaults.items() if getattr(model_args, name) != default]
+    flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit" if model_args.load_in_8bit else None
+    if given and not model_args.load_in_4bit:
+        raise ValueError(f"{', '.join('--' + n for n in given)} configure 4-bit quantization: add --load_in_4bit")
+    if flag is None:
+        return None
+    if not model_args.use_peft:
+        raise ValueError(f"{flag} loads frozen quantized weights, which train only through adapters: add --use_peft")
+    if not is_bitsandbytes_available():
+        raise ValueError(f"{flag} needs bitsandbytes: pip install 'trl-rm-env[quantization]'")
+    return get_quantization_config(model_args)
+
+
 def train(trainer: Trainer, resume: str | None) -> None:
     """Print what `accelerate launch` set up, keep nested progress bars out of logs, train, and print the share of the
     trained model this process holds (about 1/processes under ZeRO-3 and FSDP)."""
     trainer.accelerator.print(check_distributed_setup(trainer.accelerator))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    for bits in (4, 8):
+        if getattr(model, f"is_loaded_in_{bits}bit", False):
+            trainer.accelerator.print(f"Quantized base: {bits}-bit (bitsandbytes); training its LoRA adapters (QLoRA)")
     tty_aware_progress(trainer)
     trainer.train(resume_from_checkpoint=resume)
     trainer.accelerator.print(describe_sharding(trainer.model))
@@ -105,7 +142,7 @@ def check_distributed_setup(accelerator) -> str:
         raise RuntimeError(
             f"{world_size} processes were launched but Accelerate set up {state.distributed_type.value} with "
             f"{state.num_processes} process(es) on {state.device}: no GPU was found. To train on CPU pass "
-            "`--use_cpu true` (the *_tiny.yaml configs set it) and use an accelerate_configs/*_cpu.yaml config."
+            "`--use_cpu true` (the *_tiny.yaml configs set it) and use an recipes/accelerate_configs/*_cpu.yaml config."
         )
     for backend in ("FSDP", "DEEPSPEED"):
         requested = os.environ.get(f"ACCELERATE_USE_{backend}", "false").lower() == "true"

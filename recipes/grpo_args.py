@@ -1,0 +1,134 @@
+"""`RewardModelArguments`: the reward-model and prompt-data section of the GRPO recipe's `TrlParser`.
+
+Its own keys are declared below; every option of the reward function (`ScoringOptions`, `RewardOptions`,
+`RemoteOptions`) is a generated key, `reward_<option>` (`recipes/spellings.py`), so the recipe offers each option the
+environment takes, with its help, default and choices, and a new option needs no change here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from datasets import Dataset
+
+from trl_rm_env.data.loaders import load_rank_records
+from trl_rm_env.data.sources import parse_data_spec
+from trl_rm_env.environment.reward_model import OPTION_CLASSES
+from trl_rm_env.scoring.options import ScoringOptions
+from trl_rm_env.serving.options import RemoteOptions, local_only
+
+from .spellings import options_from_recipe, recipe_fields, recipe_spellings
+
+
+@dataclass
+class RewardModelRecipeArguments:
+    """Which reward model scores GRPO completions, and which prompts the policy answers.
+
+    Args:
+        reward_model: Hub id or local path of a `*ForSequenceClassification` reward model; with
+            `reward_remote_url`, the model name sent to the servers (`trl-rm-env serve`: the path it serves).
+        reward_tokenizer: Tokenizer of the RM (defaults to the RM's own; its chat template renders every sample).
+        reward_remote_url: Score on reward-model servers at these URLs instead of loading the RM here. The API key
+            is read from `TRL_RM_ENV_API_KEY` or `VLLM_API_KEY`, never from the command line (it would show in `ps`
+            and in logs).
+        prompt_data: Prompt source: a Hub dataset id (`:split` optional), a local file, or a rank-schema source
+            (`sample:train`), whose contexts become the prompts.
+        prompt_column: Column holding the prompt (string or messages) for Hub/local prompt datasets.
+        build_tiny_model: Build the tiny offline models (`make-tiny`) when the policy path, a folder named `policy`, is
+            missing (quickstart). A missing `reward_model` is always an error, never replaced by the untrained tiny RM.
+    """
+
+    reward_model: str = field(default="Skywork/Skywork-Reward-V2-Qwen3-0.6B", metadata={"help": "RM id or path."})
+    reward_tokenizer: str | None = field(default=None, metadata={"help": "RM tokenizer (default: the RM's)."})
+    reward_remote_url: list[str] | None = field(
+        default=None,
+        metadata={"help": "Score on RM servers (trl-rm-env serve, or vLLM --runner pooling) at these URLs."},
+    )
+    prompt_data: str = field(default="sample:train", metadata={"help": "Prompt dataset source."})
+    prompt_column: str = field(default="prompt", metadata={"help": "Prompt column of a prompt dataset."})
+    build_tiny_model: bool = field(
+        default=False, metadata={"help": "Build the tiny offline models if the policy path is missing."}
+    )
+
+    def environment_kwargs(self) -> dict:
+        """Keyword arguments for `RewardModelEnvironment` (besides the model): the options given (`reward_*` keys
+        not at their defaults), mapped onto the environment's names in this one place.
+
+        Raises:
+            ValueError: an option of servers without `reward_remote_url`, or with it an option that only a reward
+                model loaded here applies; each named by its key.
+        """
+        kwargs = {}
+        for cls in OPTION_CLASSES:
+            kwargs.update(options_from_recipe(self, cls))
+        keys = {name: key for cls in OPTION_CLASSES for key, name in recipe_spellings(cls).items()}
+        if not self.reward_remote_url:
+            remote = sorted(keys[name] for name in options_from_recipe(self, RemoteOptions))
+            if remote:
+                raise ValueError(f"{', '.join(remote)} apply with reward_remote_url (a reward model behind servers)")
+            return dict(kwargs, tokenizer=self.reward_tokenizer)
+        scoring = {name: v for name, v in kwargs.items() if name in ScoringOptions.names()}
+        local = sorted(keys[name] for name in local_only(ScoringOptions(**scoring)))
+        if local:
+            raise ValueError(
+                f"{', '.join(local)}: applied by a reward model loaded here; with reward_remote_url give them to the "
+                "server instead (`trl-rm-env serve --help`)"
+            )
+        # OpenRLHF's /get_reward takes text, rendered here with the RM's tokenizer (its path or Hub id); vLLM's
+        # dialects get token ids encoded with it (without `reward_tokenizer`, `reward_model`'s when it loads).
+        openrlhf = kwargs.get("remote_api") == "openrlhf"
+        tokenizer = self.reward_tokenizer or (self.reward_model if openrlhf else None)
+        return dict(kwargs, remote_url=list(self.reward_remote_url), tokenizer=tokenizer)
+
+    def load_prompts(self) -> Dataset:
+        """A dataset with a `prompt` column (messages or text), as `GRPOTrainer` expects."""
+        _, source, split = parse_data_spec(self.prompt_data)
+        if source.startswith("sample:") or source.endswith((".jsonl", ".json")) and self._is_rank_file(source):
+            records, _ = load_rank_records(source, split=split)
+            seen, prompts = set(), []
+            for record in records:
+                key = repr(record["context"])
+                if key not in seen:
+                    seen.add(key)
+                    prompts.append({"prompt": record["context"]})
+            return Dataset.from_list(prompts)
+        from datasets import load_dataset
+
+        if source.endswith((".jsonl", ".json")):
+            dataset = load_dataset("json", data_files=source, split="train")
+        else:
+            dataset = load_dataset(source, split=split or "train")
+        if self.prompt_column not in dataset.column_names:
+            raise ValueError(
+                f"Prompt dataset {self.prompt_data!r} has no column {self.prompt_column!r} (columns: "
+                f"{dataset.column_names}); set --prompt_column."
+            )
+        if self.prompt_column != "prompt":
+            dataset = dataset.rename_column(self.prompt_column, "prompt")
+        return dataset
+
+    @staticmethod
+    def _is_rank_file(path: str) -> bool:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline() if path.endswith(".jsonl") else f.read(1 << 16)
+        return '"completions"' in first and '"context"' in first
+
+
+def _generated_doc() -> str:
+    lines = [f"        {key}: {fld.metadata['help']}" for cls in OPTION_CLASSES for key, _, fld in recipe_fields(cls)]
+    return (
+        (RewardModelRecipeArguments.__doc__ or "").rstrip()
+        + "\n\n    Options of the reward function (generated: `reward_<option>`, see `recipes/spellings.py`):\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+RewardModelArguments = dataclasses.make_dataclass(
+    "RewardModelArguments",
+    [spec for cls in OPTION_CLASSES for spec in recipe_fields(cls)],
+    bases=(RewardModelRecipeArguments,),
+    namespace={"__doc__": _generated_doc(), "__module__": __name__},
+)
+"""The GRPO recipe's reward-model section: `RewardModelRecipeArguments` and one `reward_<option>` key per option."""

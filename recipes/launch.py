@@ -1,0 +1,119 @@
+"""`trl-rm-env train | train-regression | grpo`: a recipe run through Accelerate, as TRL's `trl reward` and
+`trl grpo` run theirs, from an install as from a checkout.
+
+    trl-rm-env train --config rm_tiny.yaml --accelerate_config cpu                  # shipped configs, by name
+    trl-rm-env train --config my_rm.yaml --accelerate_config zero3 --learning_rate 1e-5
+    trl-rm-env grpo --config grpo_rm_tiny.yaml --accelerate_config ddp_cpu          # 2 CPU processes
+
+The recipe's own `TrlParser` reads the flags and the YAML first, so a bad flag or value fails here in one line before
+anything is launched; what it does not know goes to `accelerate launch` (`--num_processes`, `--main_process_port`,
+...). `--config` and `--accelerate_config` take a path, or the name of a config shipped with the package
+(`trl_rm_env/recipes/configs`, `trl_rm_env/recipes/accelerate_configs`; `.yaml` optional). The recipe that runs is
+the package's `recipes/<name>.py`, the same file `accelerate launch recipes/<name>.py` runs in a checkout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+RECIPES = {"train": "train_rm", "train-regression": "train_regression_rm", "grpo": "grpo_rm"}
+"""Each command and the recipe script it runs."""
+HELP = {
+    "train": "Train a Bradley-Terry reward model (recipes/train_rm.py) through accelerate launch.",
+    "train-regression": "Train a regression reward model (recipes/train_regression_rm.py) through accelerate launch.",
+    "grpo": "GRPO with a reward model as the reward (recipes/grpo_rm.py) through accelerate launch.",
+}
+
+
+def shipped(folder: str) -> dict[str, Path]:
+    """The YAML configs shipped in `trl_rm_env/recipes/<folder>`, by name (without `.yaml`)."""
+    root = importlib.resources.files("trl_rm_env.recipes").joinpath(folder)
+    return {Path(entry.name).stem: Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".yaml")}
+
+
+def resolve(value: str, folder: str, flag: str) -> str:
+    """`value` when it is a file, else the shipped config of that name.
+
+    Raises:
+        FileNotFoundError: neither, listing the shipped names.
+    """
+    if Path(value).is_file():
+        return value
+    configs = shipped(folder)
+    name = Path(value).name.removesuffix(".yaml")
+    if Path(value).parent == Path(".") and name in configs:
+        return str(configs[name])
+    raise FileNotFoundError(f"{flag} {value}: no such file, nor a shipped config (shipped: {', '.join(sorted(configs))})")
+
+
+def _replace_value(argv: list[str], flag: str, folder: str) -> list[str]:
+    """`argv` with `--flag=value` split in two and the value of `flag` resolved (`resolve`)."""
+    out: list[str] = []
+    for arg in argv:
+        out += arg.split("=", 1) if arg.startswith(flag + "=") else [arg]
+    for i, arg in enumerate(out[:-1]):
+        if arg == flag:
+            out[i + 1] = resolve(out[i + 1], folder, flag)
+    return out
+
+
+def _without(items: list[str], subsequence: list[str]) -> list[str]:
+    """`items` with the ordered `subsequence` taken out (the arguments left for Accelerate, in order)."""
+    rest, it = [], iter(subsequence)
+    current = next(it, None)
+    for item in items:
+        if current is not None and item == current:
+            current = next(it, None)
+        else:
+            rest.append(item)
+    return rest
+
+
+def add_launch_parsers(sub: Any) -> None:
+    """The recipe commands of `trl-rm-env` (listed in its help; each parses its own flags, `--help` included)."""
+    for command in RECIPES:
+        sub.add_parser(command, help=HELP[command], add_help=False)
+
+
+def launch(command: str, argv: list[str]) -> int:
+    """Run `trl-rm-env <command> <argv>`: check the flags with the recipe's parser, then `accelerate launch` the
+    recipe with them; return the exit status (the recipe's own on failure, which it has already reported)."""
+    from trl_rm_env.errors import debug_enabled, expected_errors, report_expected_error
+
+    prog = f"trl-rm-env {command}"
+    module = importlib.import_module(f"trl_rm_env.recipes.{RECIPES[command]}")
+    try:
+        argv = _replace_value(_replace_value(argv, "--config", "configs"), "--accelerate_config", "accelerate_configs")
+        parser = module.make_parser(prog=prog)
+        *_, from_config, from_flags = parser.parse_args_and_config(
+            argv, return_remaining_strings=True, separate_remaining_strings=True
+        )
+    except expected_errors() as err:
+        if debug_enabled():
+            raise
+        report_expected_error(err, prog)
+        return 1
+    # What the recipe does not read is Accelerate's (`--num_processes 2`, or such keys in the YAML).
+    accelerate_args = from_config + from_flags
+    if "--accelerate_config" in accelerate_args:
+        i = accelerate_args.index("--accelerate_config")
+        accelerate_args[i : i + 2] = ["--config_file", accelerate_args[i + 1]]
+    script = importlib.resources.files("trl_rm_env.recipes").joinpath(f"{RECIPES[command]}.py")
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args([*accelerate_args, str(script), *_without(argv, from_flags)])
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as err:  # one process: the recipe printed its error
+        return err.returncode or 1
+    except Exception as err:  # several processes: torch's launcher reports which one failed, and how
+        if debug_enabled() or type(err).__name__ != "ChildFailedError":
+            raise
+        print(f"{prog}: error: a recipe process failed ({type(err).__name__}); its output is above", file=sys.stderr)
+        return 1
+    return 0

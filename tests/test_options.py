@@ -1,0 +1,292 @@
+"""Each option is declared once and spelled on every surface from that declaration; every flag does what it says or
+refuses, naming itself.
+
+- The options classes (`ScoringOptions`, `RewardOptions`, `RemoteOptions`, `ServerLimits`): every field declared with
+  `option()`, no name in two classes the environment routes by name.
+- The command line (`eval`, `serve`), the GRPO recipe (YAML and flags) and NeMo RL's block: every spelling maps to
+  exactly one option; a non-default value given through each spelling reaches that option; each parser's default
+  is the option's (`serve`'s declared defaults aside); docs/options.md is the generated reference, current.
+- Refusals: a typo'd keyword, an option of the engine that does not run, a server's option without a server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import yaml
+from trl_rm_env.recipes.cli import build_parser
+from trl_rm_env.recipes.grpo_args import RewardModelArguments, RewardModelRecipeArguments
+from trl_rm_env.recipes.reference import command_flags, options_reference
+from trl_rm_env.recipes.serve import SERVE_DEFAULTS
+from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe, text_choices, text_type
+
+from trl_rm_env.environment.nemo import NEMO_OPTIONS, environment_arguments
+from trl_rm_env.environment.reward_model import OPTION_CLASSES, OWN_ARGUMENTS, RewardModelEnvironment
+from trl_rm_env.environment.rewards import RewardOptions
+from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
+from trl_rm_env.scoring.loading import choose_engine
+from trl_rm_env.scoring.options import ScoringOptions
+from trl_rm_env.serving.options import RemoteOptions, ServerLimits
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL_CLASSES = (*OPTION_CLASSES, ServerLimits)
+
+
+def sample(cls: type, f: dataclasses.Field) -> tuple[list[str], object, object]:
+    """A value other than the default for option `f`: `(command-line words, YAML value, the option's value)`."""
+    text = text_type(cls, f)
+    default = default_of(f)
+    choices = text_choices(f)
+    if text is bool:
+        return [], True, True
+    if text is dict:
+        return ['{"a": 1}'], {"a": 1}, {"a": 1}
+    if text is list:
+        return ["a=1", "b=-0.5"], ["a=1", "b=-0.5"], {"a": 1.0, "b": -0.5}
+    if choices:
+        value = next(c for c in choices if c != (str(default).lower() if isinstance(default, bool) else default))
+        parsed = {"true": True, "false": False}.get(value, value) if f.name == "prefix_sharing" else value
+        return [value], value, parsed
+    if text is int:
+        value = (default or 0) + 3
+        return [str(value)], value, value
+    if text is float:
+        return ["0.25"], 0.25, 0.25
+    return ["cpu" if f.name == "device" else "x"], "cpu" if f.name == "device" else "x", "cpu" if f.name == "device" else "x"
+
+
+def subparser(name: str):
+    parser = build_parser()
+    return next(a for a in parser._subparsers._group_actions).choices[name]
+
+
+# ----------------------------------------------------------------------------------------------- the declarations
+def test_every_option_is_declared_once_with_help_and_a_default():
+    seen: dict[str, str] = {}
+    for cls in ALL_CLASSES:
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+        for f in option_fields(cls):
+            assert SPELLING in f.metadata and f.metadata["help"], f"{cls.__name__}.{f.name} is not declared with option()"
+            assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+            if cls in OPTION_CLASSES:  # the environment routes these by name: a name may be in one class only
+                assert f.name not in seen, f"{f.name} is declared in {seen[f.name]} and {cls.__name__}"
+                assert f.name not in OWN_ARGUMENTS
+                seen[f.name] = cls.__name__
+            assert f"{f.name}:" in cls.__doc__, f"{cls.__name__}'s docstring lacks {f.name} (document() generates it)"
+
+
+def test_choices_are_checked_for_every_options_class():
+    for cls, name in ((ScoringOptions, "engine"), (RewardOptions, "normalization"), (RemoteOptions, "remote_api")):
+        with pytest.raises(ValueError, match=rf"^{name} must be one of \[.*\], got 'nope'$"):
+            cls(**{name: "nope"})
+    with pytest.raises(ValueError, match="max_queue must be >= 1, got 0"):
+        ServerLimits(max_queue=0)
+
+
+# ----------------------------------------------------------------------------------------------- the command line
+@pytest.mark.parametrize("command", ["eval", "serve"])
+def test_every_flag_maps_to_exactly_one_option_and_defaults_to_it(command):
+    sub = subparser(command)
+    by_flag: dict[str, str] = {}
+    for action in sub._actions:
+        for flag in action.option_strings:
+            assert flag not in by_flag, f"{flag} is taken twice"
+            by_flag[flag] = action.dest
+    classes = (ScoringOptions, ServerLimits) if command == "serve" else (ScoringOptions,)
+    for cls in classes:
+        for f in option_fields(cls):
+            flag = flag_of(f)
+            if flag is None or (command == "eval" and f.name in ("attribute_weights", "reward_model_type")):
+                assert flag not in by_flag
+                continue
+            assert by_flag[flag] == f.name, (flag, by_flag[flag])
+            for alias in spelling(f).aliases:
+                assert by_flag[alias] == f.name
+    # The defaults: what the parser gives with no flag is the option's default (serve's declared ones aside).
+    argv = [command, "--model", "m"] + (["--data", "d.jsonl"] if command == "eval" else [])
+    args = build_parser().parse_args(argv)
+    options = options_from_flags(args, ScoringOptions)
+    expected = ScoringOptions(**(SERVE_DEFAULTS if command == "serve" else {}))
+    assert options == expected
+    if command == "serve":
+        assert options_from_flags(args, ServerLimits) == ServerLimits()
+
+
+@pytest.mark.parametrize("command", ["eval", "serve"])
+def test_a_value_given_by_each_flag_reaches_its_option(command):
+    argv = [command, "--model", "m"] + (["--data", "d.jsonl"] if command == "eval" else [])
+    expected: dict[type, dict[str, object]] = {}
+    for cls in (ScoringOptions, ServerLimits) if command == "serve" else (ScoringOptions,):
+        for f in option_fields(cls):
+            if flag_of(f) is None or (command == "eval" and f.name in ("attribute_weights", "reward_model_type")):
+                continue
+            words, _, value = sample(cls, f)
+            argv += [flag_of(f), *words]
+            expected.setdefault(cls, {})[f.name] = value
+    args = build_parser().parse_args(argv)
+    for cls, values in expected.items():
+        got = options_from_flags(args, cls)
+        assert {name: getattr(got, name) for name in values} == values
+
+
+def test_the_old_token_budget_flag_still_works_and_warns():
+    with pytest.warns(FutureWarning, match="--max-tokens is an old spelling of --max-tokens-per-batch"):
+        args = build_parser().parse_args(["eval", "--model", "m", "--data", "d.jsonl", "--max-tokens", "99"])
+    assert options_from_flags(args, ScoringOptions).max_tokens_per_batch == 99
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        args = build_parser().parse_args(["serve", "--model", "m", "--max-tokens-per-batch", "99"])
+    assert options_from_flags(args, ScoringOptions).max_tokens_per_batch == 99
+
+
+# ----------------------------------------------------------------------------------------------- the GRPO recipe
+def test_every_recipe_key_maps_to_exactly_one_option_with_its_default():
+    own = {f.name for f in dataclasses.fields(RewardModelRecipeArguments)}
+    generated = [f for f in dataclasses.fields(RewardModelArguments) if f.name not in own]
+    keys = {recipe_key(f): (cls, f) for cls in OPTION_CLASSES for f in option_fields(cls) if recipe_key(f)}
+    assert len(keys) == sum(1 for cls in OPTION_CLASSES for f in option_fields(cls) if recipe_key(f))  # no key twice
+    assert {f.name for f in generated} == set(keys) and not own & set(keys)
+    for f in generated:
+        cls, option = keys[f.name]
+        want = default_of(option)
+        got = f.default
+        if isinstance(want, bool) and option.metadata.get("choices"):
+            want = str(want).lower()  # a choice given as text in YAML and flags
+        assert got == want or (got is None and want in ({}, None)), (f.name, got, want)
+        assert f.metadata.get("choices") == text_choices(option)
+
+
+def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
+    from trl import TrlParser
+
+    flags_argv, yaml_values, expected = [], {}, {}
+    for cls in OPTION_CLASSES:
+        for f in option_fields(cls):
+            key = recipe_key(f)
+            if key is None:
+                continue
+            words, value, parsed = sample(cls, f)
+            yaml_values[key] = value
+            flags_argv += [f"--{key}", *(words or ["true"])]
+            expected.setdefault(cls, {})[f.name] = parsed
+    config = tmp_path / "rm.yaml"
+    config.write_text(yaml.safe_dump(yaml_values))
+    for argv in (["--config", str(config)], flags_argv):
+        (args,) = TrlParser([RewardModelArguments]).parse_args_and_config(argv)
+        for cls, values in expected.items():
+            assert options_from_recipe(args, cls) == values, argv[:2]
+
+
+def test_recipe_options_for_the_wrong_place_are_refused_by_their_keys():
+    with pytest.raises(ValueError, match="^reward_remote_timeout apply with reward_remote_url"):
+        RewardModelArguments(reward_remote_timeout=5.0).environment_kwargs()
+    remote = RewardModelArguments(reward_remote_url=["http://127.0.0.1:1"], reward_batch_size=4, reward_precision="bf16")
+    with pytest.raises(ValueError, match="^reward_batch_size, reward_precision: applied by a reward model loaded here"):
+        remote.environment_kwargs()
+
+
+# ----------------------------------------------------------------------------------------------- NeMo RL
+def test_every_nemo_key_maps_onto_one_option_and_reaches_it(tmp_path):
+    assert set(NEMO_OPTIONS.values()) <= set(ScoringOptions.names())
+    block = {
+        "model_name": str(tmp_path), "precision": "bfloat16", "batch_size": 5, "max_model_len": 77,
+        "dynamic_batching": {"enabled": True, "logprob_mb_tokens": 999, "train_mb_tokens": 111},
+        "tokenizer": {"name": "tok", "chat_template_kwargs": {"enable_thinking": False}},
+        "reward_model_cfg": {"enabled": True, "reward_model_type": "regression"},
+    }  # fmt: skip
+    model, tokenizer, kwargs, _ = environment_arguments(block, RewardModelEnvironment.argument_names())
+    assert (model, tokenizer) == (str(tmp_path), "tok")
+    assert kwargs == {"precision": "bfloat16", "batch_size": 5, "max_length": 77, "max_tokens_per_batch": 999,
+                      "template_kwargs": {"enable_thinking": False}, "reward_model_type": "regression"}  # fmt: skip
+    assert ScoringOptions(**kwargs).reward_model_type == "regression"  # honored: it selects the head
+    off = dict(block, dynamic_batching={"enabled": False, "logprob_mb_tokens": 999})
+    assert "max_tokens_per_batch" not in environment_arguments(off, RewardModelEnvironment.argument_names())[2]
+
+
+# ----------------------------------------------------------------------------------------------- the reference page
+def test_the_options_page_is_the_generated_reference():
+    page = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- options:begin -->\n(.*?)<!-- options:end -->", page, re.S)
+    assert block, "docs/options.md lost its options:begin/end markers"
+    assert block.group(1) == options_reference(), "docs/options.md is out of date: python scripts/make_options_doc.py"
+    flags = command_flags(build_parser())
+    for cls in ALL_CLASSES:  # every option and each of its spellings is on the page
+        for f in option_fields(cls):
+            row = next(line for line in page.splitlines() if line.startswith(f"| `{f.name}` |"))
+            for flag in flags.get(f.name, {}).values():
+                assert f"`{flag}`" in row
+            assert recipe_key(f) is None or cls is ServerLimits or f"`{recipe_key(f)}`" in row
+
+
+# ----------------------------------------------------------------------------------------------- refusals
+def test_an_option_of_the_engine_that_does_not_run_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"^vllm_tensor_parallel_size \(--tensor-parallel-size, "
+                                         r"reward_vllm_tensor_parallel_size\) applies to engine='vllm', but this reward "
+                                         r"model scores on transformers \(asked for\)"):  # fmt: skip
+        choose_engine(ScoringOptions(engine="hf", vllm_tensor_parallel_size=2))
+    with pytest.raises(ValueError, match=r"^model_init_kwargs .* applies to engine='hf', but this reward model scores "
+                                         r"on vLLM \(asked for\): drop it, or set engine='hf'"):  # fmt: skip
+        choose_engine(ScoringOptions(engine="vllm", model_init_kwargs={"attn_implementation": "eager"}))
+    assert choose_engine(ScoringOptions(model_init_kwargs={"revision": "main"})) == (
+        "hf", "model_init_kwargs are transformers loading arguments"
+    )
+    with pytest.raises(ValueError, match="engine='vllm' cannot serve this reward model: a sharded model"):
+        choose_engine(ScoringOptions(engine="vllm"), hf_only="a sharded model")
+
+
+def test_serve_and_eval_refuse_a_flag_of_the_other_engine(tiny_dir, capsys):
+    from trl_rm_env.recipes.cli import main
+
+    model = str(tiny_dir / "reward_model")
+    assert main(["serve", "--model", model, "--engine", "hf", "--tensor-parallel-size", "2"]) == 1
+    assert "error: vllm_tensor_parallel_size (--tensor-parallel-size" in capsys.readouterr().err
+    assert main(["serve", "--model", model, "--engine", "hf", "--data-parallel-size", "2"]) == 1
+    assert "error: --data-parallel-size applies to vLLM's server, but this reward model is served by ours" in (
+        capsys.readouterr().err
+    )
+    assert main(["serve", "--model", model, "--engine", "vllm", "--truncation", "fallback", "--max-queue", "5"]) == 1
+    assert "engine='vllm' cannot serve this reward model: --truncation, --max-queue apply in our server" in (
+        capsys.readouterr().err
+    )
+    data = ROOT / "trl_rm_env" / "data" / "sample" / "in_domain.jsonl"
+    argv = ["eval", "--model", model, "--data", str(data), "--engine", "hf", "--vllm-gpu-memory-utilization", "0.5"]
+    assert main(argv) == 1
+    assert "vllm_gpu_memory_utilization (--vllm-gpu-memory-utilization" in capsys.readouterr().err
+
+
+def test_the_environment_refuses_what_it_would_ignore(tiny_dir):
+    path = tiny_dir / "reward_model"
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) \['batchsize'\]; accepted: .*'batch_size'"):
+        RewardModelEnvironment(path, batchsize=4)
+    with pytest.raises(ValueError, match=r"^retries, timeout: options of a reward model behind servers"):
+        RewardModelEnvironment(path, timeout=5.0, retries=1)
+    with pytest.raises(ValueError, match="^clip must be > 0"):  # checked before anything loads
+        RewardModelEnvironment("no/such/model", clip=-1.0)
+
+
+def test_reward_model_type_selects_the_head(tmp_path, tiny_tokenizer):
+    """NeMo RL's `reward_model_type`: `regression` reads a plain multi-output classifier's outputs as attributes
+    (the weighted sum), `bradley_terry` keeps output `label_index` even of a regression checkpoint."""
+    import torch
+
+    from trl_rm_env.heads import set_regression_labels
+    from trl_rm_env.scoring.scorer import RewardScorer
+    from trl_rm_env.testing import build_tiny_reward_model
+
+    model = build_tiny_reward_model(tiny_tokenizer, num_labels=3).eval()
+    contexts = [[{"role": "user", "content": f"Question {i}?"}] for i in range(3)]
+    completions = [[{"role": "assistant", "content": f"Answer {i}."}] for i in range(3)]
+    plain = RewardScorer(model, tiny_tokenizer, device="cpu")
+    outputs = (plain.score(contexts, completions), plain.last_outputs)[1]
+    weights = [1.0, 0.0, -2.0]
+    regression = RewardScorer(model, tiny_tokenizer, reward_model_type="regression", attribute_weights=weights)
+    torch.testing.assert_close(regression.score(contexts, completions), outputs @ torch.tensor(weights))
+    with pytest.raises(ValueError, match="attribute_weights applies to regression reward models"):
+        RewardScorer(model, tiny_tokenizer, attribute_weights=weights)  # the checkpoint does not say regression
+    set_regression_labels(model.config, ["a", "b", "c"], [1.0, 1.0, 1.0])
+    column = RewardScorer(model, tiny_tokenizer, reward_model_type="bradley_terry", label_index=2)
+    torch.testing.assert_close(column.score(contexts, completions), outputs[:, 2])

@@ -1,0 +1,194 @@
+"""`RewardModelEnvironment`: one reward function over a reward model, loaded here or behind servers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..distributed import full_weights
+from ..options import names, route
+from ..scoring.options import ScoringOptions
+from ..scoring.scorer import as_pairs
+from ..serving.options import RemoteOptions
+from . import nemo
+from .local import checkpoint_statistics, local_scorer
+from .remote import remote_scorer
+from .rewards import Ids, RewardFunction, RewardOptions, Samples
+
+OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
+"""The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
+OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions)
+"""Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
+and how servers are reached (with `remote_url`)."""
+
+
+class RewardModelEnvironment(RewardFunction):
+    """A reward model wrapped as a GRPO reward function (TRL's reward-function signature), scored in this process or
+    on reward-model servers.
+
+    It holds one scorer: a `RewardScorer` for a model loaded here (`trl_rm_env.scoring`, on vLLM or transformers as
+    `engine` chooses, sharded under ZeRO-3 or FSDP2), or a `RemoteScorer` with `remote_url`
+    (`trl_rm_env.serving.client`). Calling it is synchronous with a local scorer and asynchronous (a coroutine
+    function, which TRL's `GRPOTrainer` awaits concurrently with its other reward functions) with a remote one; `score`
+    likewise. Everything around the scorer (TRL's input checks, empty completions, NaN/inf, normalization, clipping,
+    `reward_model_env/*` metrics) is the same for both (`RewardFunction`).
+
+    Args:
+        model: A Hub id or local path of a `*ForSequenceClassification` checkpoint, or a loaded model. With
+            `remote_url`: the model name sent to the servers (None: the server's own).
+        tokenizer: The RM's tokenizer, or a path/id to load it from. Defaults to the model's own. With `remote_url`,
+            conversations are sent as token ids rendered with it (else `model`'s when it loads), or as messages.
+        remote_url: Score on reward-model servers at this URL or these URLs (`trl-rm-env serve`, or vLLM
+            `--runner pooling`) instead of loading the RM here.
+        fsdp_shard: Shard the RM across the processes with FSDP2 `fully_shard` (each rank keeps 1/world_size of the
+            weights between reward calls and gathers them for one call at a time). None (default): when the
+            Accelerate config is FSDP version 2 and several processes run. Under DeepSpeed ZeRO-3 the RM is
+            partitioned by `zero.Init` instead. `self.sharding` says which applies: `none`, `zero3` or `fsdp2`.
+        options: A `ScoringOptions` instance; any of its options may also be given by name.
+        **options_by_name: Every option of `ScoringOptions` (how the RM is loaded and scores: `batch_size`,
+            `max_tokens_per_batch`, `max_length`, `truncation`, `precision`, `engine`, `prefix_sharing`, ...),
+            `RewardOptions` (`name`, `normalization`, `clip`, `empty_completion_reward`) and, with `remote_url`,
+            `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `api_key`, ...), by name; each is
+            documented on its class.
+
+    Raises:
+        TypeError: a keyword argument that is no option (listing the accepted ones), or no model and no
+            `remote_url`.
+        ValueError: a bad option value; a server's option without `remote_url`, or with it an option that only a
+            model loaded here applies (`batch_size`, `fsdp_shard`, `normalization="checkpoint"`, ...), each named.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel | None = None,
+        tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+        *,
+        remote_url: str | Sequence[str] | None = None,
+        fsdp_shard: bool | None = None,
+        options: ScoringOptions | None = None,
+        **options_by_name: Any,
+    ):
+        scoring_values, reward_values, remote_values = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
+        scoring = ScoringOptions.build(options, **scoring_values)
+        reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
+        if remote_url is None:
+            if remote_values:
+                raise ValueError(
+                    f"{', '.join(sorted(remote_values))}: options of a reward model behind servers; this one is loaded "
+                    "here (give remote_url to score on servers)"
+                )
+            if model is None:
+                raise TypeError("RewardModelEnvironment needs a model (a path, a Hub id or a loaded model), or remote_url")
+            scorer, self.sharding = local_scorer(model, tokenizer, scoring, fsdp_shard)
+            self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
+            self.remote_url = None
+            statistics, attributes = checkpoint_statistics(scorer.config), scorer.head.attributes
+            # A regression RM's reward weights, in the order of `attributes` (None: a Bradley-Terry head).
+            self.attribute_weights = None if scorer.head.weights is None else list(scorer.head.weights)
+        else:
+            if fsdp_shard:
+                raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")
+            if isinstance(model, PreTrainedModel):
+                raise TypeError("with remote_url, model is the model name sent to the servers, not a loaded model")
+            scorer = remote_scorer(remote_url, model, tokenizer, RemoteOptions(**remote_values), scoring, reward.name)
+            # The RM's tokenizer where conversations are rendered here (token ids, OpenRLHF text); None where the
+            # server renders them (messages), so nothing set on it here could change a reward.
+            self.model, self.tokenizer, self.engine = None, scorer.tokenizer if scorer.renders_here else None, "remote"
+            self.sharding, self.remote_url, self.attribute_weights = "none", scorer.urls, None
+            statistics, attributes = None, ()
+        self.show_progress = scoring.show_progress
+        self._setup(
+            scorer,
+            reward,
+            strip_reasoning=scoring.strip_reasoning,
+            checkpoint_stats=statistics,
+            attributes=attributes,
+        )
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> RewardModelEnvironment:
+        """Build from a NeMo RL `env.reward_model` block (plus any of our own keyword arguments); see
+        `trl_rm_env.environment.nemo` for what is mapped, ignored and refused.
+        """
+        model, tokenizer, kwargs, chat_template = nemo.environment_arguments(config, cls.argument_names())
+        if overrides.get("remote_url") is not None:
+            kwargs = nemo.for_a_server(kwargs)
+        env = cls(model, tokenizer, **{**kwargs, **overrides})
+        if chat_template is not nemo.NOT_SET:
+            if env.tokenizer is None:  # remote, sending messages: the server renders them with its own template
+                raise ValueError(
+                    "tokenizer.chat_template is applied where conversations are rendered, here; with remote_url and "
+                    "no reward-model tokenizer they go as messages that the server renders with its own template. "
+                    "Give tokenizer.name (the reward model's tokenizer) so token ids are sent."
+                )
+            env.tokenizer.chat_template = nemo.nemo_chat_template(chat_template, env.tokenizer)
+        return env
+
+    @classmethod
+    def argument_names(cls) -> set[str]:
+        """Every keyword argument of the environment: its own and every option's."""
+        return {"remote_url", "fsdp_shard"} | {name for options in OPTION_CLASSES for name in names(options)}
+
+    # ------------------------------------------------------------------ scoring
+    @property
+    def __call__(self) -> Callable[..., Any]:
+        """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`: one reward
+        per `(prompt, completion)`; a coroutine function when servers score (TRL awaits it)."""
+        return self._rewards_async if self.scorer.is_async else self._rewards
+
+    @property
+    def score(self) -> Callable[[Sequence[Any]], Any]:
+        """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs: no
+        normalization, clipping or metrics (offline use and evaluation); a coroutine function when servers score."""
+        return self._score_async if self.scorer.is_async else self._score
+
+    def _score(self, conversations: Sequence[Any]) -> torch.Tensor:
+        contexts, completions = as_pairs(conversations)
+        with full_weights(self.model, self.sharding), self._nonfinite_named(range(len(contexts)), "conversations"):
+            return self.scorer.score(contexts, completions)
+
+    async def _score_async(self, conversations: Sequence[Any]) -> torch.Tensor:
+        contexts, completions = as_pairs(conversations)
+        with self._nonfinite_named(range(len(contexts)), "conversations"):
+            return await self.scorer.score_pairs(contexts, completions)
+
+    def _rewards(self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any) -> list[float]:
+        empty, to_score, rewards = self._plan(prompts, completions)
+        nonfinite: list[int] = []
+        # Entered on every rank, even one with nothing to score: under ZeRO-3 and FSDP2 gathering is a collective.
+        with full_weights(self.model, self.sharding):
+            if to_score:
+                with self._nonfinite_named(to_score, "completions") as nonfinite:
+                    rewards[torch.tensor(to_score)] = self.scorer.score(
+                        [prompts[i] for i in to_score],
+                        [completions[i] for i in to_score],
+                        progress=bool(self.show_progress),
+                    )
+        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
+
+    async def _rewards_async(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
+    ) -> list[float]:
+        empty, to_score, rewards = self._plan(prompts, completions)
+        nonfinite: list[int] = []
+        if to_score:
+            with self._nonfinite_named(to_score, "completions") as nonfinite:  # NaN/inf: as local scoring
+                scores = await self.scorer.score_pairs([prompts[i] for i in to_score], [completions[i] for i in to_score])
+            rewards[torch.tensor(to_score)] = scores
+        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
+
+    def __repr__(self) -> str:
+        where = f"remote_url={self.remote_url!r}" if self.remote_url else f"model={self.scorer.config._name_or_path!r}"
+        return f"{type(self).__name__}(name={self.name!r}, {where})"
+
+
+class RemoteRewardModelEnvironment(RewardModelEnvironment):
+    """`RewardModelEnvironment(model, tokenizer, remote_url=...)` with `remote_url` required: the reward model behind
+    servers, an asynchronous reward function. Arguments as for `RewardModelEnvironment`."""
+
+    def __init__(self, model: str | None = None, tokenizer: Any = None, *, remote_url: str | Sequence[str], **kwargs: Any):
+        super().__init__(model, tokenizer, remote_url=remote_url, **kwargs)

@@ -1,0 +1,194 @@
+"""How an option is declared: once, as a field of an options dataclass that carries its help, its choices and the
+names it has on each surface.
+
+    batch_size: int | None = option(None, help="At most this many sequences per forward pass.")
+
+A field made with `option(...)` is everything a surface needs to offer the option: the command line
+(`trl_rm_env.recipes.spellings.add_flags`: `--batch-size`), the recipes' YAML keys and flags (`recipe_fields`:
+`reward_batch_size`), NeMo RL's block (`trl_rm_env.environment.nemo`, a table onto these names) and the keyword
+arguments of the classes that take the options by name (`build`, `route`). A new option is one field; the surfaces
+are generated from it, and `tests/test_options.py` holds each spelling to exactly one field and each documented
+default to the field's.
+
+The same `choices` rule serves every dataclass whose fields say `metadata={"choices": [...]}` (TRL's convention, read
+by `TrlParser`): `check_choices` refuses any other value in one line that names the field and the choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, dataclass
+from typing import Any
+
+SPELLING = "trl_rm_env.spelling"
+"""The metadata key of a field's `Spelling`."""
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """Where an option appears besides its class, and how text becomes its value.
+
+    Args:
+        flag: Its command-line flag; `""` (default): `--` and the name with dashes; None: not on the command line.
+        aliases: Older command-line flags, still accepted with a warning that names the one to use.
+        recipe: Its key in the recipes (YAML and `--flag`); `""` (default): the surface's prefix and the name;
+            None: not in the recipes.
+        text: What a command line gives, for the parsers: `int`, `float`, `str`, `bool`, `list` (of strings) or `dict`
+            (JSON text). None: the field's own type. The options class turns it into the option's value (its
+            `__post_init__`), whatever the surface.
+        remote: The option also applies when a server scores (`remote_url`); otherwise it is local only, and giving
+            it with `remote_url` is an error.
+        engine: The one scoring engine it applies to (`"vllm"`), or None for both.
+    """
+
+    flag: str | None = ""
+    aliases: tuple[str, ...] = ()
+    recipe: str | None = ""
+    text: type | None = None
+    remote: bool = False
+    engine: str | None = None
+
+
+def option(
+    default: Any = MISSING,
+    *,
+    help: str,
+    choices: Iterable[Any] | None = None,
+    default_factory: Callable[[], Any] | Any = MISSING,
+    **spelling: Any,
+) -> Any:
+    """A dataclass field declaring an option: its default, `help`, `choices` and `Spelling` (keyword arguments)."""
+    metadata: dict[str, Any] = {"help": help, SPELLING: Spelling(**spelling)}
+    if choices is not None:
+        metadata["choices"] = list(choices)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def spelling(f: dataclasses.Field) -> Spelling:
+    """A field's `Spelling` (the default one for a field not made with `option`)."""
+    return f.metadata.get(SPELLING, Spelling())
+
+
+RECIPE_PREFIX = "reward_"
+"""The recipes' keys are the option names behind this prefix (`Spelling.recipe` gives any other key)."""
+
+
+def flag_of(f: dataclasses.Field) -> str | None:
+    """An option's command-line flag (None: not on the command line)."""
+    flag = spelling(f).flag
+    return None if flag is None else flag or "--" + f.name.replace("_", "-")
+
+
+def recipe_key(f: dataclasses.Field) -> str | None:
+    """An option's key in the recipes (None: not in the recipes)."""
+    key = spelling(f).recipe
+    return None if key is None else key or RECIPE_PREFIX + f.name
+
+
+def spelled(cls: type, names: Iterable[str]) -> str:
+    """Options named with every spelling a user may have typed: `vllm_tensor_parallel_size (--tensor-parallel-size,
+    reward_vllm_tensor_parallel_size)`, for one-line errors that every surface can read."""
+    fields = {f.name: f for f in option_fields(cls)}
+    out = []
+    for name in names:
+        other = [s for s in (flag_of(fields[name]), recipe_key(fields[name])) if s] if name in fields else []
+        out.append(f"{name} ({', '.join(other)})" if other else name)
+    return ", ".join(out)
+
+
+def option_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of an options dataclass, in declaration order."""
+    return [f for f in dataclasses.fields(cls) if f.init]
+
+
+def names(cls: type) -> tuple[str, ...]:
+    """Every option's name."""
+    return tuple(f.name for f in option_fields(cls))
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (a fresh one for a `default_factory`)."""
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def check_choices(obj: Any) -> None:
+    """Refuse a field value outside its declared `choices` (None passes where it is the default).
+
+    Raises:
+        ValueError: one line naming the field, the allowed values and the value given.
+    """
+    for f in dataclasses.fields(obj):
+        choices = f.metadata.get("choices")
+        if not choices:
+            continue
+        value = getattr(obj, f.name)
+        if value is None and f.default is None:
+            continue
+        if value not in choices:
+            raise ValueError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+
+
+def build(cls: type, base: Any = None, **values: Any) -> Any:
+    """`base` (default: the defaults) with `values` replacing some of its options.
+
+    Raises:
+        TypeError: a name that is not an option of `cls`, listing the options.
+    """
+    unknown = sorted(set(values) - set(names(cls)))
+    if unknown:
+        raise TypeError(f"unknown {cls.__name__} option(s) {unknown}; the options are {list(names(cls))}")
+    return dataclasses.replace(base, **values) if base is not None else cls(**values)
+
+
+def changed(obj: Any) -> dict[str, Any]:
+    """The options of `obj` that differ from their defaults, by name."""
+    return {f.name: value for f in option_fields(type(obj)) if (value := getattr(obj, f.name)) != default_of(f)}
+
+
+def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
+    """`prefix_sharing`'s three values, `True`, `False` or `"auto"`, from a bool, None (auto) or the strings
+    auto/true/false in any case (training's `RankedRewardConfig` and scoring's `ScoringOptions` alike).
+
+    Raises:
+        ValueError: any other value.
+    """
+    if value is None or isinstance(value, bool):
+        return "auto" if value is None else value
+    text = str(value).strip().lower()
+    if text in ("auto", "true", "false"):
+        return {"auto": "auto", "true": True, "false": False}[text]
+    raise ValueError(f"prefix_sharing must be True, False or 'auto', got {value!r}.")
+
+
+def document(cls: type) -> type:
+    """Put an `Args:` section generated from the fields' help into `cls.__doc__` (before its `Raises:`), so that
+    the docstring and every parser read the same declaration."""
+    args = "    Args:\n" + "".join(f"        {f.name}: {f.metadata.get('help', '')}\n" for f in option_fields(cls))
+    doc = (cls.__doc__ or "").rstrip() + "\n"
+    head, sep, tail = doc.partition("\n    Raises:")
+    cls.__doc__ = head.rstrip() + "\n\n" + args + (sep.lstrip("\n") and "\n" + sep.lstrip("\n") + tail)
+    return cls
+
+
+def route(values: Mapping[str, Any], *classes: type, own: Iterable[str] = (), what: str = "argument") -> list[dict]:
+    """Split keyword arguments by the options class that declares each: one dict per class, in order.
+
+    Raises:
+        TypeError: a name no class declares (and not in `own`), listing every accepted name.
+    """
+    groups: list[dict[str, Any]] = [{} for _ in classes]
+    unknown = []
+    for key, value in values.items():
+        for group, cls in zip(groups, classes):
+            if key in names(cls):
+                group[key] = value
+                break
+        else:
+            unknown.append(key)
+    if unknown:
+        accepted = sorted({*own, *(n for cls in classes for n in names(cls))})
+        raise TypeError(f"unexpected keyword {what}(s) {sorted(unknown)}; accepted: {accepted}")
+    return groups
