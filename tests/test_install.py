@@ -1,0 +1,98 @@
+"""The installed package is whole: a wheel built from this checkout, installed in a fresh virtual environment and
+run from a folder outside the checkout, trains a reward model and runs GRPO with it on the shipped tiny configs,
+through `trl-rm-env train` / `trl-rm-env grpo`, in one process and in two (`--accelerate_config ddp_cpu`).
+
+The fresh environment gets the wheel alone (`pip install --no-deps`); its dependencies (torch, TRL, ...) are the
+test environment's, reached through a `.pth` file, so the test needs no download and proves what the wheel itself
+carries: the package, the recipes, their YAML and Accelerate configs, and the sample data.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
+    """Run `cmd` in its own process group (killed whole on timeout); fail with the output's tail unless it exits 0."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="2", CI="true")
+    process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, _ = process.communicate()
+        pytest.fail(f"{' '.join(cmd[:3])} ran over {timeout} s:\n{out[-4000:]}")
+    assert process.returncode == 0, f"{' '.join(cmd)} exited {process.returncode}:\n{out[-6000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+        cwd=out)  # fmt: skip
+    (built,) = out.glob("trl_rm_env-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel installed; its `bin` folder."""
+    venv = tmp_path_factory.mktemp("venv")
+    run([sys.executable, "-m", "venv", str(venv)], cwd=venv)
+    site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])
+    (site / "_test_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], cwd=venv)
+    return venv / "bin"
+
+
+def test_the_wheel_carries_the_recipes_their_configs_and_the_sample_data(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for recipe in ("train_rm", "train_regression_rm", "grpo_rm", "cli", "launch", "steps", "grpo_args", "spellings"):
+        assert f"trl_rm_env/recipes/{recipe}.py" in names
+    for config in (ROOT / "recipes" / "configs").glob("*.yaml"):
+        assert f"trl_rm_env/recipes/configs/{config.name}" in names
+    for config in (ROOT / "recipes" / "accelerate_configs").glob("*.yaml"):
+        assert f"trl_rm_env/recipes/accelerate_configs/{config.name}" in names
+    for sample in (ROOT / "trl_rm_env" / "data" / "sample").iterdir():
+        assert f"trl_rm_env/data/sample/{sample.name}" in names
+    packages = {str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "trl_rm_env").rglob("__init__.py")}
+    assert {name.rsplit("/", 1)[0].replace("/", ".") for name in names if name.endswith("__init__.py")} >= packages
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "trl-rm-env = trl_rm_env.recipes.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_installed_commands_train_and_run_grpo_outside_the_checkout(installed, tmp_path):
+    work = tmp_path / "work"  # no checkout here: configs and recipes come from the installed package
+    work.mkdir()
+    where = run([str(installed / "python"), "-c", "import trl_rm_env.recipes as r; print(r.__file__)"], cwd=work)
+    assert str(installed.parent) in where and str(ROOT) not in where
+    cli = str(installed / "trl-rm-env")
+    # One process (the shipped `cpu` Accelerate config), then two (`ddp_cpu`), for each recipe.
+    for accelerate_config, extra in (("cpu", []), ("ddp_cpu", ["--main_process_port", str(free_port())])):
+        out_dir = f"outputs/rm-{accelerate_config}"
+        out = run([cli, "train", "--config", "rm_tiny.yaml", "--accelerate_config", accelerate_config, *extra,
+                   "--max_steps", "20", "--eval_steps", "20", "--output_dir", out_dir], cwd=work)  # fmt: skip
+        assert f"Reward model saved to {out_dir}" in out
+        assert f"x{2 if accelerate_config == 'ddp_cpu' else 1} on cpu" in out  # "Distributed: MULTI_GPU x2 on cpu:0"
+        assert (work / out_dir / "model.safetensors").is_file() and (work / out_dir / "eval_results.json").is_file()
+        grpo_dir = f"outputs/grpo-{accelerate_config}"
+        out = run([cli, "grpo", "--config", "grpo_rm_tiny.yaml", "--accelerate_config", accelerate_config, *extra,
+                   "--reward_model", out_dir, "--max_steps", "2", "--output_dir", grpo_dir], cwd=work)  # fmt: skip
+        assert f"Policy saved to {grpo_dir}" in out
+        assert (work / grpo_dir / "trainer_state.json").is_file()
+    assert (work / "tiny-models" / "reward_model").is_dir()  # the quickstart's tiny models, built where it ran
