@@ -26,6 +26,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
 
     resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
+    reward_options = rm_args.environment_kwargs()  # a bad reward_* value fails here, naming its key
     if training_args.ddp_find_unused_parameters is None:  # every policy parameter gets a gradient: skip DDP's search
         training_args.ddp_find_unused_parameters = False
 
@@ -41,7 +42,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     policy_path = steps.prepare_model(
         model_args, training_args, build_tiny=rm_args.build_tiny_model, kind="policy", what="policy"
     )
-    reward = RewardModelEnvironment(rm_args.reward_model, **rm_args.environment_kwargs())
+    reward = RewardModelEnvironment(rm_args.reward_model, **reward_options)
 
     # --- data ------------------------------------------------------------------------------------------------
     prompts = rm_args.load_prompts()

@@ -19,7 +19,7 @@ import dataclasses
 import types
 import typing
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from trl_rm_env.options import changed, default_of, flag_of, option_fields, recipe_key, spelling
@@ -91,11 +91,26 @@ def add_flags(
                                 default=argparse.SUPPRESS, **alias_kwargs)  # fmt: skip
 
 
+def _build(cls: type, values: dict[str, Any], spelled: Callable[[dataclasses.Field], str | None]) -> Any:
+    """`cls(**values)`; a bad value is a `ValueError` that starts with the spelling the user typed (`--batch-size:
+    batch_size must be >= 1, got 0`)."""
+    try:
+        return cls(**values)
+    except ValueError as err:
+        fields = {f.name: f for f in option_fields(cls)}
+        for name, value in values.items():
+            try:
+                cls(**{name: value})
+            except ValueError:
+                raise ValueError(f"{spelled(fields[name]) or name}: {err}") from err
+        raise
+
+
 def options_from_flags(args: argparse.Namespace, cls: type, **fixed: Any) -> Any:
     """The `cls` options of parsed flags (`add_flags`), with `fixed` values for the ones a command sets itself (the
-    class turns text into values: `"true"`, JSON, `name=value` entries)."""
+    class turns text into values: `"true"`, JSON, `name=value` entries; a bad one is an error naming its flag)."""
     values = {f.name: getattr(args, f.name) for f in option_fields(cls) if hasattr(args, f.name)}
-    return cls(**{**values, **fixed})
+    return _build(cls, {**values, **fixed}, flag_of)
 
 
 # --------------------------------------------------------------------------------------------- the recipes
@@ -129,9 +144,10 @@ def recipe_fields(cls: type) -> list[tuple[str, Any, dataclasses.Field]]:
 
 def options_from_recipe(args: Any, cls: type) -> dict[str, Any]:
     """The options of `cls` given in a recipe's arguments (`recipe_fields`) and not at their defaults, by option
-    name, as the class reads them (`"true"`, JSON text, `name=value` entries turned into values)."""
+    name, as the class reads them (`"true"`, JSON text, `name=value` entries turned into values; a bad one is an
+    error naming its key)."""
     given = {f.name: getattr(args, key) for f in option_fields(cls) if (key := recipe_key(f)) and hasattr(args, key)}
-    return changed(cls(**given))
+    return changed(_build(cls, given, recipe_key))
 
 
 def flags(cls: type, names: Iterable[str]) -> str:

@@ -181,6 +181,19 @@ def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
             assert options_from_recipe(args, cls) == values, argv[:2]
 
 
+def test_a_bad_value_is_refused_by_the_spelling_it_was_given_in():
+    args = build_parser().parse_args(["serve", "--model", "m", "--batch-size", "0"])
+    with pytest.raises(ValueError, match=r"^--batch-size: batch_size must be >= 1, got 0$"):
+        options_from_flags(args, ScoringOptions)
+    args = build_parser().parse_args(["serve", "--model", "m", "--body-timeout", "0"])
+    with pytest.raises(ValueError, match=r"^--body-timeout: body_timeout must be > 0"):
+        options_from_flags(args, ServerLimits)
+    with pytest.raises(ValueError, match=r"^reward_vllm_gpu_memory_utilization: vllm_gpu_memory_utilization must be"):
+        RewardModelArguments(reward_vllm_gpu_memory_utilization=1.5).environment_kwargs()
+    with pytest.raises(ValueError, match=r"^reward_template_kwargs: expected a JSON object"):
+        RewardModelArguments(reward_template_kwargs="{not json").environment_kwargs()
+
+
 def test_recipe_options_for_the_wrong_place_are_refused_by_their_keys():
     with pytest.raises(ValueError, match="^reward_remote_timeout apply with reward_remote_url"):
         RewardModelArguments(reward_remote_timeout=5.0).environment_kwargs()
