@@ -140,7 +140,9 @@ def build(cls: type, base: Any = None, **values: Any) -> Any:
     unknown = sorted(set(values) - set(names(cls)))
     if unknown:
         raise TypeError(f"unknown {cls.__name__} option(s) {unknown}; the options are {list(names(cls))}")
-    return dataclasses.replace(base, **values) if base is not None else cls(**values)
+    if base is None:
+        return cls(**values)
+    return dataclasses.replace(base, **values) if values else base  # immutable: nothing to copy
 
 
 def changed(obj: Any) -> dict[str, Any]:
