@@ -110,7 +110,7 @@ def _eval(args: argparse.Namespace) -> int:
     from trl_rm_env.scoring.options import ScoringOptions
 
     # The model's source, config and engine, resolved once: a bad option fails here, before any data loads.
-    plan = plan_scoring(args.model, options_from_flags(args, ScoringOptions))
+    plan = plan_scoring(args.model, options_from_flags(args, ScoringOptions), one_reward=False)
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
     regression = is_regression_model(plan.config)
     data_format = args.format

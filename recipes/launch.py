@@ -5,9 +5,10 @@
     trl-rm-env train --config my_rm.yaml --accelerate_config zero3 --learning_rate 1e-5
     trl-rm-env grpo --config grpo_rm_tiny.yaml --accelerate_config ddp_cpu          # 2 CPU processes
 
-The recipe's own `TrlParser` reads the flags and the YAML first, so a bad flag or value fails here in one line before
-anything is launched; what it does not know goes to `accelerate launch` (`--num_processes`, `--main_process_port`,
-...). `--config` and `--accelerate_config` take a path, or the name of a config shipped with the package
+The recipe's own `TrlParser` reads the flags and the YAML first, so a bad flag, key or value fails here in one line
+before anything is launched; a flag it does not know goes to `accelerate launch` (`--num_processes`,
+`--main_process_port`, ...), a YAML key it does not know is an error (Accelerate's settings belong on the command
+line or in `--accelerate_config`). `--config` and `--accelerate_config` take a path, or the name of a config shipped with the package
 (`trl_rm_env/recipes/configs`, `trl_rm_env/recipes/accelerate_configs`; `.yaml` optional). The recipe that runs is
 the package's `recipes/<name>.py`, the same file `accelerate launch recipes/<name>.py` runs in a checkout.
 """
@@ -98,8 +99,11 @@ def launch(command: str, argv: list[str]) -> int:
             raise
         report_expected_error(err, prog)
         return 1
-    # What the recipe does not read is Accelerate's (`--num_processes 2`, or such keys in the YAML).
-    accelerate_args = from_config + from_flags
+    if from_config:  # the recipe would refuse them when it starts: say so now, naming them
+        keys = [arg.removeprefix("--") for arg in from_config if arg.startswith("--")]
+        report_expected_error(ValueError(f"unknown key(s) {keys} in the --config YAML"), prog)
+        return 1
+    accelerate_args = list(from_flags)  # what the recipe does not read is Accelerate's (`--num_processes 2`)
     if "--accelerate_config" in accelerate_args:
         i = accelerate_args.index("--accelerate_config")
         accelerate_args[i : i + 2] = ["--config_file", accelerate_args[i + 1]]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trl_rm_env.options import default_of, option_fields, recipe_key, spelling
+from trl_rm_env.options import default_of, flag_of, option_fields, recipe_key, spelling
 
 from .cli import build_parser
 from .serve import SERVE_DEFAULTS
@@ -62,7 +62,7 @@ def options_reference() -> str:
             default = _code(default_of(f))
             if f.name in SERVE_DEFAULTS and cls is ScoringOptions:
                 default += f" (`serve`: `{SERVE_DEFAULTS[f.name]}`)"
-            commands = flags_by_option.get(f.name, {})
+            commands = {c: flag for c, flag in flags_by_option.get(f.name, {}).items() if flag == flag_of(f)}
             by_flag: dict[str, list[str]] = {}
             for command, flag in commands.items():
                 by_flag.setdefault(flag, []).append(command)

@@ -60,7 +60,8 @@ def serve(args: argparse.Namespace) -> int:
     from trl_rm_env.scoring.loading import load_scorer, plan_scoring
     from trl_rm_env.scoring.options import ScoringOptions
     from trl_rm_env.scoring.vllm import VLLM_ENGINE_OPTIONS
-    from trl_rm_env.serving.server import default_served_name, run_server
+    from trl_rm_env.serving.protocol import default_served_name
+    from trl_rm_env.serving.server import run_server
 
     options = options_from_flags(args, ScoringOptions, show_progress=False)
     limits = options_from_flags(args, ServerLimits)

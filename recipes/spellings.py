@@ -96,14 +96,14 @@ def _build(cls: type, values: dict[str, Any], spelled: Callable[[dataclasses.Fie
     batch_size must be >= 1, got 0`)."""
     try:
         return cls(**values)
-    except ValueError as err:
+    except ValueError:
         fields = {f.name: f for f in option_fields(cls)}
         for name, value in values.items():
             try:
                 cls(**{name: value})
-            except ValueError:
+            except ValueError as err:  # this value alone is bad: say so under the spelling it was given in
                 raise ValueError(f"{spelled(fields[name]) or name}: {err}") from err
-        raise
+        raise  # only a combination is bad
 
 
 def options_from_flags(args: argparse.Namespace, cls: type, **fixed: Any) -> Any:

@@ -231,7 +231,7 @@ def test_the_options_page_is_the_generated_reference():
         for f in option_fields(cls):
             row = next(line for line in page.splitlines() if line.startswith(f"| `{f.name}` |"))
             for flag in flags.get(f.name, {}).values():
-                assert f"`{flag}`" in row
+                assert f"`{flag}`" in row or flag != flag_of(f)  # a command's own flag of that name is not this one
             assert recipe_key(f) is None or cls is ServerLimits or f"`{recipe_key(f)}`" in row
 
 
@@ -303,3 +303,59 @@ def test_reward_model_type_selects_the_head(tmp_path, tiny_tokenizer):
     set_regression_labels(model.config, ["a", "b", "c"], [1.0, 1.0, 1.0])
     column = RewardScorer(model, tiny_tokenizer, reward_model_type="bradley_terry", label_index=2)
     torch.testing.assert_close(column.score(contexts, completions), outputs[:, 2])
+
+
+def test_a_regression_head_without_weights_gives_its_outputs_not_one_reward(tmp_path, tiny_tokenizer):
+    """`eval` reads a regression model's attributes one by one; one reward per sample (the environment, `serve`)
+    needs weights, and asking for it without them is an error, never column 0."""
+    import torch
+
+    from trl_rm_env.evaluation import evaluate_regression_model
+    from trl_rm_env.heads import set_regression_labels
+    from trl_rm_env.scoring.loading import load_reward_scorer, plan_scoring
+    from trl_rm_env.testing import build_tiny_reward_model
+
+    model = build_tiny_reward_model(tiny_tokenizer, num_labels=2)
+    set_regression_labels(model.config, ["helpfulness", "verbosity"])  # no attribute_weights saved
+    model.save_pretrained(tmp_path / "rm")
+    tiny_tokenizer.save_pretrained(tmp_path / "rm")
+    with pytest.raises(ValueError, match=r"predicts \['helpfulness', 'verbosity'\]: give attribute_weights"):
+        plan_scoring(tmp_path / "rm")
+    scorer = load_reward_scorer(tmp_path / "rm", one_reward=False, device="cpu")
+    assert scorer.head.attributes == ("helpfulness", "verbosity") and scorer.head.weights is None
+    contexts, completions = [[{"role": "user", "content": "Hi"}]], [[{"role": "assistant", "content": "Hello."}]]
+    assert scorer.outputs(contexts, completions).shape == (1, 2)
+    with pytest.raises(ValueError, match="one reward per sample needs attribute_weights"):
+        scorer.score(contexts, completions)
+    records = [{"context": contexts[0], "completion": completions[0], "attributes": {"helpfulness": 3.0}}]
+    results = evaluate_regression_model(str(tmp_path / "rm"), {"set": records}, progress=False)
+    assert results["attributes"] == ["helpfulness", "verbosity"] and results["sets"]["set"]["helpfulness_count"] == 1
+    assert torch.isfinite(torch.tensor(results["sets"]["set"]["helpfulness_mae"]))
+
+
+def test_loading_options_are_refused_for_a_model_already_loaded(tiny_rm, tiny_tokenizer):
+    from trl_rm_env.scoring.loading import plan_scoring
+
+    with pytest.raises(ValueError, match=r"^precision \(--precision, reward_precision\), trust_remote_code .*: applied "
+                                         r"when a model is loaded from its path"):  # fmt: skip
+        plan_scoring(tiny_rm, precision="bf16", trust_remote_code=True)
+    assert plan_scoring(tiny_rm).why == "the model is already loaded in this process"
+
+
+def test_the_environment_has_the_signature_of_the_call_it_makes(tiny_dir):
+    import inspect
+
+    env = RewardModelEnvironment(tiny_dir / "reward_model", device="cpu")
+    assert list(inspect.signature(env).parameters) == ["prompts", "completions", "completion_ids", "kwargs"]
+
+
+def test_a_bad_value_names_its_own_key_and_the_launcher_refuses_unknown_yaml_keys(tmp_path, capsys):
+    from trl_rm_env.recipes.cli import main
+
+    bad = RewardModelArguments(reward_truncation="fallback", reward_batch_size=0)
+    with pytest.raises(ValueError, match="^reward_batch_size: batch_size must be >= 1"):
+        bad.environment_kwargs()
+    config = tmp_path / "rm.yaml"
+    config.write_text("max_steps: 1\nnum_processes: 2\n")
+    assert main(["train", "--config", str(config)]) == 1
+    assert "trl-rm-env train: error: unknown key(s) ['num_processes'] in the --config YAML" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from helpers import ServerProcess, reference_ids
 
 from trl_rm_env.scoring.loading import choose_engine, load_reward_scorer
 from trl_rm_env.scoring.options import ScoringOptions
+from trl_rm_env.scoring.vllm import vllm_device
 from trl_rm_env.tokenization import encode_conversation
 
 if importlib.util.find_spec("vllm") is None:
@@ -95,6 +96,12 @@ def test_auto_picks_vllm_for_one_process_and_transformers_otherwise(monkeypatch)
     with pytest.raises(ValueError, match=r"vllm_gpu_memory_utilization .* applies to engine='vllm', but this reward "
                                          r"model scores on transformers \(several processes run"):
         choose_engine(ScoringOptions(vllm_gpu_memory_utilization=0.5))
+    monkeypatch.delenv("WORLD_SIZE")
+    # vLLM places the model itself: a device with an index keeps auto on transformers, and is refused for vLLM.
+    device = f"{vllm_device()}:0"
+    assert choose_engine(ScoringOptions(device=device))[0] == "hf"
+    with pytest.raises(ValueError, match="applies to engine='hf'; vLLM places the model itself"):
+        choose_engine(ScoringOptions(engine="vllm", device=device))
 
 
 def test_prefix_sharing_false_turns_vllm_prefix_caching_off(tiny_dir, hf_model):

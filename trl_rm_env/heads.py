@@ -60,8 +60,11 @@ def parse_attribute_weights(entries: Sequence[str], option: str = "attribute_wei
 
 
 def regression_reward_weights(
-    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None, kind: str | None = None
-) -> tuple[list[str], list[float]] | None:
+    config: Any,
+    attribute_weights: Mapping[str, float] | Sequence[float] | None = None,
+    kind: str | None = None,
+    required: bool = True,
+) -> tuple[list[str], list[float] | None] | None:
     """The attribute names of a regression RM's config and the weights that turn its outputs into one reward.
 
     For a reward function: `reward = sum_a weights[a] * output[a]`. Weights come from `attribute_weights` (a dict by
@@ -74,6 +77,8 @@ def regression_reward_weights(
         kind: The head kind the caller declares (NeMo RL's `reward_model_type`): `"regression"` reads the outputs
             as attributes (`id2label`) even when the config does not say so, `"bradley_terry"` keeps the reward one
             output column; None: what the config says.
+        required: Whether one reward is needed: without weights for a model with several attributes, an error;
+            with `required=False`, `(names, None)` (its outputs are read one by one, as `trl-rm-env eval` does).
 
     Returns:
         `(names, weights)` in output order, or None when the config is not a regression RM and no weights are given.
@@ -98,6 +103,8 @@ def regression_reward_weights(
     if weights is None:
         if len(names) == 1:
             return names, [1.0]
+        if not required:
+            return names, None
         raise ValueError(
             f"This regression reward model predicts {names}: give attribute_weights, a dict by name (unnamed ones "
             f"weigh 0) or a list in this order, e.g. {{{names[0]!r}: 1.0}}."
@@ -118,15 +125,23 @@ def regression_reward_weights(
 @dataclass(frozen=True)
 class RewardHead:
     """How a model's outputs become one reward: output `label_index` (a Bradley-Terry head: no attributes), or
-    `sum_a weights[a] * output[a]` over a regression head's `attributes`."""
+    `sum_a weights[a] * output[a]` over a regression head's `attributes` (no `weights`: no single reward, only the
+    outputs; see `reward_head(..., one_reward=False)`)."""
 
     attributes: tuple[str, ...] = ()
     weights: tuple[float, ...] | None = None
 
 
 def reward_head(
-    config: Any, attribute_weights: Mapping[str, float] | Sequence[float] | None = None, kind: str | None = None
+    config: Any,
+    attribute_weights: Mapping[str, float] | Sequence[float] | None = None,
+    kind: str | None = None,
+    one_reward: bool = True,
 ) -> RewardHead:
-    """The `RewardHead` of a model config, given weights and a declared kind (`regression_reward_weights`)."""
-    resolved = regression_reward_weights(config, attribute_weights, kind)
-    return RewardHead() if resolved is None else RewardHead(tuple(resolved[0]), tuple(resolved[1]))
+    """The `RewardHead` of a model config, given weights and a declared kind (`regression_reward_weights`; with
+    `one_reward=False` a regression head may have no weights: only its outputs are read)."""
+    resolved = regression_reward_weights(config, attribute_weights, kind, required=one_reward)
+    if resolved is None:
+        return RewardHead()
+    names, weights = resolved
+    return RewardHead(tuple(names), None if weights is None else tuple(weights))

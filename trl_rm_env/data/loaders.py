@@ -24,7 +24,7 @@ from datasets import Dataset
 from .converters import ALL_CONVERTERS, TIE_RULES
 from .loading import LoadReport, check_on_invalid, collect_records
 from .schema import MAX_COMPLETIONS_PER_RECORD, OnInvalid, validate_rank_record
-from .sources import SAMPLE_DIR, SAMPLE_PREFIX, open_source, parse_data_spec  # noqa: F401  (the loaders' sources)
+from .sources import open_source
 
 _BINARY_KEY_DEFAULTS = {"prompt_key": "prompt", "chosen_key": "chosen", "rejected_key": "rejected"}
 

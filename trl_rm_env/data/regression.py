@@ -35,7 +35,6 @@ from typing import Any
 from datasets import Dataset
 
 from .converters import HELPSTEER2_ATTRIBUTES, REGRESSION_CONVERTERS
-from .converters.helpsteer import helpsteer2_prompt_to_messages, helpsteer2_to_regression  # noqa: F401 (documented here)
 from .loaders import records_to_dataset
 from .loading import LoadReport, check_on_invalid, collect_records
 from .messages import finite_number, type_name

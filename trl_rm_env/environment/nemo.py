@@ -76,10 +76,14 @@ def _nested(config: Mapping[str, Any], path: str) -> Any:
     return value
 
 
-def environment_arguments(config: Mapping[str, Any], our_keys: Iterable[str]) -> tuple[str, str, dict[str, Any], Any]:
+def environment_arguments(
+    config: Mapping[str, Any], our_keys: Iterable[str], served: bool = False
+) -> tuple[str, str, dict[str, Any], Any]:
     """`(model, tokenizer, keyword arguments, chat template)` of a NeMo RL `env.reward_model` block (module
     docstring); `our_keys` are the environment's own argument names, taken as they are. The chat template is
-    `NOT_SET` when the block gives none.
+    `NOT_SET` when the block gives none. `served`: the reward model is behind servers (`remote_url`), so NeMo's keys
+    that only a model loaded here applies (`precision`, `batch_size`, ...) describe the served model: they are left
+    to the server (logged), not refused.
 
     Raises:
         ValueError: `enabled: false`, an unsupported key, no model, dynamic batching without a token budget, or a
@@ -111,7 +115,14 @@ def environment_arguments(config: Mapping[str, Any], our_keys: Iterable[str]) ->
         kwargs[name] = value
     if dynamic and "max_tokens_per_batch" not in kwargs:
         raise ValueError("dynamic_batching.enabled needs `logprob_mb_tokens` (tokens per micro-batch).")
-    kwargs.update({key: config[key] for key in our_keys if key in config})  # our own names win
+    if served:
+        dropped = local_only(ScoringOptions(**kwargs))
+        if dropped:
+            logger.info("reward_model block with remote_url: %s describe the served model; the server applies them.",
+                        dropped)  # fmt: skip
+        kwargs = {k: v for k, v in kwargs.items() if k not in dropped}
+    # Our own names win (`precision` and `batch_size` are spelled alike in both, and read above as NeMo's).
+    kwargs.update({key: config[key] for key in our_keys - set(NEMO_OPTIONS) if key in config})
     model = config.get("checkpoint_path") or config["model_name"]
     if config.get("checkpoint_path") and not os.path.isfile(os.path.join(str(model), "config.json")):
         raise ValueError(
@@ -122,13 +133,3 @@ def environment_arguments(config: Mapping[str, Any], our_keys: Iterable[str]) ->
     chat_template = tokenizer_cfg["chat_template"] if "chat_template" in tokenizer_cfg else NOT_SET
     return model, tokenizer_cfg.get("name") or model, kwargs, chat_template
 
-
-def for_a_server(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The block's arguments for a reward model behind servers (`remote_url`): the scoring options only a model
-    loaded here applies (`precision`, `batch_size`, ...) describe the served model, so they are the server's to
-    apply; they are left out here, and said once."""
-    scoring = {k: v for k, v in kwargs.items() if k in ScoringOptions.names()}
-    dropped = local_only(ScoringOptions(**scoring))
-    if dropped:
-        logger.info("reward_model block with remote_url: %s describe the served model; the server applies them.", dropped)
-    return {k: v for k, v in kwargs.items() if k not in dropped}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -87,8 +88,6 @@ class RewardModelEnvironment(RewardFunction):
             self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
             self.remote_url = None
             statistics, attributes = checkpoint_statistics(scorer.config), scorer.head.attributes
-            # A regression RM's reward weights, in the order of `attributes` (None: a Bradley-Terry head).
-            self.attribute_weights = None if scorer.head.weights is None else list(scorer.head.weights)
         else:
             if fsdp_shard:
                 raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")
@@ -98,7 +97,7 @@ class RewardModelEnvironment(RewardFunction):
             # The RM's tokenizer where conversations are rendered here (token ids, OpenRLHF text); None where the
             # server renders them (messages), so nothing set on it here could change a reward.
             self.model, self.tokenizer, self.engine = None, scorer.tokenizer if scorer.renders_here else None, "remote"
-            self.sharding, self.remote_url, self.attribute_weights = "none", scorer.urls, None
+            self.sharding, self.remote_url = "none", scorer.urls
             statistics, attributes = None, ()
         self.show_progress = scoring.show_progress
         self._setup(
@@ -114,9 +113,8 @@ class RewardModelEnvironment(RewardFunction):
         """Build from a NeMo RL `env.reward_model` block (plus any of our own keyword arguments); see
         `trl_rm_env.environment.nemo` for what is mapped, ignored and refused.
         """
-        model, tokenizer, kwargs, chat_template = nemo.environment_arguments(config, cls.argument_names())
-        if overrides.get("remote_url") is not None:
-            kwargs = nemo.for_a_server(kwargs)
+        served = overrides.get("remote_url", config.get("remote_url")) is not None
+        model, tokenizer, kwargs, chat_template = nemo.environment_arguments(config, cls.argument_names(), served)
         env = cls(model, tokenizer, **{**kwargs, **overrides})
         if chat_template is not nemo.NOT_SET:
             if env.tokenizer is None:  # remote, sending messages: the server renders them with its own template
@@ -133,7 +131,18 @@ class RewardModelEnvironment(RewardFunction):
         """Every keyword argument of the environment: its own and every option's."""
         return {"remote_url", "fsdp_shard"} | {name for options in OPTION_CLASSES for name in names(options)}
 
+    @property
+    def attribute_weights(self) -> list[float] | None:
+        """A regression RM's reward weights, in the order of `attributes` (None: a Bradley-Terry head, or remote)."""
+        weights = getattr(getattr(self.scorer, "head", None), "weights", None)
+        return None if weights is None else list(weights)
+
     # ------------------------------------------------------------------ scoring
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The reward function's signature (`inspect.signature(env)`), that of the call its scorer makes."""
+        return inspect.signature(self.__call__)
+
     @property
     def __call__(self) -> Callable[..., Any]:
         """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`: one reward

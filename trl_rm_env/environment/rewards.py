@@ -1,8 +1,9 @@
 """What every reward-model reward function does around its scorer: TRL's inputs checked (`trl_rm_env.data.messages`),
-empty completions, NaN/inf scores, normalization, clipping and the `reward_model_env/*` metrics.
+empty completions, NaN/inf scores, normalization, clipping and the `reward_model_env/*` metrics, with the options
+of that post-processing (`RewardOptions`).
 
-`RewardModelEnvironment` (local scoring) and `RemoteRewardModelEnvironment` (scoring servers) both build on
-`RewardFunction`; they differ only in the scorer they hold and in `__call__` being sync or async.
+`RewardModelEnvironment` builds on `RewardFunction` with a local or a remote scorer; `_plan` and `_finish` bracket
+its scoring call, synchronous or asynchronous.
 """
 
 from __future__ import annotations
@@ -79,6 +80,11 @@ class RewardFunction:
     """
 
     scorer: Scorer
+    reward_options: RewardOptions
+    name = property(lambda self: self.reward_options.name)
+    normalization = property(lambda self: self.reward_options.normalization)
+    clip = property(lambda self: self.reward_options.clip)
+    empty_completion_reward = property(lambda self: self.reward_options.empty_completion_reward)
 
     def _setup(
         self,
@@ -101,12 +107,8 @@ class RewardFunction:
                 "no config). Use 'running' instead."
             )
         self.scorer = scorer
-        self.options = options
-        self.__name__ = options.name
-        self.name = options.name
-        self.normalization = options.normalization
-        self.clip = options.clip
-        self.empty_completion_reward = options.empty_completion_reward
+        self.reward_options = options
+        self.__name__ = options.name  # TRL reads the reward function's name here
         self.strip_reasoning = strip_reasoning
         self.attributes = list(attributes)  # a regression RM's: the mean of each is logged
         self._checkpoint_stats = checkpoint_stats

@@ -161,13 +161,16 @@ def _set_metrics(
     }
 
 
-def scorer_for(datasets: Mapping[str, Any], model_or_scorer: Any, scorer_kwargs: Mapping[str, Any]) -> Any:
-    """The evaluation functions' shared start: refuse an empty `datasets`, load a path or Hub id, and refuse loading
-    options given with an already-built scorer."""
+def scorer_for(
+    datasets: Mapping[str, Any], model_or_scorer: Any, scorer_kwargs: Mapping[str, Any], one_reward: bool = True
+) -> Any:
+    """The evaluation functions' shared start: refuse an empty `datasets`, load a path or Hub id (`one_reward=False`:
+    a regression model's attributes are read one by one, no weights needed), and refuse loading options given with an
+    already-built scorer."""
     if not datasets:
         raise ValueError("no data set to evaluate; pass {name: records}")
     if isinstance(model_or_scorer, str | os.PathLike):
-        return load_reward_scorer(model_or_scorer, **scorer_kwargs)
+        return load_reward_scorer(model_or_scorer, one_reward=one_reward, **scorer_kwargs)
     if scorer_kwargs:
         raise ValueError(f"{sorted(scorer_kwargs)} only apply when model_or_scorer is a path or Hub id")
     return model_or_scorer

@@ -42,7 +42,7 @@ def evaluate_regression_model(
     Raises:
         ValueError: no set given, or a model that is not a regression reward model.
     """
-    scorer = scorer_for(datasets, model_or_scorer, scorer_kwargs)
+    scorer = scorer_for(datasets, model_or_scorer, scorer_kwargs, one_reward=False)
     config = scorer.config
     if not is_regression_model(config):
         raise ValueError(
@@ -52,10 +52,9 @@ def evaluate_regression_model(
     attributes = head_attribute_names(config)
     contexts = [r["context"] for records in datasets.values() for r in records]
     completions = [r["completion"] for records in datasets.values() for r in records]
-    scorer.score(contexts, completions, progress=progress)
-    outputs = scorer.last_outputs  # (N, K); NaN rows: not scored (over max_length with no fallback)
-    if outputs is None:
-        raise ValueError("the scorer kept no per-attribute outputs; build it with prefix_sharing=False")
+    if not hasattr(scorer, "outputs"):
+        raise ValueError(f"{type(scorer).__name__} gives one score per sample; per-attribute metrics need a RewardScorer")
+    outputs = scorer.outputs(contexts, completions, progress=progress)  # (N, K); NaN rows: not scored
     results: dict[str, Any] = {"type": "regression", "attributes": attributes, "sets": {}}
     ignored: set[str] = set()
     offset = 0

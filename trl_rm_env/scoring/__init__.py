@@ -18,7 +18,6 @@ _WHERE = {
     "HFEngine": ".hf",
     "ScoringPlan": ".loading",
     "choose_engine": ".loading",
-    "load_reward_model": ".loading",
     "load_reward_scorer": ".loading",
     "load_scorer": ".loading",
     "plan_scoring": ".loading",

@@ -35,6 +35,9 @@ from .vllm import VLLMEngine, vllm_device, vllm_installed
 logger = logging.getLogger(__name__)
 _logged_choices: set[tuple[str, str]] = set()
 
+LOADING_OPTIONS = frozenset({"precision", "trust_remote_code", "model_init_kwargs"})
+"""The options that say how a model is loaded from its path: refused with a model already loaded."""
+
 
 def torch_dtype(precision: str) -> torch.dtype:
     """The torch dtype of a precision name (`ScoringOptions.precision`)."""
@@ -102,26 +105,34 @@ def choose_engine(options: ScoringOptions, *, hf_only: str | None = None) -> tup
         engine, why = "hf", "vLLM is not installed"
     elif launched():
         engine, why = "hf", "several processes run (each would start its own vLLM: serve it once and use remote_url)"
-    elif options.device is not None and torch.device(options.device).type != vllm_device():
-        engine, why = "hf", f"device {options.device} is not the one vLLM runs on ({vllm_device()})"
+    elif options.device is not None and not _vllm_runs_on(options.device):
+        engine, why = "hf", f"device {options.device} is not one vLLM can be placed on ({vllm_device()})"
     else:
         engine, why = "vllm", "vLLM is installed"
     if engine == "vllm" and hf_only:
         raise ValueError(f"engine='vllm' cannot serve this reward model: {hf_only}")
-    if engine == "vllm" and options.device is not None and vllm_installed() and torch.device(options.device).type != vllm_device():
+    if engine == "vllm" and options.device is not None and vllm_installed() and not _vllm_runs_on(options.device):
         raise ValueError(
-            f"device={options.device!r} applies to engine='hf'; vLLM runs the model on its own device "
+            f"device={options.device!r} applies to engine='hf'; vLLM places the model itself on its device "
             f"({vllm_device()}: choose the GPU with CUDA_VISIBLE_DEVICES)"
         )
     wrong = sorted(name for name, owner in specific.items() if owner != engine)
     if wrong:
         owner = specific[wrong[0]]
+        fix = "install vLLM, or drop it" if why == "vLLM is not installed" else "drop it"
+        if options.engine != "auto":
+            fix += f", or set engine='{owner}'"
         raise ValueError(
             f"{spelled(ScoringOptions, wrong)} applies to engine='{owner}', but this reward model scores on "
-            f"{'vLLM' if engine == 'vllm' else 'transformers'} ({why}): "
-            + ("install vLLM, or drop it" if owner == "vllm" else f"drop it, or set engine='{owner}'")
+            f"{'vLLM' if engine == 'vllm' else 'transformers'} ({why}): {fix}"
         )
     return engine, why
+
+
+def _vllm_runs_on(device: str | torch.device) -> bool:
+    """Whether vLLM honours `device`: its own device type, with no index (vLLM picks the GPU itself)."""
+    device = torch.device(device)
+    return device.type == vllm_device() and device.index is None
 
 
 def log_engine_choice(engine: str, why: str) -> None:
@@ -136,6 +147,7 @@ def plan_scoring(
     options: ScoringOptions | None = None,
     *,
     hf_only: str | Callable[[Any, RewardHead], str | None] | None = None,
+    one_reward: bool = True,
     **values: Any,
 ) -> ScoringPlan:
     """Resolve, once, what `load_scorer` needs: the model's source (a typo'd local folder fails here, in one
@@ -146,10 +158,13 @@ def plan_scoring(
         options, **values: The `ScoringOptions`, an instance and/or by name.
         hf_only: Why only transformers can serve this case (see `choose_engine`), or None; or a function of the
             model's config and head that says why (`trl-rm-env serve`: vLLM's server computes no regression reward).
+        one_reward: Whether one reward per sample is needed (default): a regression model with several attributes
+            then needs weights. `trl-rm-env eval` reads a regression model's attributes one by one instead.
 
     Raises:
         trl_rm_env.model_source.ModelSourceError: a missing local model folder.
-        ValueError: a bad option, weights that do not fit the head, or an option of the engine not chosen.
+        ValueError: a bad option, weights that do not fit the head, an option of the engine not chosen, or a
+            loading option (`precision`, ...) for a model already loaded.
     """
     options = ScoringOptions.build(options, **values)
     if isinstance(model, PreTrainedModel):
@@ -159,18 +174,25 @@ def plan_scoring(
                 "engine='vllm' loads the reward model from its path or Hub id, not from a loaded model: give "
                 "the path (RewardModelEnvironment(path, engine='vllm'), load_reward_scorer(path, engine='vllm'))"
             )
-        hf_only = hf_only or "the model is already loaded in this process"
+        loading = sorted(set(changed(options)) & LOADING_OPTIONS)
+        if loading:
+            raise ValueError(
+                f"{spelled(ScoringOptions, loading)}: applied when a model is loaded from its path or Hub id; this "
+                "one is already loaded (load it that way, or give the path)"
+            )
     else:
         path, loaded = check_model_source(str(model), "reward model"), None
         config = AutoConfig.from_pretrained(path, trust_remote_code=options.trust_remote_code)
-    head = reward_head(config, options.attribute_weights, options.reward_model_type)
+    head = reward_head(config, options.attribute_weights, options.reward_model_type, one_reward=one_reward)
     if callable(hf_only):
         hf_only = hf_only(config, head)
+    if loaded is not None:
+        hf_only = hf_only or "the model is already loaded in this process"
     engine, why = choose_engine(options, hf_only=hf_only)
     return ScoringPlan(path, loaded, config, options, head, engine, why)
 
 
-def load_reward_model(
+def _load_with_transformers(
     model: str | os.PathLike | PreTrainedModel,
     tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
     options: ScoringOptions | None = None,
@@ -219,20 +241,25 @@ def load_scorer(
                 tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or plan.model), trust_remote_code=trust)
             return RewardScorer(None, tokenizer, plan.options, engine=engine, config=plan.config, head=plan.head)
     log_engine_choice(plan.engine, plan.why)
-    model, tokenizer = load_reward_model(plan.loaded if plan.loaded is not None else plan.model, tokenizer, plan.options)
+    model, tokenizer = _load_with_transformers(
+        plan.loaded if plan.loaded is not None else plan.model, tokenizer, plan.options
+    )
     return RewardScorer(model, tokenizer, plan.options, head=plan.head)
 
 
-def load_reward_scorer(model: str | os.PathLike, options: ScoringOptions | None = None, **values: Any) -> RewardScorer:
+def load_reward_scorer(
+    model: str | os.PathLike, options: ScoringOptions | None = None, *, one_reward: bool = True, **values: Any
+) -> RewardScorer:
     """Load a `*ForSequenceClassification` checkpoint (path or Hub id) and its tokenizer into a `RewardScorer`, on
     the engine `options.engine` picks (`choose_engine`; `"auto"` by default): `load_scorer(plan_scoring(...))`.
 
     Args:
         model: Local folder or Hub id of the reward model.
         options, **values: The `ScoringOptions` (`batch_size`, `max_tokens_per_batch`, `precision`, `engine`, ...).
+        one_reward: False to read a regression model's attributes without weights (`RewardScorer.outputs`).
 
     Raises:
         ValueError: a bad option value.
         ImportError: `engine="vllm"` without vLLM installed.
     """
-    return load_scorer(plan_scoring(model, options, **values))
+    return load_scorer(plan_scoring(model, options, one_reward=one_reward, **values))

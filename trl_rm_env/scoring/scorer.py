@@ -198,22 +198,54 @@ class RewardScorer:
             found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=self.prefix_sharing is True)
             return self.score_ids_shared(sequences, found, progress)
         self.last_shared = []
-        self._last_id_outputs = self.engine.outputs(sequences, None, progress)
-        return self._reward_of(self._last_id_outputs)
+        return self._reward_of(self.engine.outputs(sequences, None, progress))
 
     def score_ids_shared(
         self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int], progress: bool | None = None
     ) -> torch.Tensor:
         """Like `score_ids`, with the items that share a context scored against one encoding of it (where
         `prefix_sharing` and its cost model say so; the rest plainly)."""
-        self._last_id_outputs = self.engine.outputs(sequences, context_lengths, progress)
+        outputs = self.engine.outputs(sequences, context_lengths, progress)
         self.last_shared = list(getattr(self.engine, "last_shared", []))
-        return self._reward_of(self._last_id_outputs)
+        return self._reward_of(outputs)
 
     def _reward_of(self, outputs: torch.Tensor) -> torch.Tensor:
         if self.output_weights is not None:
             return outputs @ self.output_weights
+        if self.head.attributes:
+            raise ValueError(
+                f"This regression reward model predicts {list(self.head.attributes)}: one reward per sample needs "
+                "attribute_weights, a mapping by name (unnamed ones weigh 0) or a list in this order (`outputs()` "
+                "gives every attribute without them)."
+            )
         return outputs[:, self.label_index].clone()
+
+    def _outputs(
+        self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None
+    ) -> tuple[torch.Tensor, list[int], list[int]]:
+        """`(outputs, scored, overlength)`: the `(N, num_labels)` outputs (NaN rows for the items not scored), the
+        items scored, and the items over `max_length` given the over-length fallback."""
+        encoded = self.encode(contexts, completions)
+        present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
+        outputs = torch.full((len(encoded.ids), self.config.num_labels), float("nan"), dtype=torch.float32)
+        self.last_shared = []
+        if present:
+            ids = [encoded.ids[i] for i in present]
+            context_lengths = [encoded.context_lengths[i] for i in present] if self.prefix_sharing else None
+            outputs[torch.tensor(present)] = self.engine.outputs(ids, context_lengths, progress)
+            self.last_shared = [present[i] for i in getattr(self.engine, "last_shared", [])]
+        self.last_outputs = outputs if present else None
+        return outputs, present, encoded.overlength
+
+    def outputs(
+        self,
+        contexts: Sequence[str | Sequence[Message]],
+        completions: Sequence[str | Sequence[Message]],
+        progress: bool | None = None,
+    ) -> torch.Tensor:
+        """The model's outputs, `(N, num_labels)` fp32 in input order, of `(context, completion)` pairs: every
+        attribute of a regression head, whatever its weights (NaN rows: over `max_length` with the fallback)."""
+        return self._outputs(contexts, completions, progress)[0]
 
     def score(
         self,
@@ -222,23 +254,12 @@ class RewardScorer:
         progress: bool | None = None,
     ) -> torch.Tensor:
         """Scores (fp32, input order) of `(context, completion)` pairs, with fallbacks applied."""
-        encoded = self.encode(contexts, completions)
-        self.last_outputs = None
-        present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
-        scores = torch.full((len(encoded.ids),), float("nan"), dtype=torch.float32)
+        outputs, present, overlength = self._outputs(contexts, completions, progress)
+        scores = torch.full((len(outputs),), float("nan"), dtype=torch.float32)
         if present:
-            ids = [encoded.ids[i] for i in present]
-            if self.prefix_sharing:
-                context_lengths = [encoded.context_lengths[i] for i in present]
-                scores[torch.tensor(present)] = self.score_ids_shared(ids, context_lengths, progress)
-                self.last_shared = [present[i] for i in self.last_shared]
-            else:
-                scores[torch.tensor(present)] = self.score_ids(ids, progress)
-                self.last_shared = []
-            self.last_outputs = torch.full((len(encoded.ids), self._last_id_outputs.shape[1]), float("nan"))
-            self.last_outputs[torch.tensor(present)] = self._last_id_outputs
-        if encoded.overlength:
-            scores[torch.tensor(encoded.overlength)] = float(self.overlength_reward)
+            scores[torch.tensor(present)] = self._reward_of(outputs[torch.tensor(present)])
+        if overlength:
+            scores[torch.tensor(overlength)] = float(self.overlength_reward)
         bad = [i for i in present if not torch.isfinite(scores[i])]
         self.last_nonfinite = bad  # items of the last call given `nonfinite_reward` (the environment warns, counts)
         if bad:

@@ -193,24 +193,26 @@ class RemoteScorer:
                 "would go as messages, which the server renders with its own settings. Give RemoteScorer(tokenizer="
                 "...) (the reward model's) and remote_input='tokens'."
             )
-        self.template_kwargs = template_kwargs
-        self.max_length = scoring.max_length
+        self.max_length = scoring.max_length  # tokens mode: None until the server says (`_server_max_length`)
         self._asked_max_length = scoring.max_length is not None
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("RemoteScorer needs at least one server URL")
-        self.api = api
         self.urls = [endpoint_url(u, api) for u in urls]
         self.model = model
         self.use_activation = use_activation
         self.api_key = (options.api_key if options.api_key is not None else api_key_from_env()) or None
-        self.nonfinite_reward = scoring.nonfinite_reward
-        self.strip_reasoning = scoring.strip_reasoning
         self.tokenizer = tokenizer
         self._warned_special_text = False
         self._warned_activation = False
         self.last_nonfinite: list[int] = []
         self._next = 0  # round-robin position, kept across calls
+
+    # The options, under the names the protocol and the request building read.
+    api = property(lambda self: self.options.remote_api)
+    nonfinite_reward = property(lambda self: self.scoring.nonfinite_reward)
+    strip_reasoning = property(lambda self: self.scoring.strip_reasoning)
+    template_kwargs = property(lambda self: self.scoring.template_kwargs)
 
     # ------------------------------------------------------------------ the Scorer protocol
     is_async = True

@@ -69,12 +69,12 @@ from ..scoring.scorer import RewardScorer
 from .batcher import QueueFullError, ScoreBatcher
 from .connections import OPEN_GUARDS, AcceptErrorFilter, ConnectionGuards, GuardedSite, default_max_connections
 from .options import SERVER_TOKEN_BUDGET, ServerLimits
-from .protocol import api_key_from_env, default_served_name, sigmoid
+from .protocol import api_key_from_env, sigmoid
 from .requests import RequestDecoder, RequestError, error_response
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ScoringServer", "api_key_from_env", "default_served_name", "run_server"]
+__all__ = ["ScoringServer", "run_server"]
 
 
 class ScoringServer:
@@ -87,6 +87,8 @@ class ScoringServer:
             folder name (`default_served_name`), not a path: responses must not reveal the server's file system.
         limits, **values: The `ServerLimits` (`max_queue`: one more request gets HTTP 503 with `Retry-After: 1`;
             `max_request_bytes`, `max_items_per_request`: 413; `body_timeout`: 408), an instance and/or by name.
+            `header_timeout` and `max_connections` are the connection guards' (`run_server`, which runs the app
+            with them); an app run otherwise has its runner's.
         max_batch_tokens: Tokens the worker gathers from the queue for one scoring call (default: the scorer's
             `max_tokens_per_batch`, else `SERVER_TOKEN_BUDGET`). A single larger request is still scored, in several
             forward passes.
@@ -111,8 +113,6 @@ class ScoringServer:
         self.scorer = scorer
         self.model_name = model_name
         self.limits = limits
-        self.max_queue = limits.max_queue
-        self.max_request_bytes = limits.max_request_bytes
         self.api_key = api_key or None
         self.decoder = RequestDecoder(scorer, {model_name, *aliases}, limits)
         budget = max_batch_tokens or scorer.max_tokens_per_batch or SERVER_TOKEN_BUDGET
@@ -137,7 +137,7 @@ class ScoringServer:
     # ------------------------------------------------------------------ app
     def make_app(self) -> web.Application:
         """The aiohttp application (routes, size limit, JSON errors, auth, worker started and stopped with it)."""
-        app = web.Application(client_max_size=self.max_request_bytes, middlewares=[self._json_errors, self._auth])
+        app = web.Application(client_max_size=self.limits.max_request_bytes, middlewares=[self._json_errors, self._auth])
         app.router.add_post("/pooling", self.pooling)
         app.router.add_post("/classify", self.classify)
         app.router.add_post("/v1/classify", self.classify)
@@ -220,7 +220,7 @@ class ScoringServer:
             "status": "ok" if alive else "error",
             "model": self.model_name,
             "queued": self.batcher.queued(),
-            "max_queue": self.max_queue,
+            "max_queue": self.limits.max_queue,
             **self.stats,
         }
         return web.json_response(body, status=200 if alive else 503)
@@ -307,7 +307,7 @@ class ScoringServer:
         except QueueFullError:
             raise RequestError(
                 503,
-                f"server busy: {self.max_queue} requests are already waiting (--max-queue); retry later",
+                f"server busy: {self.limits.max_queue} requests are already waiting (--max-queue); retry later",
                 "ServiceUnavailableError",
                 {"Retry-After": "1"},
             ) from None
@@ -366,7 +366,7 @@ def run_server(
             "binding to %s without an API key (--api-key): anyone who can reach this port can use the server", host
         )
     server = ScoringServer(scorer, model_name, limits=limits, api_key=api_key, aliases=aliases)
-    guards = ConnectionGuards(limits.header_timeout, limits.max_connections or default_max_connections())
+    guards = ConnectionGuards(server.limits.header_timeout, server.limits.max_connections or default_max_connections())
     asyncio.run(_serve(server.make_app(), host, port, model_name, guards, bool(api_key)))
 
 

@@ -31,27 +31,13 @@ from trl.trainer.reward_trainer import suppress_seqcls_warning
 from trl.trainer.utils import create_model_from_path, global_then_local_main_first
 
 from ..data.regression import dataset_attributes, load_regression_records
-from ..heads import attribute_names, is_regression_model, regression_reward_weights, set_regression_labels
+from ..heads import attribute_names, is_regression_model, set_regression_labels
 from ..metrics import ATTRIBUTE_METRICS, regression_statistics, summarize_regression_statistics
 from .collator import DataCollatorForRegression
 from .config import RegressionRewardConfig
 from .examples import column_names, tokenize_regression_record
 from .loss import masked_mse_loss
-from .saving import format_regression_table
 from .trainer import RankedRewardTrainer
-
-# Documented in docs/regression.md as this module's: importable from here, defined where each concept lives.
-__all__ = [
-    "DataCollatorForRegression",
-    "RegressionRewardConfig",
-    "RegressionRewardTrainer",
-    "format_regression_table",
-    "masked_mse_loss",
-    "regression_reward_weights",
-    "regression_statistics",
-    "summarize_regression_statistics",
-    "tokenize_regression_record",
-]
 
 logger = logging.getLogger(__name__)
 

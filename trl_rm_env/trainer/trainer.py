@@ -40,7 +40,7 @@ import torch
 from trl import RewardTrainer
 
 from ..compat import checkpointing_enabled
-from ..metrics import STAT_COLUMNS, record_statistics, summarize_statistics
+from ..metrics import record_statistics, summarize_statistics
 from ..sharing import shared_context_scores, shared_prefix_scores, training_layout
 from .checkpoints import AtomicCheckpointMixin
 from .collator import (
@@ -362,4 +362,4 @@ def _pair_layout(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.T
     return ranks, torch.arange(half, device=device).repeat(2)
 
 
-__all__ = ["RankedRewardTrainer", "STAT_COLUMNS"]
+__all__ = ["RankedRewardTrainer"]
