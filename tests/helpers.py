@@ -180,17 +180,23 @@ def launch(
         ),
     )
     variables.update(extra)
+    return run_process(cmd, cwd, variables, timeout, f"{config} {script}")
+
+
+def run_process(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int, what: str) -> str:
+    """Run `cmd` in its own process group, its output captured; fail the test with the output's tail on a non-zero
+    exit, or on a run over `timeout` seconds (then the whole group is killed: a launcher and its workers)."""
     proc = subprocess.Popen(
-        cmd, cwd=cwd, env=variables, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdin=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        pytest.fail(f"{config} {script} ran over {timeout}s:\n{output[-6000:]}")
-    assert proc.returncode == 0, f"{config} {script} exited with {proc.returncode}:\n{output[-6000:]}"
+        pytest.fail(f"{what} ran over {timeout}s:\n{output[-6000:]}")
+    assert proc.returncode == 0, f"{what} exited with {proc.returncode}:\n{output[-6000:]}"
     return output
 
 

@@ -10,41 +10,36 @@ carries: the package, the recipes, their YAML and Accelerate configs, and the sa
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
+import shutil
 import sys
 import sysconfig
 import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, run_process
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
 def run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
-    """Run `cmd` in its own process group (killed whole on timeout); fail with the output's tail unless it exits 0."""
+    """Run `cmd` outside the checkout's reach (no `PYTHONPATH`), offline; its output (`run_process`)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="2", CI="true")
-    process = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        out, _ = process.communicate()
-        pytest.fail(f"{' '.join(cmd[:3])} ran over {timeout} s:\n{out[-4000:]}")
-    assert process.returncode == 0, f"{' '.join(cmd)} exited {process.returncode}:\n{out[-6000:]}"
-    return out
+    return run_process(cmd, cwd, env, timeout, " ".join(cmd[:4]))
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
-        cwd=out)  # fmt: skip
+    leftover = not (ROOT / "build").exists()  # setuptools builds in the checkout's build/ (git-ignored): tidy it
+    try:
+        run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+             str(ROOT)], cwd=out)  # fmt: skip
+    finally:
+        if leftover:
+            shutil.rmtree(ROOT / "build", ignore_errors=True)
     (built,) = out.glob("trl_rm_env-*.whl")
     return built
 
