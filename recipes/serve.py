@@ -30,12 +30,17 @@ def add_serve_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "serve",
-        help="Serve a reward model over HTTP (vLLM's /pooling and /classify, OpenRLHF's /get_reward).",
+        help="Serve a reward model over HTTP (vLLM's /pooling and /classify, OpenRLHF's /get_reward), or a generative "
+        "judge (a causal LM) on vLLM's OpenAI-compatible server.",
         description="Concurrent requests are batched together by token budget; a full queue answers 503, an "
         "over-size body or too many items 413, a slow client 408 or a closed connection. Binds to 127.0.0.1 by "
         "default; set --api-key before binding another interface.",
     )
-    p.add_argument("--model", required=True, help="Reward model: a save_pretrained folder or a Hub id.")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="Reward model (or a causal-LM judge, served by vLLM): a save_pretrained folder or a Hub id.",
+    )
     p.add_argument("--host", default="127.0.0.1", help="Interface to bind (default loopback only).")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
@@ -65,6 +70,8 @@ def serve(args: argparse.Namespace) -> int:
 
     options = options_from_flags(args, ScoringOptions, show_progress=False)
     limits = options_from_flags(args, ServerLimits)
+    if _is_judge(args.model, options):
+        return _serve_judge(args, options, limits)
     # What vLLM's server cannot do: our options around the engine, our limits, a reward computed from the outputs.
     ours = sorted(set(changed(options)) - VLLM_ENGINE_OPTIONS - {"engine", "show_progress"})
     ours_flags = ", ".join(filter(None, (flags(ScoringOptions, ours), flags(ServerLimits, sorted(changed(limits))))))
@@ -99,6 +106,53 @@ def serve(args: argparse.Namespace) -> int:
         aliases=[args.model],  # verl sends the model path as `model`; accepted, never echoed
     )
     return 0
+
+
+def _is_judge(model: str, options: Any) -> bool:
+    """Whether `model` is a causal LM (a generative judge) rather than a reward model: its config says so."""
+    from transformers import AutoConfig
+
+    from trl_rm_env.judges.engines import is_causal_lm
+    from trl_rm_env.model_source import check_model_source
+
+    path = check_model_source(model, "model")
+    return is_causal_lm(AutoConfig.from_pretrained(path, trust_remote_code=options.trust_remote_code))
+
+
+def _serve_judge(args: argparse.Namespace, options: Any, limits: ServerLimits) -> int:
+    """A generative judge on vLLM's OpenAI-compatible server (the generate runner): `JudgeEnvironment(remote_url=...)`
+    sends it token ids on `/v1/completions`, with the verdict tokens' log-probabilities asked by id."""
+    from trl_rm_env.judges.engines import plan_judge
+    from trl_rm_env.scoring.options import ScoringOptions
+    from trl_rm_env.scoring.vllm import VLLM_ENGINE_OPTIONS, engine_arguments, vllm_device
+    from trl_rm_env.serving.protocol import default_served_name
+    from trl_rm_env.serving.vllm_server import run_vllm_server
+
+    ours = sorted(set(changed(options)) - VLLM_ENGINE_OPTIONS - {"engine", "show_progress"})
+    ours_flags = ", ".join(filter(None, (flags(ScoringOptions, ours), flags(ServerLimits, sorted(changed(limits))))))
+    if ours_flags:
+        raise ValueError(
+            f"{ours_flags}: options of our reward-model server; {args.model} is a causal LM (a judge), served by vLLM's "
+            "server, which does not take them"
+        )
+    plan = plan_judge(args.model, options)
+    if plan.engine != "vllm":
+        raise ValueError(
+            f"{args.model} is a causal LM (a judge): it is served by vLLM's OpenAI-compatible server, and this one "
+            f"would be served on transformers ({plan.why}); install vLLM and use --engine vllm"
+        )
+    arguments = engine_arguments(plan.config, plan.options, own_device=True, runner="generate")
+    return run_vllm_server(
+        plan.model,
+        arguments,
+        served_name=args.served_model_name or default_served_name(args.model),
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        data_parallel_size=args.data_parallel_size,
+        cpu_backend=vllm_device() == "cpu",
+        routes="POST /v1/completions /v1/chat/completions",
+    )
 
 
 def _serve_with_vllm(args: argparse.Namespace, plan: Any, **server: Any) -> int:

@@ -259,3 +259,66 @@ def conversations(n: int, offset: int = 0, repeat: int = 1) -> list[tuple[list[d
         text = f"The answer is {a + b + i % 5}. " * (repeat + i % 3)
         out.append((context, [{"role": "assistant", "content": text.strip()}]))
     return out
+
+
+# ---------------------------------------------------------------------------------------------------- judges
+def judge_conversations():
+    """GRPO-shaped judge inputs: two groups (a one-turn prompt, and a multi-turn prompt with a system message), each
+    prompt repeated once per completion as TRL passes them."""
+    one = [{"role": "user", "content": "What is 2+2?"}]
+    multi = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Name a colour."},
+        {"role": "assistant", "content": "Red."},
+        {"role": "user", "content": "Another one?"},
+    ]
+    answers = [(one, "4"), (one, "Four, of course."), (one, "It is 5."), (multi, "Blue."), (multi, "Green, I think.")]
+    prompts = [p for p, _ in answers]
+    completions = [[{"role": "assistant", "content": a}] for _, a in answers]
+    return prompts, completions
+
+
+def _judge_prompt_text(prompt):
+    if len(prompt) == 1:
+        return prompt[0]["content"]
+    return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in prompt)
+
+
+@torch.no_grad()
+def judge_reference(model, tok, prompts, completions, mode, max_score=9):
+    """What a `logprobs` judge must give, from one forward of the plain model per judgement over the built-in template
+    rendered here with the judge's chat template (the model card's rule): pointwise, the expected rating over the
+    tokens `1..max_score`; pairwise (`pairs="all"`, `swap=True`), each completion's mean preference over its
+    comparisons in both orders."""
+    from trl_rm_env.judges.templates import ANSWER_FORMATS, TEMPLATES
+
+    def distribution(text, labels):
+        rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+        ids = tok(rendered, return_tensors="pt")["input_ids"]
+        logprobs = torch.log_softmax(model(input_ids=ids).logits[0, -1].double(), -1)
+        p = logprobs[[tok.convert_tokens_to_ids(label) for label in labels]].exp()
+        return p / p.sum()
+
+    def fill(mode, **values):
+        answer = ANSWER_FORMATS[(mode, "logprobs")].format(max_score=max_score, count=0)
+        return TEMPLATES[mode].format(answer_format=answer, max_score=max_score, **values)
+
+    texts = [c[0]["content"] for c in completions]
+    if mode == "pointwise":
+        out = []
+        for prompt, text in zip(prompts, texts):
+            p = distribution(fill("pointwise", prompt=_judge_prompt_text(prompt), completion=text), [str(k) for k in range(1, max_score + 1)])
+            out.append(float((p * torch.arange(1, max_score + 1, dtype=torch.double)).sum()))
+        return torch.tensor(out)
+    groups = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(repr(prompt), []).append(i)
+    shares = {i: [] for i in range(len(prompts))}
+    for members in groups.values():
+        for a in members:
+            for b in members:
+                if a != b:  # every ordered pair: both orders of every pair
+                    p_a = float(distribution(fill("pairwise", prompt=_judge_prompt_text(prompts[a]), completion_a=texts[a], completion_b=texts[b]), ["A", "B"])[0])
+                    shares[a].append(p_a)
+                    shares[b].append(1 - p_a)
+    return torch.tensor([sum(v) / len(v) for _, v in sorted(shares.items())])

@@ -27,6 +27,9 @@ _EXPORTS = {
     "load_regression_dataset": "trl_rm_env.data.regression",
     "load_regression_records": "trl_rm_env.data.regression",
     "RewardScorer": "trl_rm_env.scoring.scorer",
+    "JudgeEnvironment": "trl_rm_env.judges",
+    "JudgeOptions": "trl_rm_env.judges",
+    "CascadeReward": "trl_rm_env.judges",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

@@ -81,6 +81,7 @@ class RewardFunction:
 
     scorer: Scorer
     reward_options: RewardOptions
+    metric_prefix = "reward_model_env"  # where `_log` puts the metrics
     name = property(lambda self: self.reward_options.name)
     normalization = property(lambda self: self.reward_options.normalization)
     clip = property(lambda self: self.reward_options.clip)
@@ -220,7 +221,7 @@ class RewardFunction:
     ):
         if log_metric is None or rewards.numel() == 0:
             return
-        prefix = "reward_model_env"
+        prefix = self.metric_prefix
         log_metric(f"{prefix}/num_samples", float(rewards.numel()))
         log_metric(f"{prefix}/mean_reward", rewards.mean().item())
         log_metric(f"{prefix}/std_reward", rewards.std(unbiased=False).item())

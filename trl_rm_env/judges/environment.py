@@ -1,0 +1,483 @@
+"""`JudgeEnvironment`: a generative judge (a causal LM) as a GRPO reward function, pointwise, pairwise over a GRPO
+group, or listwise, read from log-probabilities or parsed from generated text."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import os
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedModel
+
+from ..environment.rewards import Ids, RewardFunction, RewardOptions, Samples
+from ..options import build, changed, names, route, spelled
+from ..scoring.options import ScoringOptions
+from ..scoring.scorer import strip_completion_reasoning
+from ..serving.options import RemoteOptions, local_only
+from ..tokenization import encode_messages
+from . import templates as T
+from .engines import load_judge_engine, plan_judge
+from .options import MAX_LIST, JudgeOptions
+from .remote import RemoteJudgeEngine
+from .verdicts import distribution, label_token_ids, parse_ranking, parse_score, parse_winner
+
+logger = logging.getLogger(__name__)
+
+OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "options", "scoring_options")
+OPTION_CLASSES = (JudgeOptions, ScoringOptions, RewardOptions, RemoteOptions)
+"""Where the judge's options are declared: how it judges, how the judge model loads and runs, what the reward function
+does with the rewards, and how servers are reached (with `remote_url`)."""
+REWARD_MODEL_ONLY = ("label_index", "attribute_weights", "reward_model_type", "truncation")
+"""`ScoringOptions` of a reward model's head and context truncation: refused for a judge (cutting a judge's prompt
+would cut its instructions; an over-long judgement gets `overlength_reward` or fails)."""
+
+
+@dataclass
+class Judgement:
+    """One request to the judge: the batch samples it judges, in the order the judge sees them, and its prompt
+    (token ids, or the message list sent to a chat server); `overlength` when the prompt does not fit."""
+
+    samples: tuple[int, ...]
+    prompt: Any
+    overlength: bool = False
+
+
+class JudgeEnvironment(RewardFunction):
+    """A generative judge wrapped as a GRPO reward function (TRL's reward-function signature), run in this process
+    (vLLM or transformers) or on OpenAI-compatible servers.
+
+    Modes (`mode`): `pointwise` rates each completion (the reward is the rating, 1..`max_score`); `pairwise`
+    compares the completions of each GRPO group (samples with equal prompts in the call) in pairs (`pairs`: `all` or
+    `circular`; `swap` judges both orders) and gives each its mean preference over its comparisons (0..1);
+    `listwise` shows the whole group at once and gives each completion its standing (`logprobs`: the probability
+    that it is the best; `generate`: `(N - 1 - rank) / (N - 1)` of the ranking the judge writes), averaged over both
+    orders with `swap`.
+
+    Scoring (`scoring`): `logprobs` reads the verdict from the judge's next-token distribution over the verdict tokens,
+    renormalized over them (pointwise: the expected rating `sum_k k p(k) / sum_k p(k)`; pairwise: `p(A) / (p(A) +
+    p(B))`), one forward per judgement and nothing to parse; the mass the verdict tokens held is logged as
+    `judge_env/rating_mass`. `generate` lets the judge write (`max_new_tokens`), strips `<think>`, parses the
+    verdict, asks again `parse_retries` times when it cannot, then gives `unparsed_reward` (None: an error naming the
+    samples); never a silent 0.
+
+    Everything around the judgements is the reward-model environment's (`RewardFunction`): TRL's input checks, empty
+    completions, normalization, clipping, `strip_reasoning` (the policy's `<think>` removed before judging) and the
+    metrics, under `judge_env/*`. Templates: `trl_rm_env.judges.templates`.
+
+    Args:
+        model: A Hub id or local path of a causal LM (`*ForCausalLM`), or a loaded one. With `remote_url`: the model
+            name sent to the servers (None: the server's own).
+        tokenizer: The judge's tokenizer, or a path/id to load it from (default: the model's own). With `remote_url`,
+            judgements go as token ids rendered with it (else `model`'s when it loads), or as messages.
+        remote_url: Judge on OpenAI-compatible servers at this URL or these URLs (`trl-rm-env serve --engine vllm
+            --model JUDGE`, `vllm serve`, ...) instead of loading the judge here.
+        options: A `JudgeOptions` instance; `scoring_options`: a `ScoringOptions` instance. Any option of either may
+            also be given by name.
+        **options_by_name: Every option of `JudgeOptions` (`mode`, `scoring`, `pairs`, `swap`, `max_score`,
+            `template`, ...), of `ScoringOptions` that applies to a causal LM (`engine`, `precision`, `max_length`,
+            `batch_size`, `max_tokens_per_batch`, `template_kwargs`, `strip_reasoning`, `overlength_reward`,
+            `vllm_*`, ...), of `RewardOptions` (`name`, default `judge`; `normalization`, `clip`,
+            `empty_completion_reward`) and, with `remote_url`, of `RemoteOptions` (`remote_input`, `timeout`,
+            `retries`, ...).
+
+    Raises:
+        TypeError: an unknown keyword argument (the accepted ones are listed), or no model and no `remote_url`.
+        ValueError: a bad option value, a reward-model-only option, a template without the mode's fields, a verdict
+            that is not one token of the judge's tokenizer (`logprobs`), or a model that is not a causal LM.
+    """
+
+    metric_prefix = "judge_env"
+
+    def __init__(
+        self,
+        model: str | os.PathLike | PreTrainedModel | None = None,
+        tokenizer: Any = None,
+        *,
+        remote_url: str | Sequence[str] | None = None,
+        options: JudgeOptions | None = None,
+        scoring_options: ScoringOptions | None = None,
+        **options_by_name: Any,
+    ):
+        judge_values, scoring_values, reward_values, remote_values = route(
+            options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
+        )
+        self.options = judge = build(JudgeOptions, options, **judge_values)
+        scoring = ScoringOptions.build(scoring_options, **scoring_values)
+        refused = sorted(set(changed(scoring)) & set(REWARD_MODEL_ONLY))
+        if refused:
+            raise ValueError(
+                f"{spelled(ScoringOptions, refused)}: options of a reward model's head or context truncation, not of a "
+                "judge (an over-long judgement gets overlength_reward, or fails naming the samples)"
+            )
+        reward = RewardOptions(**{"name": "judge", **reward_values})
+        self._check_template(judge)
+        if remote_url is None:
+            if remote_values:
+                raise ValueError(
+                    f"{', '.join(sorted(remote_values))}: options of a judge behind servers; this one is loaded here "
+                    "(give remote_url to judge on servers)"
+                )
+            if model is None:
+                raise TypeError(
+                    "JudgeEnvironment needs a model (a path, a Hub id or a loaded causal LM), or remote_url"
+                )
+            plan = plan_judge(model, scoring)
+            self.engine, self.tokenizer = load_judge_engine(plan, tokenizer)
+            self.tokens, self.remote_url = True, None
+        else:
+            if isinstance(model, PreTrainedModel):
+                raise TypeError("with remote_url, model is the model name sent to the servers, not a loaded model")
+            local = local_only(scoring)
+            if local:
+                raise ValueError(
+                    f"{spelled(ScoringOptions, local)}: applied by a judge loaded in this process, not by one behind "
+                    "servers; give them to the server or drop them"
+                )
+            remote = RemoteOptions(**remote_values)
+            if remote.remote_api != "pooling":
+                raise ValueError("remote_api is the dialect of reward-model servers; a judge speaks OpenAI's API")
+            self.tokenizer = _judge_tokenizer(tokenizer, model, remote.remote_input, reward.name)
+            self.tokens = self.tokenizer is not None and remote.remote_input != "messages"
+            self.engine = RemoteJudgeEngine(remote_url, model=model, tokens=self.tokens, options=remote)
+            self.remote_url = self.engine.bases
+        self.scoring_options = scoring
+        self._configure(judge, reward)
+
+    def _check_template(self, judge: JudgeOptions) -> None:
+        T.check_template(judge.template if judge.template is not None else T.TEMPLATES[judge.mode], judge.mode)
+
+    def _configure(self, judge: JudgeOptions, reward: RewardOptions) -> None:
+        """Everything that follows from the options once the judge runs: template, verdict tokens, the pipeline."""
+        scoring = self.scoring_options
+        self.options = judge
+        self.template = judge.template if judge.template is not None else T.TEMPLATES[judge.mode]
+        self.columns = sorted(T.check_template(self.template, judge.mode))
+        self.template_kwargs = scoring.template_kwargs
+        self.overlength_reward = scoring.overlength_reward
+        self.labels = self._labels()
+        self.label_ids = (
+            label_token_ids(self.tokenizer, self.labels, reward.name)
+            if judge.scoring == "logprobs" and self.tokenizer is not None
+            else None
+        )
+        self.show_progress = scoring.show_progress
+        self._setup(self.engine, reward, strip_reasoning=scoring.strip_reasoning)
+        self.last_judgements: list[Judgement] = []  # the judgements of the last call (tests, debugging)
+
+    def replace(self, **values: Any) -> JudgeEnvironment:
+        """Another reward function on the same judge (its engine is shared, nothing loads again) with some
+        `JudgeOptions` or `RewardOptions` changed: `judge.replace(mode="pairwise", name="pairwise_judge")`.
+
+        Raises:
+            TypeError: a name that is not a `JudgeOptions` or `RewardOptions` option (a `ScoringOptions` one needs a
+                new judge: it says how the model loads and runs).
+        """
+        judge_values, reward_values = route(values, JudgeOptions, RewardOptions, what="option")
+        other = copy.copy(self)
+        other._configure(
+            build(JudgeOptions, self.options, **judge_values),
+            build(RewardOptions, self.reward_options, **reward_values),
+        )
+        return other
+
+    def _labels(self) -> list[str]:
+        mode = self.options.mode
+        if mode == "pointwise":
+            return [str(k) for k in range(1, self.options.max_score + 1)]
+        if mode == "pairwise":
+            return ["A", "B"]
+        return [str(k) for k in range(1, MAX_LIST + 1)]
+
+    @classmethod
+    def argument_names(cls) -> set[str]:
+        """Every keyword argument: the judge's own and every option's."""
+        return {"remote_url"} | {name for options in OPTION_CLASSES for name in names(options)}
+
+    # ------------------------------------------------------------------ the reward function
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.__call__)
+
+    @property
+    def __call__(self) -> Callable[..., Any]:
+        """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`; a coroutine
+        function when servers judge (TRL awaits it)."""
+        return self._rewards_async if self.engine.is_async else self._rewards
+
+    def _rewards(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
+    ) -> list[float]:
+        steps = self._judge(prompts, completions, kwargs)
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(self._run(request))
+        except StopIteration as done:
+            return done.value
+
+    async def _rewards_async(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
+    ) -> list[float]:
+        steps = self._judge(prompts, completions, kwargs)
+        try:
+            request = next(steps)
+            while True:
+                request = steps.send(await self._run(request))
+        except StopIteration as done:
+            return done.value
+
+    def _run(self, request: tuple) -> Any:
+        """One engine call: `("logprobs", prompts)` or `("generate", prompts, temperature, seed)`."""
+        if request[0] == "logprobs":
+            return self.engine.label_logprobs(request[1], self.label_ids, self.labels)
+        _, prompts, temperature, seed = request
+        return self.engine.generate(prompts, self.options.max_new_tokens, temperature, seed)
+
+    # ------------------------------------------------------------------ one call
+    def _judge(
+        self, prompts: Samples, completions: Samples, kwargs: Mapping[str, Any]
+    ) -> Generator[tuple, Any, list[float]]:
+        """The whole reward call, yielding engine requests (`_run`) and receiving their answers."""
+        empty, to_score, rewards = self._plan(prompts, completions)
+        columns = self._columns(kwargs, len(prompts))
+        strip = self.strip_reasoning
+        texts = {
+            i: T.completion_text(strip_completion_reasoning(completions[i]) if strip else completions[i])
+            for i in to_score
+        }
+        groups = self._groups(prompts, to_score)
+        judgements, alone = self._judgements(prompts, texts, groups, columns)
+        self.last_judgements = judgements
+        counts = {
+            "num_judgements": float(len(judgements)),
+            "num_overlength": 0.0,
+            "num_unparsed": 0.0,
+            "num_retried": 0.0,
+        }
+        verdicts: list[Any] = [None] * len(judgements)
+        sendable = [k for k, j in enumerate(judgements) if not j.overlength]
+        counts["num_overlength"] = float(len(judgements) - len(sendable))
+        masses: list[float] = []
+        if self.options.scoring == "logprobs" and sendable:
+            answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
+            for k, logprobs in zip(sendable, answers):
+                verdicts[k], mass = self._from_logprobs(judgements[k], logprobs)
+                masses.append(mass)
+        elif self.options.scoring == "generate":
+            pending, temperature = sendable, self.options.temperature
+            for attempt in range(self.options.parse_retries + 1):
+                if not pending:
+                    break
+                if attempt:
+                    counts["num_retried"] += len(pending)
+                    temperature = self.options.temperature if self.options.temperature > 0 else 1.0
+                answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, attempt)
+                for k, text in zip(pending, answers):
+                    verdicts[k] = self._from_text(judgements[k], text)
+                self._last_texts = dict(zip(pending, answers))
+                pending = [k for k in pending if verdicts[k] is None]
+        counts["num_unparsed"] = float(sum(1 for k in sendable if verdicts[k] is None))
+        values = self._aggregate(judgements, verdicts, to_score, alone)
+        if to_score:
+            rewards[torch.tensor(to_score)] = torch.tensor([values[i] for i in to_score], dtype=torch.float32)
+        log_metric = kwargs.get("log_metric")
+        out = self._finish(rewards, empty, log_metric)
+        if log_metric is not None and len(prompts):
+            for key, value in counts.items():
+                log_metric(f"{self.metric_prefix}/{key}", value)
+            log_metric(f"{self.metric_prefix}/num_single", float(len(alone)))
+            if masses:
+                log_metric(f"{self.metric_prefix}/rating_mass", sum(masses) / len(masses))
+        return out
+
+    def _columns(self, kwargs: Mapping[str, Any], n: int) -> dict[str, Sequence[Any]]:
+        """The dataset columns the template reads, one value per sample (TRL passes each column as a list)."""
+        out = {}
+        for name in self.columns:
+            value = kwargs.get(name)
+            if value is None:
+                given = sorted(k for k, v in kwargs.items() if isinstance(v, list | tuple) and len(v) == n)
+                raise ValueError(
+                    f"{self.name}: the judge template reads {{{name}}}, but the reward function got no column {name!r}; "
+                    f"the dataset columns TRL passed: {given}"
+                )
+            if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
+                raise ValueError(
+                    f"{self.name}: column {name!r} must hold one value per sample ({n}), as TRL passes it"
+                )
+            out[name] = value
+        return out
+
+    def _groups(self, prompts: Samples, to_score: list[int]) -> list[list[int]]:
+        """The samples to judge grouped by equal prompts (a GRPO group), in order of first appearance."""
+        groups: dict[str, list[int]] = {}
+        for i in to_score:
+            prompt = prompts[i]
+            key = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+            groups.setdefault(key, []).append(i)
+        return list(groups.values())
+
+    def _prompt(self, values: dict[str, Any]) -> tuple[Any, bool]:
+        """A judgement's prompt (token ids, or the message list for a chat server) and whether it is over-length."""
+        mode, scoring = self.options.mode, self.options.scoring
+        values["answer_format"] = T.answer_format(mode, scoring, **values)
+        chat = T.judge_chat(T.fill(self.template, values))
+        if not self.tokens:
+            return chat, False
+        ids = encode_messages(self.tokenizer, chat, add_generation_prompt=True, **self.template_kwargs)
+        longest = self.engine.max_length
+        room = 1 if scoring == "logprobs" else self.options.max_new_tokens
+        return ids, longest is not None and len(ids) + room > longest
+
+    def _judgements(
+        self, prompts: Samples, texts: dict[int, str], groups: list[list[int]], columns: dict[str, Sequence[Any]]
+    ) -> tuple[list[Judgement], list[int]]:
+        """Every judgement of the call, and the samples alone in their group (pairwise, listwise)."""
+        judge, out, alone = self.options, [], []
+
+        def add(samples: tuple[int, ...], **fields: Any) -> None:
+            first = samples[0]
+            values = {"prompt": T.prompt_text(prompts[first]), **{c: columns[c][first] for c in columns}, **fields}
+            prompt, overlength = self._prompt(values)
+            out.append(Judgement(samples, prompt, overlength))
+
+        for members in groups:
+            if judge.mode == "pointwise":
+                for i in members:
+                    add((i,), completion=texts[i], max_score=judge.max_score)
+                continue
+            if len(members) == 1:
+                alone.append(members[0])
+                continue
+            if judge.mode == "pairwise":
+                n = len(members)
+                pairs = (
+                    [(a, b) for a in range(n) for b in range(a + 1, n)]
+                    if judge.pairs == "all" or n == 2
+                    else [(a, (a + 1) % n) for a in range(n)]
+                )
+                for a, b in pairs:
+                    orders = [(members[a], members[b])] + ([(members[b], members[a])] if judge.swap else [])
+                    for x, y in orders:
+                        add((x, y), completion_a=texts[x], completion_b=texts[y])
+                continue
+            if judge.scoring == "logprobs" and len(members) > MAX_LIST:
+                raise ValueError(
+                    f"{self.name}: a listwise judgement by logprobs ranks at most {MAX_LIST} answers (one verdict token "
+                    f"each); this group has {len(members)}. Use mode='pairwise' or scoring='generate'."
+                )
+            orders = [list(members)] + ([list(reversed(members))] if judge.swap else [])
+            for order in orders:
+                add(tuple(order), completions=T.numbered([texts[i] for i in order]), count=len(order))
+        return out, alone
+
+    def _from_logprobs(self, judgement: Judgement, logprobs: Sequence[float]) -> tuple[Any, float]:
+        """A judgement's verdict (None when the verdict tokens held no probability) and the mass they held."""
+        mode = self.options.mode
+        if mode == "listwise":
+            logprobs = logprobs[: len(judgement.samples)]
+        probs, mass = distribution(logprobs)
+        if mass <= 0:
+            return None, 0.0
+        if mode == "pointwise":
+            return sum((k + 1) * p for k, p in enumerate(probs)), mass
+        if mode == "pairwise":
+            return probs[0], mass
+        return probs, mass
+
+    def _from_text(self, judgement: Judgement, text: str) -> Any:
+        mode = self.options.mode
+        if mode == "pointwise":
+            return parse_score(text, self.options.max_score)
+        if mode == "pairwise":
+            return parse_winner(text)
+        n = len(judgement.samples)
+        ranking = parse_ranking(text, n)
+        if ranking is None:
+            return None
+        values = [0.0] * n
+        for rank, position in enumerate(ranking):
+            values[position] = (n - 1 - rank) / (n - 1)
+        return values
+
+    def _aggregate(
+        self, judgements: list[Judgement], verdicts: list[Any], to_score: list[int], alone: list[int]
+    ) -> dict[int, float]:
+        """Each sample's reward: the mean of its share of every verdict, or the fallback of why it has none."""
+        shares: dict[int, list[float]] = {i: [] for i in to_score}
+        failed: dict[int, str] = {}
+        for judgement, verdict in zip(judgements, verdicts):
+            samples = judgement.samples
+            if verdict is None:
+                for i in samples:
+                    failed.setdefault(i, "overlength" if judgement.overlength else "unparsed")
+                continue
+            if self.options.mode == "pointwise":
+                shares[samples[0]].append(verdict)
+            elif self.options.mode == "pairwise":
+                shares[samples[0]].append(verdict)
+                shares[samples[1]].append(1.0 - verdict)
+            else:
+                for i, value in zip(samples, verdict):
+                    shares[i].append(value)
+        values: dict[int, float] = {}
+        missing: dict[str, list[int]] = {"overlength": [], "unparsed": []}
+        for i in to_score:
+            if shares[i]:
+                values[i] = sum(shares[i]) / len(shares[i])
+            elif i in alone:
+                values[i] = float(self.options.single_reward)
+            else:
+                missing[failed.get(i, "unparsed")].append(i)
+        for reason, samples in missing.items():
+            if not samples:
+                continue
+            fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
+            if fallback is None:
+                raise ValueError(self._failure(reason, samples))
+            values.update({i: float(fallback) for i in samples})
+        return values
+
+    def _failure(self, reason: str, samples: list[int]) -> str:
+        shown = f"{samples[:10]}{' ...' if len(samples) > 10 else ''}"
+        if reason == "overlength":
+            return (
+                f"{self.name}: the judge's prompt for completions {shown} is longer than its max length "
+                f"{self.engine.max_length} (with room for its answer); set overlength_reward, or raise max_length"
+            )
+        last = next(iter(getattr(self, "_last_texts", {}).values()), "")
+        return (
+            f"{self.name}: no verdict could be read for completions {shown} after {self.options.parse_retries} "
+            f"retries (the judge's last answer began {last[:200]!r}); set unparsed_reward, or fix the template's "
+            "answer format"
+        )
+
+    def __repr__(self) -> str:
+        where = f"remote_url={self.remote_url!r}" if self.remote_url else f"engine={self.engine.name!r}"
+        return f"{type(self).__name__}(name={self.name!r}, mode={self.options.mode!r}, scoring={self.options.scoring!r}, {where})"
+
+
+def _judge_tokenizer(tokenizer: Any, model: str | None, remote_input: str, name: str) -> Any:
+    """The judge's tokenizer for a remote judge: the one given (loaded from a path or id), else `model`'s when it
+    loads and token ids are wanted; None sends messages."""
+    if isinstance(tokenizer, str | os.PathLike):
+        return AutoTokenizer.from_pretrained(str(tokenizer))
+    if tokenizer is not None or remote_input == "messages":
+        return tokenizer
+    if model:
+        try:
+            return AutoTokenizer.from_pretrained(model)
+        except (OSError, ValueError) as err:
+            if remote_input == "tokens":
+                raise ValueError(
+                    f"{name}: remote_input='tokens' needs the judge's tokenizer; {model!r} is not one ({err}). Give "
+                    "tokenizer= (its path or Hub id)."
+                ) from err
+    logger.info("%s: sending messages to the judge server, which renders them with its own chat template.", name)
+    return None

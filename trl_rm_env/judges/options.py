@@ -1,0 +1,109 @@
+"""`JudgeOptions`: what a generative judge is asked and how its answer becomes a reward, each option declared once.
+
+A judge's other options are declared where they already live: how the judge model loads and runs (`engine`,
+`precision`, `max_length`, `batch_size`, `vllm_*`, `template_kwargs`, `strip_reasoning`, ...) in `ScoringOptions`, what
+the reward function does with the rewards in `RewardOptions`, how servers are reached in `RemoteOptions`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..options import check_choices, document, option
+
+MODES = ("pointwise", "pairwise", "listwise")
+SCORINGS = ("logprobs", "generate")
+PAIRINGS = ("all", "circular")
+MAX_LIST = 9
+"""Most completions a listwise judgement can rank by log-probabilities: one single-token label each (1..9)."""
+
+
+def _judge(name: str) -> dict[str, str]:
+    """A judge option's spellings: `--judge-<name>` and `reward_judge_<name>`."""
+    return {"flag": "--judge-" + name.replace("_", "-"), "recipe": "reward_judge_" + name}
+
+
+@document
+@dataclass(frozen=True)
+class JudgeOptions:
+    """How a generative judge judges and how its verdicts become rewards (the `Args` below are generated from the
+    fields).
+
+    Raises:
+        ValueError: a value outside an option's choices, `max_score < 2`, a negative `parse_retries`, or
+            `max_new_tokens < 1`.
+    """
+
+    mode: str = option(
+        "pointwise",
+        choices=MODES,
+        help="`pointwise`: one judgement per completion; `pairwise`: the completions of a GRPO group compared in "
+        "pairs; `listwise`: one judgement over the whole group.",
+        **_judge("mode"),
+    )
+    scoring: str = option(
+        "logprobs",
+        choices=SCORINGS,
+        help="`logprobs`: the verdict is read from the judge's next-token probabilities over the verdict tokens (one "
+        "forward, exact, nothing to parse); `generate`: the judge writes (and may reason), then the verdict is "
+        "parsed from its text.",
+        **_judge("scoring"),
+    )
+    pairs: str = option(
+        "all",
+        choices=PAIRINGS,
+        help="Pairwise: which pairs of a group of N are judged: `all` (N(N-1)/2) or `circular` (i against i+1, N).",
+        **_judge("pairs"),
+    )
+    swap: bool = option(
+        True,
+        help="Judge each pair (pairwise) or list (listwise) in both orders and average, cancelling position bias "
+        "(twice the judgements).",
+        **_judge("swap"),
+    )
+    max_score: int = option(
+        9,
+        help="Pointwise: ratings run from 1 to this (>= 2; with `logprobs` each rating must be one token of the "
+        "judge's tokenizer); the reward is the rating.",
+        **_judge("max_score"),
+    )
+    template: str | None = option(
+        None,
+        help="The judge's prompt, with named fields (`{prompt}`, `{completion}`; `{completion_a}`, "
+        "`{completion_b}`; `{completions}`; `{max_score}`, `{answer_format}`; any dataset column TRL passes). None: "
+        "the built-in template of the mode (`trl_rm_env.judges.templates`).",
+        **_judge("template"),
+    )
+    single_reward: float = option(
+        0.5,
+        help="Pairwise and listwise: the reward of a completion alone in its group (nothing to compare it with).",
+        **_judge("single_reward"),
+    )
+    max_new_tokens: int = option(
+        512, help="`generate`: most tokens the judge writes per judgement.", **_judge("max_new_tokens")
+    )
+    temperature: float = option(
+        0.0,
+        help="`generate`: sampling temperature of the first try (0: greedy); retries sample at 1.0 when it is 0.",
+        **_judge("temperature"),
+    )
+    parse_retries: int = option(
+        2, help="`generate`: how many times an unparseable judgement is asked again.", **_judge("parse_retries")
+    )
+    unparsed_reward: float | None = option(
+        None,
+        help="`generate`: the reward of a completion whose judgements stayed unparseable after the retries (counted "
+        "in `judge_env/num_unparsed`). None: an error naming the samples.",
+        **_judge("unparsed_reward"),
+    )
+
+    def __post_init__(self) -> None:
+        check_choices(self)
+        if self.max_score < 2:
+            raise ValueError(f"max_score must be >= 2, got {self.max_score}")
+        if self.parse_retries < 0:
+            raise ValueError(f"parse_retries must be >= 0, got {self.parse_retries}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
