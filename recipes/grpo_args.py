@@ -2,7 +2,9 @@
 
 Its own keys are declared below; every option of the reward function (`ScoringOptions`, `RewardOptions`,
 `RemoteOptions`) is a generated key, `reward_<option>` (`recipes/spellings.py`), so the recipe offers each option the
-environment takes, with its help, default and choices, and a new option needs no change here.
+environment takes, with its help, default and choices, and a new option needs no change here. A generative judge
+(`reward_judge`) is a second reward source beside the reward model or instead of it (`reward_model: null`); its
+`JudgeOptions` are generated keys too, `reward_judge_<option>`, and its other options go in `reward_judge_options`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from datasets import Dataset
 from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.sources import parse_data_spec
 from trl_rm_env.environment.reward_model import OPTION_CLASSES
-from trl_rm_env.scoring.options import ScoringOptions
+from trl_rm_env.judges.options import JudgeOptions
+from trl_rm_env.scoring.options import ScoringOptions, json_object
 from trl_rm_env.serving.options import RemoteOptions, local_only
 
 from .spellings import options_from_recipe, recipe_fields, recipe_spellings
@@ -37,9 +40,22 @@ class RewardModelRecipeArguments:
         prompt_column: Column holding the prompt (string or messages) for Hub/local prompt datasets.
         build_tiny_model: Build the tiny offline models (`make-tiny`) when the policy path, a folder named `policy`, is
             missing (quickstart). A missing `reward_model` is always an error, never replaced by the untrained tiny RM.
+        reward_judge: A generative judge (a causal LM: Hub id or local path; with `reward_judge_url`, the model name
+            sent to the servers) as a reward source after the reward model (TRL's `reward_weights` weigh them in
+            that order). None: no judge.
+        reward_judge_url: Judge on OpenAI-compatible servers at these URLs (`trl-rm-env serve --engine vllm --model
+            JUDGE`, `vllm serve`).
+        reward_judge_tokenizer: The judge's tokenizer (default: the judge's own; with `reward_judge_url`, the
+            judgements go as token ids rendered with it, else as messages).
+        reward_judge_options: More `JudgeEnvironment` options as a mapping (JSON on the command line): how the judge
+            loads and runs (`precision`, `max_length`, `template_kwargs`, `engine`, ...), its reward function (`name`,
+            `normalization`, ...) and its servers (`timeout`, ...).
     """
 
-    reward_model: str = field(default="Skywork/Skywork-Reward-V2-Qwen3-0.6B", metadata={"help": "RM id or path."})
+    reward_model: str | None = field(
+        default="Skywork/Skywork-Reward-V2-Qwen3-0.6B",
+        metadata={"help": "RM id or path (null: no reward model, a judge only)."},
+    )
     reward_tokenizer: str | None = field(default=None, metadata={"help": "RM tokenizer (default: the RM's)."})
     reward_remote_url: list[str] | None = field(
         default=None,
@@ -50,6 +66,37 @@ class RewardModelRecipeArguments:
     build_tiny_model: bool = field(
         default=False, metadata={"help": "Build the tiny offline models if the policy path is missing."}
     )
+    reward_judge: str | None = field(default=None, metadata={"help": "A generative judge (causal LM) id or path."})
+    reward_judge_url: list[str] | None = field(
+        default=None, metadata={"help": "Judge on OpenAI-compatible servers at these URLs."}
+    )
+    reward_judge_tokenizer: str | None = field(default=None, metadata={"help": "The judge's tokenizer."})
+    reward_judge_options: dict | str | None = field(
+        default=None, metadata={"help": "More JudgeEnvironment options (a mapping; JSON on the command line)."}
+    )
+
+    def judge_kwargs(self) -> dict | None:
+        """Keyword arguments for `JudgeEnvironment` (besides the model), or None without `reward_judge`.
+
+        Raises:
+            ValueError: a `reward_judge_*` key without `reward_judge`, or a bad value, named by its key.
+        """
+        judge = options_from_recipe(self, JudgeOptions)
+        try:
+            more = json_object(self.reward_judge_options)
+        except ValueError as err:
+            raise ValueError(f"reward_judge_options: {err}") from None
+        if self.reward_judge is None:
+            keys = sorted(key for key, name in recipe_spellings(JudgeOptions).items() if name in judge)
+            own = ("reward_judge_url", "reward_judge_tokenizer", "reward_judge_options")
+            given = keys + [key for key in own if getattr(self, key)]
+            if given:
+                raise ValueError(f"{', '.join(given)} apply with reward_judge (a generative judge)")
+            return None
+        kwargs = {**more, **judge, "tokenizer": self.reward_judge_tokenizer}
+        if self.reward_judge_url:
+            kwargs["remote_url"] = list(self.reward_judge_url)
+        return kwargs
 
     def environment_kwargs(self) -> dict:
         """Keyword arguments for `RewardModelEnvironment` (besides the model): the options given (`reward_*` keys
@@ -115,11 +162,17 @@ class RewardModelRecipeArguments:
         return '"completions"' in first and '"context"' in first
 
 
+RECIPE_OPTION_CLASSES = (*OPTION_CLASSES, JudgeOptions)
+"""The options classes with generated keys in the GRPO recipe: the reward model's (`reward_<option>`) and the
+judge's (`reward_judge_<option>`)."""
+
+
 def _generated_doc() -> str:
-    lines = [f"        {key}: {fld.metadata['help']}" for cls in OPTION_CLASSES for key, _, fld in recipe_fields(cls)]
+    lines = [f"        {key}: {fld.metadata['help']}" for cls in RECIPE_OPTION_CLASSES for key, _, fld in recipe_fields(cls)]
     return (
         (RewardModelRecipeArguments.__doc__ or "").rstrip()
-        + "\n\n    Options of the reward function (generated: `reward_<option>`, see `recipes/spellings.py`):\n"
+        + "\n\n    Options of the reward functions (generated: `reward_<option>` and `reward_judge_<option>`, see "
+        "`recipes/spellings.py`):\n"
         + "\n".join(lines)
         + "\n"
     )
@@ -127,7 +180,7 @@ def _generated_doc() -> str:
 
 RewardModelArguments = dataclasses.make_dataclass(
     "RewardModelArguments",
-    [spec for cls in OPTION_CLASSES for spec in recipe_fields(cls)],
+    [spec for cls in RECIPE_OPTION_CLASSES for spec in recipe_fields(cls)],
     bases=(RewardModelRecipeArguments,),
     namespace={"__doc__": _generated_doc(), "__module__": __name__},
 )

@@ -1,4 +1,5 @@
-"""GRPO with a reward model as the reward: TRL's `GRPOTrainer` + `RewardModelEnvironment`.
+"""GRPO with a reward model as the reward: TRL's `GRPOTrainer` + `RewardModelEnvironment`, and/or a generative judge
+(`reward_judge`: `JudgeEnvironment`), weighed by TRL's `reward_weights` in that order.
 
     trl-rm-env grpo --config grpo_rm_tiny.yaml                                         # installed: offline, CPU
     accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm_tiny.yaml   # from a checkout, ~1 min
@@ -21,18 +22,25 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     from trl import GRPOTrainer, get_peft_config
     from trl_rm_env.recipes import steps
 
-    from trl_rm_env import RewardModelEnvironment
+    from trl_rm_env import JudgeEnvironment, RewardModelEnvironment
     from trl_rm_env.model_source import check_model_source
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
 
     resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
     reward_options = rm_args.environment_kwargs()  # a bad reward_* value fails here, naming its key
+    judge_options = rm_args.judge_kwargs()  # ... and a bad reward_judge_* value
+    with_rm = rm_args.reward_model is not None or bool(rm_args.reward_remote_url)  # served: the server's own model
+    if not with_rm and judge_options is None:
+        raise ValueError("reward_model is null and no reward_judge is given: GRPO needs a reward source")
+    given = sorted(name for name, value in reward_options.items() if name != "tokenizer" or value is not None)
+    if not with_rm and given:
+        raise ValueError(f"reward_model is null (no reward model), but options of one are given: {', '.join(given)}")
     if training_args.ddp_find_unused_parameters is None:  # every policy parameter gets a gradient: skip DDP's search
         training_args.ddp_find_unused_parameters = False
 
     # --- models ----------------------------------------------------------------------------------------------
     quantization_config = steps.quantization(model_args)  # the policy: --load_in_4bit/8bit with --use_peft (QLoRA)
-    if not rm_args.reward_remote_url:  # a reward model that does not exist is an error, never a random stand-in
+    if rm_args.reward_model is not None and not rm_args.reward_remote_url:  # never a random stand-in RM
         check_model_source(
             rm_args.reward_model,
             "reward model",
@@ -42,7 +50,13 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     policy_path = steps.prepare_model(
         model_args, training_args, build_tiny=rm_args.build_tiny_model, kind="policy", what="policy"
     )
-    reward = RewardModelEnvironment(rm_args.reward_model, **reward_options)
+    if judge_options is not None and not rm_args.reward_judge_url:  # after the tiny models are built, if asked
+        check_model_source(rm_args.reward_judge, "judge")
+    rewards = []
+    if with_rm:
+        rewards.append(RewardModelEnvironment(rm_args.reward_model, **reward_options))
+    if judge_options is not None:
+        rewards.append(JudgeEnvironment(rm_args.reward_judge, **judge_options))
 
     # --- data ------------------------------------------------------------------------------------------------
     prompts = rm_args.load_prompts()
@@ -50,7 +64,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     # --- train -----------------------------------------------------------------------------------------------
     trainer = with_atomic_checkpoints(GRPOTrainer)(  # checkpoints appear complete or not at all
         model=policy_path,
-        reward_funcs=[reward],
+        reward_funcs=rewards,
         args=training_args,
         train_dataset=prompts,
         quantization_config=quantization_config,

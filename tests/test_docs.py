@@ -275,3 +275,16 @@ def test_deepspeed_launch_commands_come_with_the_install_hint():
         and not re.search(r"pip install[^\n]*deepspeed", _read(path))
     ]
     assert not offenders, f"DeepSpeed launch commands without `pip install ... deepspeed`: {offenders}"
+
+
+def test_judge_parameters_are_documented():
+    """Every argument of `JudgeEnvironment` and every `JudgeOptions` option appears in the docs."""
+    from trl_rm_env import JudgeEnvironment
+    from trl_rm_env.judges.options import JudgeOptions
+
+    signature = inspect.signature(JudgeEnvironment.__init__).parameters.values()
+    own = [p.name for p in signature if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [f.name for f in dataclasses.fields(JudgeOptions)]
+    assert "scoring_options" in own and "mode" in options
+    missing = undocumented(own + options, _read(DOCS_DIR / "judges.md"))
+    assert not missing, f"JudgeEnvironment arguments missing from docs/judges.md: {missing}"

@@ -102,6 +102,12 @@ def test_template_reads_a_dataset_column_per_sample(judge):
     assert "Principle: be kind" in texts[0] and "Principle: be short" in texts[4]
     with pytest.raises(ValueError, match=r"reads \{principle\}.*no column 'principle'.*\['answer'\]"):
         env(prompts, completions, answer=["x"] * 5)
+    with pytest.raises(ValueError, match=r"column 'principle', which the judge template reads, is None for samples \[2\]"):
+        env(prompts, completions, principle=principles[:2] + [None] + principles[3:])
+    # One prompt, two principles: two groups (a pairwise judge never compares answers to different rubrics).
+    pairwise = env.replace(mode="pairwise", template="{principle} {prompt} {completion_a} {completion_b} {answer_format}")
+    pairwise(prompts[:3], completions[:3], principle=["a", "a", "b"])
+    assert [j.samples for j in pairwise.last_judgements] == [(0, 1), (1, 0)]
 
 
 def test_empty_completions_are_not_judged(judge):
@@ -147,7 +153,8 @@ def test_generated_verdicts_are_parsed_and_only_unparsed_ones_retried(judge):
         calls.append((len(prompts), temperature, seed))
         return next(answers)
 
-    env.engine = type("Scripted", (), {"generate": staticmethod(generate), "is_async": False, "max_length": None})()
+    scripted = {"generate": staticmethod(generate), "is_async": False, "max_length": None, "model": None, "sharding": "none"}
+    env.engine = type("Scripted", (), scripted)()
     prompts, completions = judge_conversations()
     rewards = env(prompts[3:], completions[3:])
     assert calls == [(2, 0.0, 0), (1, 1.0, 1)]
@@ -158,6 +165,7 @@ def test_generated_verdicts_are_parsed_and_only_unparsed_ones_retried(judge):
 def test_verdict_parsers():
     assert parse_score("Reasoning... Score: 7", 9) == 7 and parse_score("Score: 12", 9) is None
     assert parse_score('<think>Score: 2</think>{"score": 8}', 9) == 8 and parse_score("no verdict", 9) is None
+    assert parse_score('Score: 3 ... final {"score": 7}', 9) == 7  # the last verdict, whatever its form
     assert parse_winner("A is bad. [[B]]") == 0.0 and parse_winner("[[A]] then") == 1.0 and parse_winner("A") is None
     assert parse_ranking("Ranking: 2 > 1 > 3", 3) == [1, 0, 2] and parse_ranking("Ranking: 2 > 2 > 3", 3) is None
     assert parse_ranking("final: [3, 1, 2]", 3) == [2, 0, 1]
@@ -167,8 +175,13 @@ def test_bad_construction_fails_in_one_line(judge_model, tiny_tokenizer, tiny_rm
     with pytest.raises(ValueError, match=r"verdict '1\d' is 2 tokens"):
         JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12)
     JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12, scoring="generate")  # parsed: any number
-    with pytest.raises(ValueError, match=r"label_index.*not of a judge"):
-        JudgeEnvironment(judge_model, tiny_tokenizer, label_index=1)
+    for option in ({"label_index": 1}, {"nonfinite_reward": 0.0}, {"truncation": "fallback"}):
+        with pytest.raises(ValueError, match=rf"{next(iter(option))}.*not of a judge"):
+            JudgeEnvironment(judge_model, tiny_tokenizer, **option)
+    with pytest.raises(ValueError, match=r"remote_input='tokens' needs the judge's tokenizer"):
+        JudgeEnvironment(remote_url="http://127.0.0.1:9", remote_input="tokens")
+    with pytest.raises(ValueError, match=r"batch_size.*applied by a judge loaded in this process"):
+        JudgeEnvironment("judge", tokenizer=tiny_tokenizer, remote_url="http://127.0.0.1:9", batch_size=4)
     with pytest.raises(ValueError, match=r"must contain \{completion_b\}"):
         JudgeEnvironment(judge_model, tiny_tokenizer, mode="pairwise", template="{prompt} {completion_a}")
     with pytest.raises(ValueError, match=r"Qwen3ForSequenceClassification, not a causal language model"):
@@ -201,18 +214,24 @@ def test_cascade_asks_the_judge_only_for_what_the_rule_left(judge):
 
 
 def test_cascade_with_an_async_source_is_async_and_passes_columns_sliced():
-    seen = {}
+    import numpy as np
+    from trl.trainer.utils import is_async_callable
+
+    seen, table = {}, {}
 
     def rule(prompts, completions, **kwargs):
-        return [None if c == "?" else 0.0 for c in completions]
+        return [np.float32("nan") if c == "?" else 0.0 for c in completions]  # NaN, numpy's too: undecided
 
-    async def fallback(prompts, completions, label, **kwargs):
-        seen["label"] = label
+    async def fallback(prompts, completions, label, environments, log_extra, **kwargs):
+        seen.update(label=label, environments=environments)
+        log_extra("why", ["judged"] * len(completions))
         return [float(len(c)) for c in completions]
 
     cascade = CascadeReward([rule, fallback], name="mixed")
-    from trl.trainer.utils import is_async_callable
-
     assert is_async_callable(cascade)
-    rewards = asyncio.run(cascade(["p"] * 3, ["a", "?", "b"], label=["x", "y", "z"]))
-    assert rewards == [0.0, 1.0, 0.0] and seen["label"] == ["y"]
+    rewards = asyncio.run(
+        cascade(["p"] * 3, ["a", "?", "b"], label=["x", "y", "z"], environments=["e0", "e1", "e2"],
+                log_extra=lambda column, values: table.__setitem__(column, values), trainer_state=object())
+    )  # fmt: skip
+    assert rewards == [0.0, 1.0, 0.0] and seen == {"label": ["y"], "environments": ["e1"]}
+    assert table == {"why": [None, "judged", None]}  # TRL's completions table stays aligned

@@ -56,6 +56,13 @@ def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_m
                 got = env(prompts, completions)
                 got = asyncio.run(got) if asyncio.iscoroutine(got) else got
                 torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0, msg=f"{mode} on {env.engine.name}")
+        # Messages to any OpenAI-compatible server (the server renders them): a verdict token missing from the top 20
+        # is no verdict, counted or given unparsed_reward, never a 0.
+        chat = JudgeEnvironment("policy", remote_url=url + "/v1", remote_input="messages", api_key="k", unparsed_reward=-1.0)
+        logged = {}
+        got = asyncio.run(chat(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v)))
+        assert all(r == -1.0 or 1.0 <= r <= 9.0 for r in got)
+        assert logged["judge_env/num_unparsed"] == sum(r == -1.0 for r in got)
         # Generated verdicts go through the same engines; a random judge writes none: counted, never a silent 0.
         logged = {}
         generate = local.replace(scoring="generate", unparsed_reward=-1.0, parse_retries=1, max_new_tokens=16)

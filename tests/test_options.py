@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from trl_rm_env.recipes.cli import build_parser
-from trl_rm_env.recipes.grpo_args import RewardModelArguments, RewardModelRecipeArguments
+from trl_rm_env.recipes.grpo_args import RECIPE_OPTION_CLASSES, RewardModelArguments, RewardModelRecipeArguments
 from trl_rm_env.recipes.reference import command_flags, options_reference
 from trl_rm_env.recipes.serve import SERVE_DEFAULTS
 from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe, text_choices, text_type
@@ -27,13 +27,16 @@ from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe
 from trl_rm_env.environment.nemo import NEMO_OPTIONS, environment_arguments
 from trl_rm_env.environment.reward_model import OPTION_CLASSES, OWN_ARGUMENTS, RewardModelEnvironment
 from trl_rm_env.environment.rewards import RewardOptions
+from trl_rm_env.judges.environment import OWN_ARGUMENTS as JUDGE_ARGUMENTS
+from trl_rm_env.judges.options import JudgeOptions
 from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
 from trl_rm_env.scoring.loading import choose_engine
 from trl_rm_env.scoring.options import ScoringOptions
 from trl_rm_env.serving.options import RemoteOptions, ServerLimits
 
 ROOT = Path(__file__).resolve().parent.parent
-ALL_CLASSES = (*OPTION_CLASSES, ServerLimits)
+ROUTED = (*OPTION_CLASSES, JudgeOptions)  # JudgeEnvironment routes its keyword arguments over all four
+ALL_CLASSES = (*ROUTED, ServerLimits)
 
 
 def sample(cls: type, f: dataclasses.Field) -> tuple[list[str], object, object]:
@@ -72,9 +75,9 @@ def test_every_option_is_declared_once_with_help_and_a_default():
         for f in option_fields(cls):
             assert SPELLING in f.metadata and f.metadata["help"], f"{cls.__name__}.{f.name} is not declared with option()"
             assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-            if cls in OPTION_CLASSES:  # the environment routes these by name: a name may be in one class only
+            if cls in ROUTED:  # the environments route these by name: a name may be in one class only
                 assert f.name not in seen, f"{f.name} is declared in {seen[f.name]} and {cls.__name__}"
-                assert f.name not in OWN_ARGUMENTS
+                assert f.name not in OWN_ARGUMENTS and f.name not in JUDGE_ARGUMENTS
                 seen[f.name] = cls.__name__
             assert f"{f.name}:" in cls.__doc__, f"{cls.__name__}'s docstring lacks {f.name} (document() generates it)"
 
@@ -147,8 +150,8 @@ def test_the_old_token_budget_flag_still_works_and_warns():
 def test_every_recipe_key_maps_to_exactly_one_option_with_its_default():
     own = {f.name for f in dataclasses.fields(RewardModelRecipeArguments)}
     generated = [f for f in dataclasses.fields(RewardModelArguments) if f.name not in own]
-    keys = {recipe_key(f): (cls, f) for cls in OPTION_CLASSES for f in option_fields(cls) if recipe_key(f)}
-    assert len(keys) == sum(1 for cls in OPTION_CLASSES for f in option_fields(cls) if recipe_key(f))  # no key twice
+    keys = {recipe_key(f): (cls, f) for cls in RECIPE_OPTION_CLASSES for f in option_fields(cls) if recipe_key(f)}
+    assert len(keys) == sum(1 for cls in RECIPE_OPTION_CLASSES for f in option_fields(cls) if recipe_key(f))
     assert {f.name for f in generated} == set(keys) and not own & set(keys)
     for f in generated:
         cls, option = keys[f.name]
@@ -164,12 +167,14 @@ def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
     from trl import TrlParser
 
     flags_argv, yaml_values, expected = [], {}, {}
-    for cls in OPTION_CLASSES:
+    for cls in RECIPE_OPTION_CLASSES:
         for f in option_fields(cls):
             key = recipe_key(f)
             if key is None:
                 continue
             words, value, parsed = sample(cls, f)
+            if default_of(f) is True:  # a key takes a value: the one that is not the default
+                words, value, parsed = ["false"], False, False
             yaml_values[key] = value
             flags_argv += [f"--{key}", *(words or ["true"])]
             expected.setdefault(cls, {})[f.name] = parsed
@@ -192,6 +197,20 @@ def test_a_bad_value_is_refused_by_the_spelling_it_was_given_in():
         RewardModelArguments(reward_vllm_gpu_memory_utilization=1.5).environment_kwargs()
     with pytest.raises(ValueError, match=r"^reward_template_kwargs: expected a JSON object"):
         RewardModelArguments(reward_template_kwargs="{not json").environment_kwargs()
+
+
+def test_judge_keys_reach_the_judge_and_are_refused_without_one():
+    args = RewardModelArguments(
+        reward_judge="judge-model", reward_judge_mode="pairwise", reward_judge_options='{"precision": "bf16"}'
+    )
+    assert args.judge_kwargs() == {"mode": "pairwise", "precision": "bf16", "tokenizer": None}
+    with pytest.raises(ValueError, match=r"^reward_judge_mode, reward_judge_url apply with reward_judge"):
+        RewardModelArguments(reward_judge_mode="pairwise", reward_judge_url=["http://x"]).judge_kwargs()
+    with pytest.raises(ValueError, match=r"^reward_judge_mode: mode must be one of"):
+        RewardModelArguments(reward_judge="j", reward_judge_mode="ranking").judge_kwargs()
+    with pytest.raises(ValueError, match=r"^reward_judge_options: expected a JSON object"):
+        RewardModelArguments(reward_judge="j", reward_judge_options="{bad").judge_kwargs()
+    assert RewardModelArguments().judge_kwargs() is None
 
 
 def test_recipe_options_for_the_wrong_place_are_refused_by_their_keys():

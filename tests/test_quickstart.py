@@ -128,3 +128,19 @@ def test_printed_table_is_the_saved_metrics_and_the_published_one_has_its_shape(
     assert set(published) == set(printed)
     for name in published:
         assert published[name][5] == printed[name][5], name  # num_pairs: 706 and 758 on any machine
+
+
+def test_grpo_with_a_pairwise_judge_beside_the_rm_logs_both_rewards(quickstart, tmp_path):
+    # The shipped grpo_judge_tiny.yaml: the trained tiny RM and the tiny causal LM as a pairwise judge, weighed by
+    # TRL's reward_weights. Each step judges 2 groups of 8 in circular pairs, both orders: 2 x 8 x 2 judgements.
+    tiny = quickstart["rm_dir"].parent / "tiny-models"
+    out = tmp_path / "grpo-judge"
+    launch("grpo_rm", "grpo_judge_tiny.yaml", "--output_dir", str(out), "--max_steps", "2",
+           "--model_name_or_path", str(tiny / "policy"), "--reward_model", str(quickstart["rm_dir"]),
+           "--reward_judge", str(tiny / "policy"))  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "rewards/judge/mean" in h]
+    assert len(steps) == 2
+    for step in steps:
+        assert "rewards/tiny_rm/mean" in step and 0.0 <= step["rewards/judge/mean"] <= 1.0
+        assert step["judge_env/num_judgements"] == 32 and step["judge_env/num_single"] == 0

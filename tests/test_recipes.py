@@ -36,7 +36,7 @@ def recipe_for(config: Path) -> str:
 
 def test_there_are_configs_for_both_recipes():
     names = {c.name for c in CONFIGS}
-    assert {"rm.yaml", "rm_tiny.yaml", "grpo_rm.yaml", "grpo_rm_tiny.yaml"} <= names
+    assert {"rm.yaml", "rm_tiny.yaml", "grpo_rm.yaml", "grpo_rm_tiny.yaml", "grpo_judge_tiny.yaml"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)

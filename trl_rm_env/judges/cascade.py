@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trl.trainer.utils import is_async_callable
 
-PASSED_WHOLE = ("trainer_state", "log_extra", "log_metric", "environments")
-"""TRL's reward-function keywords that are not one value per sample: passed to every source unchanged."""
+logger = logging.getLogger(__name__)
+
+PASSED_WHOLE = ("trainer_state", "log_extra", "log_metric")
+"""TRL's reward-function keywords that are not one value per sample: passed to every source unchanged (`log_extra`
+wrapped so that a source called on some samples logs a full column). Every other keyword holding one value per
+sample (the dataset's columns, TRL's `environments`) is sliced."""
 
 
 def _name(source: Callable[..., Any]) -> str:
@@ -21,8 +26,35 @@ def _name(source: Callable[..., Any]) -> str:
     return str(getattr(source, "__name__", type(source).__name__))
 
 
+def _scattered(log_extra: Callable[[str, list[Any]], Any], rows: list[int], n: int) -> Callable[..., Any]:
+    """TRL's `log_extra(column, values)` for a source called on `rows` of `n` samples: its values placed at their rows
+    (None elsewhere), so TRL's completions table stays aligned."""
+
+    def log(column: str, values: Sequence[Any]) -> Any:
+        full: list[Any] = [None] * n
+        for i, value in zip(rows, values):
+            full[i] = value
+        return log_extra(column, full)
+
+    return log
+
+
+def _argument(key: str, value: Any, rows: list[int], n: int) -> Any:
+    """One of TRL's keyword arguments for a source called on `rows` of the `n` samples."""
+    if key == "log_extra" and callable(value) and len(rows) < n:
+        return _scattered(value, rows, n)
+    if key not in PASSED_WHOLE and isinstance(value, Sequence) and not isinstance(value, str) and len(value) == n:
+        return [value[i] for i in rows]
+    return value
+
+
 def _decided(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
+    if value is None:
+        return False
+    try:
+        return not math.isnan(float(value))  # numpy and torch NaN too
+    except (TypeError, ValueError):
+        return True  # not a number: the caller's reward, passed on as TRL would get it
 
 
 class CascadeReward:
@@ -57,6 +89,15 @@ class CascadeReward:
             raise ValueError(f"CascadeReward's sources need distinct names (their metrics), got {self.source_names}")
         self.__name__ = name
         self.is_async = any(is_async_callable(s) for s in self.sources)  # TRL's own test
+        for source, name in zip(self.sources[1:], self.source_names[1:]):
+            mode = getattr(getattr(source, "options", None), "mode", None)
+            if mode in ("pairwise", "listwise"):
+                logger.warning(
+                    "CascadeReward: %s is a %s judge after another source: it compares only the completions of a "
+                    "group that the sources before it left undecided (a pointwise judge judges each on its own).",
+                    name,
+                    mode,
+                )
         self.last_calls: list[int] = []  # samples each source was called with, in the last call
 
     @property
@@ -84,23 +125,11 @@ class CascadeReward:
                 continue
 
             rows = list(undecided)
-
-            def pick(values: Any, rows: list[int] = rows) -> Any:
-                return [values[i] for i in rows]
-
             arguments = {
-                "prompts": pick(prompts),
-                "completions": pick(completions),
-                "completion_ids": pick(completion_ids) if completion_ids is not None else None,
-                **{
-                    key: pick(value)
-                    if key not in PASSED_WHOLE
-                    and isinstance(value, Sequence)
-                    and not isinstance(value, str)
-                    and len(value) == n
-                    else value
-                    for key, value in kwargs.items()
-                },
+                "prompts": [prompts[i] for i in rows],
+                "completions": [completions[i] for i in rows],
+                "completion_ids": None if completion_ids is None else [completion_ids[i] for i in rows],
+                **{key: _argument(key, value, rows, n) for key, value in kwargs.items()},
             }
             self.last_calls.append(len(undecided))
             answers = yield source, arguments

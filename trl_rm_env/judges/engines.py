@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from ..distributed import shard_if_requested
 from ..model_source import check_model_source
 from ..options import changed, spelled
 from ..scoring.loading import LOADING_OPTIONS, choose_engine, default_device, log_engine_choice, torch_dtype
@@ -94,23 +95,31 @@ def plan_judge(model: str | os.PathLike | PreTrainedModel, options: ScoringOptio
     return JudgePlan(path, None, config, options, engine, why)
 
 
-def load_judge_engine(plan: JudgePlan, tokenizer: Any = None) -> tuple[Any, Any]:
-    """`(engine, tokenizer)` of `plan`: `VLLMJudgeEngine` or `HFJudgeEngine`, and the judge's tokenizer (the one
-    given, a path of one, or the model's own)."""
-    trust = plan.options.trust_remote_code
+def judge_tokenizer(plan: JudgePlan, tokenizer: Any = None) -> Any:
+    """The judge's tokenizer: the one given, loaded from a path or id, or the model's own."""
     if tokenizer is None or isinstance(tokenizer, str | os.PathLike):
         source = tokenizer or plan.model or plan.loaded.config._name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust)
+        tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=plan.options.trust_remote_code)
+    return tokenizer
+
+
+def load_judge_engine(plan: JudgePlan, tokenizer: Any) -> Any:
+    """The engine of `plan`: `VLLMJudgeEngine`, or `HFJudgeEngine` (the judge's `tokenizer` pads and decodes)."""
+    trust = plan.options.trust_remote_code
     log_engine_choice(plan.engine, plan.why)
     if plan.engine == "vllm":
-        return VLLMJudgeEngine(plan.model, plan.config, plan.options), tokenizer
+        return VLLMJudgeEngine(plan.model, plan.config, plan.options)
     model = plan.loaded
     if model is None:
         kwargs = {"dtype": torch_dtype(plan.options.precision), "trust_remote_code": trust}
         model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs | (plan.options.model_init_kwargs or {}))
         model.requires_grad_(False)
         model.eval().to(plan.options.device if plan.options.device is not None else default_device())
-    return HFJudgeEngine(model, tokenizer, plan.options), tokenizer
+    engine = HFJudgeEngine(model, tokenizer, plan.options)
+    # Under DeepSpeed ZeRO-3 (partitioned as it loads) or an FSDP2 launch (sharded here), each process holds a shard
+    # between calls and gathers the weights for each call, as a reward model does.
+    engine.sharding = shard_if_requested(model, None, logger)
+    return engine
 
 
 class HFJudgeEngine:
@@ -125,6 +134,7 @@ class HFJudgeEngine:
 
     name = "hf"
     is_async = False
+    sharding = "none"  # `zero3` or `fsdp2` when the weights are sharded (`load_judge_engine`)
 
     def __init__(self, model: PreTrainedModel, tokenizer: Any, options: ScoringOptions | None = None):
         options = options or ScoringOptions()
@@ -196,13 +206,18 @@ class HFJudgeEngine:
             if sample
             else {"temperature": None, "top_p": None, "top_k": None}
         )
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            for batch in self._batches(prompts, extra=max_new_tokens):
-                inputs = self._left_padded([prompts[i] for i in batch])
-                generated = self.model.generate(**inputs, **kwargs)[:, inputs["input_ids"].shape[1] :]
-                for row, i in enumerate(batch):
-                    out[i] = self.tokenizer.decode(generated[row], skip_special_tokens=True)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(seed)
+                for batch in self._batches(prompts, extra=max_new_tokens):
+                    inputs = self._left_padded([prompts[i] for i in batch])
+                    generated = self.model.generate(**inputs, **kwargs)[:, inputs["input_ids"].shape[1] :]
+                    for row, i in enumerate(batch):
+                        out[i] = self.tokenizer.decode(generated[row], skip_special_tokens=True)
+        finally:
+            self.model.train(was_training)
         return out
 
 
@@ -219,6 +234,7 @@ class VLLMJudgeEngine:
 
     name = "vllm"
     is_async = False
+    model, sharding = None, "none"
 
     def __init__(self, model: str, config: Any, options: ScoringOptions | None = None):
         options = options or ScoringOptions()

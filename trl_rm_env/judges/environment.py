@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import logging
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
+from ..distributed import full_weights
 from ..environment.rewards import Ids, RewardFunction, RewardOptions, Samples
 from ..options import build, changed, names, route, spelled
 from ..scoring.options import ScoringOptions
@@ -22,10 +21,11 @@ from ..scoring.scorer import strip_completion_reasoning
 from ..serving.options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from . import templates as T
-from .engines import load_judge_engine, plan_judge
+from .engines import judge_tokenizer, load_judge_engine, plan_judge
+from .judging import Judgement, aggregate, from_logprobs, from_text, group_samples, pairs_of
 from .options import MAX_LIST, JudgeOptions
-from .remote import RemoteJudgeEngine
-from .verdicts import distribution, label_token_ids, parse_ranking, parse_score, parse_winner
+from .remote import RemoteJudgeEngine, remote_judge_tokenizer
+from .verdicts import label_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +33,10 @@ OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "options", "scoring_options
 OPTION_CLASSES = (JudgeOptions, ScoringOptions, RewardOptions, RemoteOptions)
 """Where the judge's options are declared: how it judges, how the judge model loads and runs, what the reward function
 does with the rewards, and how servers are reached (with `remote_url`)."""
-REWARD_MODEL_ONLY = ("label_index", "attribute_weights", "reward_model_type", "truncation")
-"""`ScoringOptions` of a reward model's head and context truncation: refused for a judge (cutting a judge's prompt
-would cut its instructions; an over-long judgement gets `overlength_reward` or fails)."""
-
-
-@dataclass
-class Judgement:
-    """One request to the judge: the batch samples it judges, in the order the judge sees them, and its prompt
-    (token ids, or the message list sent to a chat server); `overlength` when the prompt does not fit."""
-
-    samples: tuple[int, ...]
-    prompt: Any
-    overlength: bool = False
+NOT_FOR_JUDGES = ("label_index", "attribute_weights", "reward_model_type", "truncation", "nonfinite_reward")
+"""`ScoringOptions` of a reward model's head, context truncation and NaN scores: refused for a judge (cutting a judge's
+prompt would cut its instructions: an over-long judgement gets `overlength_reward` or fails; NaN logits leave the
+verdict tokens no probability: that judgement has no verdict, `unparsed_reward` or an error)."""
 
 
 class JudgeEnvironment(RewardFunction):
@@ -109,14 +100,16 @@ class JudgeEnvironment(RewardFunction):
         )
         self.options = judge = build(JudgeOptions, options, **judge_values)
         scoring = ScoringOptions.build(scoring_options, **scoring_values)
-        refused = sorted(set(changed(scoring)) & set(REWARD_MODEL_ONLY))
+        refused = sorted(set(changed(scoring)) & set(NOT_FOR_JUDGES))
         if refused:
             raise ValueError(
-                f"{spelled(ScoringOptions, refused)}: options of a reward model's head or context truncation, not of a "
-                "judge (an over-long judgement gets overlength_reward, or fails naming the samples)"
+                f"{spelled(ScoringOptions, refused)}: options of a reward model's head, truncation or NaN scores, not "
+                "of a judge (an over-long judgement gets overlength_reward; a judgement without a verdict, "
+                "unparsed_reward)"
             )
         reward = RewardOptions(**{"name": "judge", **reward_values})
         self._check_template(judge)
+        self.scoring_options = scoring
         if remote_url is None:
             if remote_values:
                 raise ValueError(
@@ -128,25 +121,42 @@ class JudgeEnvironment(RewardFunction):
                     "JudgeEnvironment needs a model (a path, a Hub id or a loaded causal LM), or remote_url"
                 )
             plan = plan_judge(model, scoring)
-            self.engine, self.tokenizer = load_judge_engine(plan, tokenizer)
-            self.tokens, self.remote_url = True, None
+            self.tokenizer, self.tokens, self.remote_url = judge_tokenizer(plan, tokenizer), True, None
+            self._labels_of(judge, reward.name)  # a verdict that is not one token fails before the model loads
+            self.engine = load_judge_engine(plan, self.tokenizer)
         else:
             if isinstance(model, PreTrainedModel):
                 raise TypeError("with remote_url, model is the model name sent to the servers, not a loaded model")
-            local = local_only(scoring)
+            remote = RemoteOptions(**remote_values)
+            if remote.remote_api != "pooling":
+                raise ValueError("remote_api is the dialect of reward-model servers; a judge speaks OpenAI's API")
+            self.tokenizer = remote_judge_tokenizer(tokenizer, model, remote.remote_input, reward.name)
+            self.tokens = self.tokenizer is not None and remote.remote_input != "messages"
+            # Rendered here (token ids): the prompt's length is known here, so over-long judgements are ours.
+            local = sorted(set(local_only(scoring)) - ({"overlength_reward"} if self.tokens else set()))
             if local:
                 raise ValueError(
                     f"{spelled(ScoringOptions, local)}: applied by a judge loaded in this process, not by one behind "
                     "servers; give them to the server or drop them"
                 )
-            remote = RemoteOptions(**remote_values)
-            if remote.remote_api != "pooling":
-                raise ValueError("remote_api is the dialect of reward-model servers; a judge speaks OpenAI's API")
-            self.tokenizer = _judge_tokenizer(tokenizer, model, remote.remote_input, reward.name)
-            self.tokens = self.tokenizer is not None and remote.remote_input != "messages"
-            self.engine = RemoteJudgeEngine(remote_url, model=model, tokens=self.tokens, options=remote)
+            self._labels_of(judge, reward.name)
+            self.engine = RemoteJudgeEngine(
+                remote_url,
+                model=model,
+                tokens=self.tokens,
+                options=remote,
+                max_length=scoring.max_length if self.tokens else None,
+                template_kwargs=scoring.template_kwargs,
+            )
             self.remote_url = self.engine.bases
-        self.scoring_options = scoring
+            if not self.tokens:
+                logger.warning(
+                    "%s: judgements go to the server as messages, which it renders with its own chat template: "
+                    "special-token text in a completion is read there as control tokens (a policy could forge the "
+                    "judge's turns), and verdict log-probabilities come from its top 20. Give the judge's tokenizer "
+                    "to send token ids.",
+                    reward.name,
+                )
         self._configure(judge, reward)
 
     def _check_template(self, judge: JudgeOptions) -> None:
@@ -160,15 +170,12 @@ class JudgeEnvironment(RewardFunction):
         self.columns = sorted(T.check_template(self.template, judge.mode))
         self.template_kwargs = scoring.template_kwargs
         self.overlength_reward = scoring.overlength_reward
-        self.labels = self._labels()
-        self.label_ids = (
-            label_token_ids(self.tokenizer, self.labels, reward.name)
-            if judge.scoring == "logprobs" and self.tokenizer is not None
-            else None
-        )
+        self.labels, self.label_ids = self._labels_of(judge, reward.name)
         self.show_progress = scoring.show_progress
         self._setup(self.engine, reward, strip_reasoning=scoring.strip_reasoning)
         self.last_judgements: list[Judgement] = []  # the judgements of the last call (tests, debugging)
+        self._unparsed_text = ""  # an answer no verdict could be read from, for the error
+        self._warned_groups = False
 
     def replace(self, **values: Any) -> JudgeEnvironment:
         """Another reward function on the same judge (its engine is shared, nothing loads again) with some
@@ -186,13 +193,22 @@ class JudgeEnvironment(RewardFunction):
         )
         return other
 
-    def _labels(self) -> list[str]:
-        mode = self.options.mode
-        if mode == "pointwise":
-            return [str(k) for k in range(1, self.options.max_score + 1)]
-        if mode == "pairwise":
-            return ["A", "B"]
-        return [str(k) for k in range(1, MAX_LIST + 1)]
+    def _labels_of(self, judge: JudgeOptions, name: str) -> tuple[list[str], list[int] | None]:
+        """The verdict labels of the mode, and their token ids where they are read by id (`logprobs` with the
+        judge's tokenizer).
+
+        Raises:
+            ValueError: a verdict that is not one token of the judge's tokenizer.
+        """
+        if judge.mode == "pointwise":
+            labels = [str(k) for k in range(1, judge.max_score + 1)]
+        elif judge.mode == "pairwise":
+            labels = ["A", "B"]
+        else:
+            labels = [str(k) for k in range(1, MAX_LIST + 1)]
+        if judge.scoring != "logprobs" or self.tokenizer is None:
+            return labels, None
+        return labels, label_token_ids(self.tokenizer, labels, name)
 
     @classmethod
     def argument_names(cls) -> set[str]:
@@ -214,12 +230,14 @@ class JudgeEnvironment(RewardFunction):
         self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
     ) -> list[float]:
         steps = self._judge(prompts, completions, kwargs)
-        try:
-            request = next(steps)
-            while True:
-                request = steps.send(self._run(request))
-        except StopIteration as done:
-            return done.value
+        # Entered on every rank, even one with nothing to judge: under ZeRO-3 and FSDP2 gathering is a collective.
+        with full_weights(self.engine.model, self.engine.sharding):
+            try:
+                request = next(steps)
+                while True:
+                    request = steps.send(self._run(request))
+            except StopIteration as done:
+                return done.value
 
     async def _rewards_async(
         self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
@@ -251,7 +269,17 @@ class JudgeEnvironment(RewardFunction):
             i: T.completion_text(strip_completion_reasoning(completions[i]) if strip else completions[i])
             for i in to_score
         }
-        groups = self._groups(prompts, to_score)
+        groups = group_samples(prompts, to_score, columns)
+        if self.options.mode != "pointwise" and len({len(g) for g in groups}) > 1 and not self._warned_groups:
+            self._warned_groups = True  # TRL split a group across processes, or a cascade left part of one
+            logger.warning(
+                "%s: the groups of this call have %s completions: a %s judge compares the completions of one call "
+                "with equal prompts, so a GRPO group split across processes (or partly decided by an earlier cascade "
+                "source) is compared in parts. Warned once.",
+                self.name,
+                sorted({len(g) for g in groups}),
+                self.options.mode,
+            )
         judgements, alone = self._judgements(prompts, texts, groups, columns)
         self.last_judgements = judgements
         counts = {
@@ -267,10 +295,10 @@ class JudgeEnvironment(RewardFunction):
         if self.options.scoring == "logprobs" and sendable:
             answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
             for k, logprobs in zip(sendable, answers):
-                verdicts[k], mass = self._from_logprobs(judgements[k], logprobs)
+                verdicts[k], mass = from_logprobs(self.options.mode, judgements[k], logprobs)
                 masses.append(mass)
         elif self.options.scoring == "generate":
-            pending, temperature = sendable, self.options.temperature
+            pending, temperature, last_texts = sendable, self.options.temperature, {}
             for attempt in range(self.options.parse_retries + 1):
                 if not pending:
                     break
@@ -279,11 +307,19 @@ class JudgeEnvironment(RewardFunction):
                     temperature = self.options.temperature if self.options.temperature > 0 else 1.0
                 answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, attempt)
                 for k, text in zip(pending, answers):
-                    verdicts[k] = self._from_text(judgements[k], text)
-                self._last_texts = dict(zip(pending, answers))
+                    verdicts[k] = from_text(self.options.mode, judgements[k], text, self.options.max_score)
+                last_texts.update(zip(pending, answers))
                 pending = [k for k in pending if verdicts[k] is None]
+            self._unparsed_text = last_texts[pending[0]] if pending else ""
         counts["num_unparsed"] = float(sum(1 for k in sendable if verdicts[k] is None))
-        values = self._aggregate(judgements, verdicts, to_score, alone)
+        values, missing = aggregate(
+            self.options.mode, judgements, verdicts, to_score, alone, self.options.single_reward
+        )
+        for reason, samples in missing.items():
+            fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
+            if samples and fallback is None:
+                raise ValueError(self._failure(reason, samples))
+            values.update({i: float(fallback) for i in samples})
         if to_score:
             rewards[torch.tensor(to_score)] = torch.tensor([values[i] for i in to_score], dtype=torch.float32)
         log_metric = kwargs.get("log_metric")
@@ -311,17 +347,13 @@ class JudgeEnvironment(RewardFunction):
                 raise ValueError(
                     f"{self.name}: column {name!r} must hold one value per sample ({n}), as TRL passes it"
                 )
+            missing = [i for i, v in enumerate(value) if v is None]
+            if missing:  # an empty reference or rubric would be judged as if it were one
+                raise ValueError(
+                    f"{self.name}: column {name!r}, which the judge template reads, is None for samples {missing[:10]}"
+                )
             out[name] = value
         return out
-
-    def _groups(self, prompts: Samples, to_score: list[int]) -> list[list[int]]:
-        """The samples to judge grouped by equal prompts (a GRPO group), in order of first appearance."""
-        groups: dict[str, list[int]] = {}
-        for i in to_score:
-            prompt = prompts[i]
-            key = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
-            groups.setdefault(key, []).append(i)
-        return list(groups.values())
 
     def _prompt(self, values: dict[str, Any]) -> tuple[Any, bool]:
         """A judgement's prompt (token ids, or the message list for a chat server) and whether it is over-length."""
@@ -357,12 +389,7 @@ class JudgeEnvironment(RewardFunction):
                 continue
             if judge.mode == "pairwise":
                 n = len(members)
-                pairs = (
-                    [(a, b) for a in range(n) for b in range(a + 1, n)]
-                    if judge.pairs == "all" or n == 2
-                    else [(a, (a + 1) % n) for a in range(n)]
-                )
-                for a, b in pairs:
+                for a, b in pairs_of(n, judge.pairs):
                     orders = [(members[a], members[b])] + ([(members[b], members[a])] if judge.swap else [])
                     for x, y in orders:
                         add((x, y), completion_a=texts[x], completion_b=texts[y])
@@ -377,73 +404,6 @@ class JudgeEnvironment(RewardFunction):
                 add(tuple(order), completions=T.numbered([texts[i] for i in order]), count=len(order))
         return out, alone
 
-    def _from_logprobs(self, judgement: Judgement, logprobs: Sequence[float]) -> tuple[Any, float]:
-        """A judgement's verdict (None when the verdict tokens held no probability) and the mass they held."""
-        mode = self.options.mode
-        if mode == "listwise":
-            logprobs = logprobs[: len(judgement.samples)]
-        probs, mass = distribution(logprobs)
-        if mass <= 0:
-            return None, 0.0
-        if mode == "pointwise":
-            return sum((k + 1) * p for k, p in enumerate(probs)), mass
-        if mode == "pairwise":
-            return probs[0], mass
-        return probs, mass
-
-    def _from_text(self, judgement: Judgement, text: str) -> Any:
-        mode = self.options.mode
-        if mode == "pointwise":
-            return parse_score(text, self.options.max_score)
-        if mode == "pairwise":
-            return parse_winner(text)
-        n = len(judgement.samples)
-        ranking = parse_ranking(text, n)
-        if ranking is None:
-            return None
-        values = [0.0] * n
-        for rank, position in enumerate(ranking):
-            values[position] = (n - 1 - rank) / (n - 1)
-        return values
-
-    def _aggregate(
-        self, judgements: list[Judgement], verdicts: list[Any], to_score: list[int], alone: list[int]
-    ) -> dict[int, float]:
-        """Each sample's reward: the mean of its share of every verdict, or the fallback of why it has none."""
-        shares: dict[int, list[float]] = {i: [] for i in to_score}
-        failed: dict[int, str] = {}
-        for judgement, verdict in zip(judgements, verdicts):
-            samples = judgement.samples
-            if verdict is None:
-                for i in samples:
-                    failed.setdefault(i, "overlength" if judgement.overlength else "unparsed")
-                continue
-            if self.options.mode == "pointwise":
-                shares[samples[0]].append(verdict)
-            elif self.options.mode == "pairwise":
-                shares[samples[0]].append(verdict)
-                shares[samples[1]].append(1.0 - verdict)
-            else:
-                for i, value in zip(samples, verdict):
-                    shares[i].append(value)
-        values: dict[int, float] = {}
-        missing: dict[str, list[int]] = {"overlength": [], "unparsed": []}
-        for i in to_score:
-            if shares[i]:
-                values[i] = sum(shares[i]) / len(shares[i])
-            elif i in alone:
-                values[i] = float(self.options.single_reward)
-            else:
-                missing[failed.get(i, "unparsed")].append(i)
-        for reason, samples in missing.items():
-            if not samples:
-                continue
-            fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
-            if fallback is None:
-                raise ValueError(self._failure(reason, samples))
-            values.update({i: float(fallback) for i in samples})
-        return values
-
     def _failure(self, reason: str, samples: list[int]) -> str:
         shown = f"{samples[:10]}{' ...' if len(samples) > 10 else ''}"
         if reason == "overlength":
@@ -451,33 +411,18 @@ class JudgeEnvironment(RewardFunction):
                 f"{self.name}: the judge's prompt for completions {shown} is longer than its max length "
                 f"{self.engine.max_length} (with room for its answer); set overlength_reward, or raise max_length"
             )
-        last = next(iter(getattr(self, "_last_texts", {}).values()), "")
+        if self.options.scoring == "logprobs":
+            return (
+                f"{self.name}: the verdict tokens held no probability for completions {shown} (the judge's logits are "
+                "NaN/inf, or with remote_input='messages' no verdict token was among the server's top_logprobs); set "
+                "unparsed_reward, or send token ids"
+            )
         return (
             f"{self.name}: no verdict could be read for completions {shown} after {self.options.parse_retries} "
-            f"retries (the judge's last answer began {last[:200]!r}); set unparsed_reward, or fix the template's "
-            "answer format"
+            f"retries (one of the judge's last answers began {self._unparsed_text[:200]!r}); set unparsed_reward, or "
+            "fix the template's answer format"
         )
 
     def __repr__(self) -> str:
         where = f"remote_url={self.remote_url!r}" if self.remote_url else f"engine={self.engine.name!r}"
         return f"{type(self).__name__}(name={self.name!r}, mode={self.options.mode!r}, scoring={self.options.scoring!r}, {where})"
-
-
-def _judge_tokenizer(tokenizer: Any, model: str | None, remote_input: str, name: str) -> Any:
-    """The judge's tokenizer for a remote judge: the one given (loaded from a path or id), else `model`'s when it
-    loads and token ids are wanted; None sends messages."""
-    if isinstance(tokenizer, str | os.PathLike):
-        return AutoTokenizer.from_pretrained(str(tokenizer))
-    if tokenizer is not None or remote_input == "messages":
-        return tokenizer
-    if model:
-        try:
-            return AutoTokenizer.from_pretrained(model)
-        except (OSError, ValueError) as err:
-            if remote_input == "tokens":
-                raise ValueError(
-                    f"{name}: remote_input='tokens' needs the judge's tokenizer; {model!r} is not one ({err}). Give "
-                    "tokenizer= (its path or Hub id)."
-                ) from err
-    logger.info("%s: sending messages to the judge server, which renders them with its own chat template.", name)
-    return None

@@ -5,8 +5,8 @@ round-robin, retries with backoff, a concurrency limit, timeouts, the API key).
 Two ways to send a judgement (`remote_input`):
 
 - `tokens` (with the judge's tokenizer; `auto` picks it when the tokenizer loads): `POST /v1/completions` with the
-  prompt as token ids, rendered here exactly as the local engines get them. `logprobs` asks for vLLM's
-  `logprob_token_ids` (the full-vocabulary log-probability of each verdict token: exact);
+  prompts as token ids (`PROMPTS_PER_REQUEST` per request), rendered here exactly as the local engines get them.
+  `logprobs` asks for vLLM's `logprob_token_ids` (the full-vocabulary log-probability of each verdict token: exact);
 - `messages`: `POST /v1/chat/completions` with the judge's one user message; the server renders it. `logprobs` reads
   the verdict tokens among the `top_logprobs` (20, OpenAI's most): a verdict outside them counts as probability 0,
   so prefer `tokens` where the server takes token ids.
@@ -14,16 +14,25 @@ Two ways to send a judgement (`remote_input`):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
+
+from transformers import AutoTokenizer
 
 from ..serving.options import RemoteOptions
 from ..serving.pool import RemoteScoringError, ServerPool
 from ..serving.protocol import api_key_from_env
 
+logger = logging.getLogger(__name__)
+
 TOP_LOGPROBS = 20
 """`top_logprobs` asked for in `messages` mode (OpenAI's maximum)."""
+PROMPTS_PER_REQUEST = 64
+"""Token-id prompts sent in one `/v1/completions` request at most (a request per server at least): fewer requests,
+less of the servers' per-request work, and the engine gets a call's judgements together."""
 
 
 def openai_base(url: str) -> str:
@@ -46,12 +55,24 @@ class RemoteJudgeEngine:
         model: The `model` sent with each request (None: omitted, the server's own).
         tokens: Send token ids (`/v1/completions`) rather than messages (`/v1/chat/completions`).
         options: The `RemoteOptions` (connection settings; `remote_input` decides `tokens` before this).
+        max_length: The longest prompt plus answer the servers take (token ids are checked here; None: unchecked).
+        template_kwargs: With messages, sent as `chat_template_kwargs` (vLLM's; e.g. `{"enable_thinking": false}`);
+            with token ids they were applied here already.
     """
 
     name = "remote"
     is_async = True
 
-    def __init__(self, urls: str | Sequence[str], *, model: str | None, tokens: bool, options: RemoteOptions):
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        model: str | None,
+        tokens: bool,
+        options: RemoteOptions,
+        max_length: int | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ):
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
             raise ValueError("a remote judge needs at least one server URL")
@@ -61,13 +82,51 @@ class RemoteJudgeEngine:
         self.urls = [b + endpoint for b in self.bases]
         api_key = (options.api_key if options.api_key is not None else api_key_from_env()) or None
         self.pool = ServerPool(self.urls, options, api_key, "judge server")
-        self.max_length = None  # the server refuses an over-long prompt itself
+        self.max_length = max_length  # tokens: checked here; None: the server refuses an over-long prompt itself
+        self.template_kwargs = dict(template_kwargs or {})
 
-    def _body(self, prompt: Any, **fields: Any) -> dict[str, Any]:
-        body: dict[str, Any] = {"prompt": list(prompt)} if self.tokens else {"messages": prompt}
+    def _chunks(self, prompts: Sequence[Any]) -> list[list[Any]]:
+        """The prompts of one request each: token ids go `PROMPTS_PER_REQUEST` at a time (OpenAI's completions take a
+        list of prompts), spread over every server; a chat request holds one conversation."""
+        if not self.tokens:
+            return [[p] for p in prompts]
+        count = max(len(self.urls), -(-len(prompts) // PROMPTS_PER_REQUEST))
+        size = -(-len(prompts) // count) if prompts else 1
+        return [list(prompts[k : k + size]) for k in range(0, len(prompts), size)]
+
+    def _body(self, prompts: list[Any], **fields: Any) -> dict[str, Any]:
+        if self.tokens:
+            body: dict[str, Any] = {"prompt": [list(map(int, p)) for p in prompts]}
+        else:
+            body = {"messages": prompts[0]}
+            if self.template_kwargs:
+                body["chat_template_kwargs"] = self.template_kwargs
         if self.model is not None:
             body["model"] = self.model
         return body | fields
+
+    async def _post(self, prompts: Sequence[Any], fields: dict[str, Any], read_choice: Any) -> list[Any]:
+        """Each prompt's `read_choice(choice, url)`, in input order."""
+        chunks = self._chunks(prompts)
+
+        def read(body: Any, url: str) -> list[Any]:
+            try:
+                choices = sorted(body["choices"], key=lambda c: c.get("index", 0))
+            except (KeyError, TypeError, AttributeError) as err:
+                raise RemoteScoringError(
+                    f"judge server {url} answered without choices: {str(body)[:300]}", url, 200
+                ) from err
+            return [read_choice(choice, url) for choice in choices]
+
+        answers = await self.pool.post_all([self._body(chunk, **fields) for chunk in chunks], read)
+        out = [value for chunk, values in zip(chunks, answers) for value in values]
+        if len(out) != len(prompts):
+            raise RemoteScoringError(
+                f"judge server {self.urls[0]} answered {len(out)} choices for {len(prompts)} prompts",
+                self.urls[0],
+                200,
+            )
+        return out
 
     async def label_logprobs(
         self, prompts: Sequence[Any], label_ids: Sequence[int] | None, labels: Sequence[str]
@@ -84,14 +143,15 @@ class RemoteJudgeEngine:
             }
             keys = [f"token_id:{int(t)}" for t in label_ids]
 
-            def read(body: Any, url: str) -> list[float]:
+            def read(choice: Any, url: str) -> list[float]:
                 try:
-                    step = body["choices"][0]["logprobs"]["top_logprobs"][0]
-                    return [float(step[k]) if k in step else float("-inf") for k in keys]
+                    step = choice["logprobs"]["top_logprobs"][0]
+                    return [float(step[k]) for k in keys]
                 except (KeyError, IndexError, TypeError, ValueError) as err:
                     raise RemoteScoringError(
-                        f"judge server {url} answered without logprobs in choices[0].logprobs.top_logprobs[0] (does it "
-                        f"take vLLM's logprob_token_ids?): {str(body)[:300]}",
+                        f"judge server {url} answered without the verdict tokens' logprobs in "
+                        f"choices[i].logprobs.top_logprobs[0] (it must take vLLM's logprob_token_ids; else use "
+                        f"remote_input='messages'): {str(choice)[:300]}",
                         url,
                         200,
                     ) from err
@@ -99,33 +159,56 @@ class RemoteJudgeEngine:
         else:
             fields = {"max_tokens": 1, "temperature": 0.0, "logprobs": True, "top_logprobs": TOP_LOGPROBS}
 
-            def read(body: Any, url: str) -> list[float]:
+            def read(choice: Any, url: str) -> list[float]:
                 try:
-                    top = body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+                    top = choice["logprobs"]["content"][0]["top_logprobs"]
                     found = {entry["token"]: float(entry["logprob"]) for entry in top}
                 except (KeyError, IndexError, TypeError, ValueError) as err:
                     raise RemoteScoringError(
                         f"judge server {url} answered without logprobs in choices[0].logprobs.content[0].top_logprobs: "
-                        f"{str(body)[:300]}",
+                        f"{str(choice)[:300]}",
                         url,
                         200,
                     ) from err
                 return [found.get(label, float("-inf")) for label in labels]
 
-        return await self.pool.post_all([self._body(p, **fields) for p in prompts], read)
+        return await self._post(prompts, fields, read)
 
     async def generate(self, prompts: Sequence[Any], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
         """The judge's text for each prompt."""
         fields = {"max_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
 
-        def read(body: Any, url: str) -> str:
+        def read(choice: Any, url: str) -> str:
             try:
-                choice = body["choices"][0]
                 text = choice["text"] if self.tokens else choice["message"]["content"]
-            except (KeyError, IndexError, TypeError) as err:
+            except (KeyError, TypeError) as err:
                 raise RemoteScoringError(
-                    f"judge server {url} answered without a choice's text: {str(body)[:300]}", url, 200
+                    f"judge server {url} answered without a choice's text: {str(choice)[:300]}", url, 200
                 ) from err
             return text or ""
 
-        return await self.pool.post_all([self._body(p, **fields) for p in prompts], read)
+        return await self._post(prompts, fields, read)
+
+
+def remote_judge_tokenizer(tokenizer: Any, model: str | None, remote_input: str, name: str) -> Any:
+    """The judge's tokenizer for a remote judge: the one given (loaded from a path or id), else `model`'s when it
+    loads and token ids are wanted; None sends messages."""
+    if isinstance(tokenizer, str | os.PathLike):
+        return AutoTokenizer.from_pretrained(str(tokenizer))
+    if tokenizer is not None or remote_input == "messages":
+        return tokenizer
+    if model:
+        try:
+            return AutoTokenizer.from_pretrained(model)
+        except (OSError, ValueError) as err:
+            if remote_input == "tokens":
+                raise ValueError(
+                    f"{name}: remote_input='tokens' needs the judge's tokenizer; {model!r} is not one ({err}). Give "
+                    "tokenizer= (its path or Hub id)."
+                ) from err
+    if remote_input == "tokens":
+        raise ValueError(
+            f"{name}: remote_input='tokens' needs the judge's tokenizer: give tokenizer= (its path or Hub id)"
+        )
+    logger.info("%s: sending messages to the judge server, which renders them with its own chat template.", name)
+    return None

@@ -27,6 +27,10 @@ def label_token_ids(tokenizer, labels: Sequence[str], what: str) -> list[int]:
     ids = []
     for label in labels:
         encoded = tokenizer.encode(label, add_special_tokens=False)
+        if len(encoded) != 1:  # SentencePiece prepends a word boundary ("▁1"): the bare token may still exist
+            bare = tokenizer.convert_tokens_to_ids(label)
+            if isinstance(bare, int) and bare != tokenizer.unk_token_id:
+                encoded = [bare]
         if len(encoded) != 1:
             raise ValueError(
                 f"{what}: the verdict {label!r} is {len(encoded)} tokens in the judge's tokenizer {encoded}; scoring="
@@ -47,8 +51,9 @@ def distribution(logprobs: Sequence[float]) -> tuple[list[float], float]:
     return [p / mass for p in probs], mass
 
 
-_SCORE = re.compile(r"(?i)\bscore\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)|\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
-_JSON_SCORE = re.compile(r'"score"\s*:\s*(\d+(?:\.\d+)?)')
+_SCORE = re.compile(
+    r'(?i)\bscore\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)|\[\[\s*(\d+(?:\.\d+)?)\s*\]\]|"score"\s*:\s*(\d+(?:\.\d+)?)'
+)
 _WINNER = re.compile(r"\[\[\s*([AB])\s*\]\]")
 _RANKING = re.compile(r"(?i)ranking\s*[:=]\s*\**\s*(\[?\s*\d+(?:\s*(?:>|,)\s*\d+)*\s*\]?)")
 
@@ -61,7 +66,7 @@ def _last(pattern: re.Pattern, text: str) -> re.Match | None:
 def parse_score(text: str, max_score: int) -> float | None:
     """The last `Score: k` (or `[[k]]`, or `"score": k`) of `text` in `1..max_score`, else None."""
     text = strip_reasoning_text(text)
-    found = _last(_SCORE, text) or _last(_JSON_SCORE, text)
+    found = _last(_SCORE, text)
     if found is None:
         return None
     value = float(next(g for g in found.groups() if g is not None))

@@ -1,0 +1,215 @@
+"""GRPO rewards from a generative judge: ours (`JudgeEnvironment`) against raw vLLM and against what TRL's docs
+suggest (an async reward function posting one chat request per completion to vLLM's server, parsing the number).
+
+    python benchmarks/bench_judge.py                       # hh-rlhf 4 prompts x 8 answers, judge at 0.6B width, 8 layers
+    python benchmarks/bench_judge.py --layers 2 --repeats 1 --methods "ours: pointwise,vLLM offline"
+
+The judge is a random-init Qwen3 causal LM at Qwen3-0.6B's width (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072;
+`--layers`, default 8), fp32, with the tiny offline tokenizer, saved once and loaded by every method. The batches are
+those of `bench_score.py --data hh`: B contexts of Anthropic hh-rlhf's harmless-base test (multi-turn, 200-850 tokens)
+with G answers each; every timed call judges a batch it has not seen (vLLM's prefix cache keeps whole prompts across
+calls). Each method runs in a fresh child process, after one warm-up call on a batch of its own.
+
+Methods:
+- `ours: pointwise`: `JudgeEnvironment(path)` with its defaults (`engine="auto"`: vLLM here, `scoring="logprobs"`):
+  one forward per completion, the expected rating over the verdict tokens.
+- `vLLM offline`: `LLM.generate(max_tokens=1, logprobs=20)` alone on the same rendered prompts (token ids encoded
+  before the clock starts), the same engine arguments: the engine's floor for this work.
+- `ours: pairwise all+swap`: `mode="pairwise"`: N(N-1) judgements per group of N (both orders of every pair).
+- `ours: pointwise served`: `JudgeEnvironment(remote_url=...)` on vLLM's OpenAI server (`/v1/completions`, token ids,
+  the verdict tokens' logprobs by id).
+- `TRL docs: chat per completion`: an async reward function posting one `/v1/chat/completions` request per
+  completion (the same template, asking for a number) to the same server, `max_tokens=8`, parsing the first number
+  (0 when none: what a naive parser does; the random judge writes none, so its rewards say nothing, its time does).
+
+Columns: judgements/s and completions/s, tokens per judgement (prompt tokens sent, mean), time per call, speed against
+`vLLM offline`, peak memory (RSS of the process and everything it started, the server's for served rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from bench_score import MODELS, free_port, hh_batch, peak_memory_mb  # benchmarks/ is on sys.path
+
+METHODS = [
+    "vLLM offline",
+    "ours: pointwise",
+    "ours: pairwise all+swap",
+    "ours: pointwise served",
+    "TRL docs: chat per completion",
+]
+NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def save_judge(layers: int) -> str:
+    from trl_rm_env.testing import build_tiny_policy, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.model_max_length = 10**6
+    kwargs = dict(MODELS["wide"], num_hidden_layers=layers, max_position_embeddings=8192, attn_implementation="sdpa")
+    path = tempfile.mkdtemp(prefix="bench-judge-")
+    build_tiny_policy(tokenizer, seed=0, **kwargs).save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def start_vllm_server(path: str, max_length: int) -> tuple[subprocess.Popen, str]:
+    """vLLM's OpenAI server for the judge, as `trl-rm-env serve --engine vllm --model JUDGE` starts it."""
+    port = free_port()
+    command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "serve", "--model", path, "--engine", "vllm",
+               "--served-model-name", "judge", "--port", str(port), "--max-length", str(max_length)]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the judge server ended with status {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as response:
+                if response.status == 200:
+                    return proc, url
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the judge server was not ready in 900 s")
+
+
+def run_one(method: str, opts: dict, queue) -> None:
+    from transformers import AutoTokenizer
+
+    from trl_rm_env import JudgeEnvironment
+
+    path, max_length = opts["path"], opts["max_length"]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    # Batch 0 warms up; batches 1.. are timed, one each: never a batch seen before.
+    batches = [hh_batch(tokenizer, opts["prompts"], opts["generations"], index) for index in range(1 + opts["repeats"])]
+    server, measured, tokens = None, None, []
+    if method in ("vLLM offline", "ours: pointwise", "ours: pairwise all+swap"):
+        env = JudgeEnvironment(path, max_length=max_length)  # the defaults: vLLM here, logprobs
+        if method == "ours: pairwise all+swap":
+            env = env.replace(mode="pairwise")
+    if method == "vLLM offline":
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        rendered = {}
+        for prompts, completions in batches:  # rendered by the environment, before the clock starts
+            env.engine.label_logprobs = lambda p, *a: [[0.0] * len(env.labels)] * len(p)  # render only
+            env(prompts, completions)
+            rendered[id(prompts)] = [TokensPrompt(prompt_token_ids=j.prompt) for j in env.last_judgements]
+        llm = env.engine.llm
+
+        def judge(prompts, completions):
+            requests = rendered[id(prompts)]
+            tokens.append(sum(len(r["prompt_token_ids"]) for r in requests) / len(requests))
+            llm.generate(requests, SamplingParams(max_tokens=1, temperature=0.0, logprobs=20), use_tqdm=False)
+            return len(requests)
+    elif method in ("ours: pointwise", "ours: pairwise all+swap"):
+
+        def judge(prompts, completions):
+            env(prompts, completions)
+            tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
+            return len(env.last_judgements)
+    else:
+        server, url = start_vllm_server(path, max_length)
+        measured = [server.pid]
+        if method == "ours: pointwise served":
+            env = JudgeEnvironment("judge", tokenizer=path, remote_url=url, max_concurrency=256)
+
+            def judge(prompts, completions):
+                asyncio.run(env(prompts, completions))
+                tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
+                return len(env.last_judgements)
+        else:
+            import aiohttp
+
+            from trl_rm_env.judges.templates import POINTWISE, completion_text, prompt_text
+
+            async def reward(prompts, completions, **kwargs):  # what TRL's docs suggest, as a user writes it
+                async def one(session, prompt, completion):
+                    text = POINTWISE.format(prompt=prompt_text(prompt), completion=completion_text(completion),
+                                            max_score=9, answer_format="Reply with the rating alone.")  # fmt: skip
+                    body = {"model": "judge", "messages": [{"role": "user", "content": text}], "max_tokens": 8,
+                            "temperature": 0.0}  # fmt: skip
+                    async with session.post(url + "/v1/chat/completions", json=body) as response:
+                        answer = (await response.json())["choices"][0]["message"]["content"] or ""
+                    found = NUMBER.search(answer)
+                    return float(found.group()) if found else 0.0
+
+                async with aiohttp.ClientSession() as session:
+                    return await asyncio.gather(*(one(session, p, c) for p, c in zip(prompts, completions)))
+
+            def judge(prompts, completions):
+                asyncio.run(reward(prompts, completions))
+                return len(prompts)
+    judge(*batches[0])
+    tokens.clear()
+    start, count = time.perf_counter(), 0
+    for prompts, completions in batches[1:]:
+        count += judge(prompts, completions)
+    seconds = (time.perf_counter() - start) / opts["repeats"]
+    peak = peak_memory_mb(measured)
+    if server is not None:
+        os.killpg(server.pid, 15)
+        server.wait(60)
+    queue.put({"seconds": seconds, "judgements": count / opts["repeats"], "tokens": sum(tokens) / max(len(tokens), 1),
+               "peak_mb": peak})  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=4, help="B: prompts per batch")
+    parser.add_argument("--generations", type=int, default=8, help="G: completions per prompt")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2, help="timed calls, each on a new batch")
+    parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
+    args = parser.parse_args()
+    methods = [m.strip() for m in args.methods.split(",")] if args.methods else METHODS
+    opts = {"prompts": args.prompts, "generations": args.generations, "repeats": args.repeats,
+            "max_length": args.max_length, "path": save_judge(args.layers)}  # fmt: skip
+    ctx = mp.get_context("spawn")
+    results = {}
+    for method in methods:
+        queue = ctx.Queue()
+        proc = ctx.Process(target=run_one, args=(method, opts, queue))
+        proc.start()
+        while True:
+            try:
+                results[method] = queue.get(timeout=5)
+                break
+            except Exception:
+                if not proc.is_alive():
+                    raise SystemExit(f"{method}: the benchmark process ended with status {proc.exitcode}") from None
+        proc.join()
+        print(f"  done: {method} ({results[method]['seconds']:.2f} s a call)", file=sys.stderr)
+        time.sleep(3)
+    n = args.prompts * args.generations
+    base = results.get("vLLM offline")
+    header = ["method", "judgements/call", "judgements/s", "completions/s", "tokens/judgement", "s/call",
+              "vs vLLM offline (compl/s)", "peak MB"]  # fmt: skip
+    rows = []
+    for method, r in results.items():
+        rows.append([method, f"{r['judgements']:.0f}", f"{r['judgements'] / r['seconds']:.2f}", f"{n / r['seconds']:.2f}",
+                     f"{r['tokens']:.0f}" if r["tokens"] else "-", f"{r['seconds']:.2f}",
+                     f"{base['seconds'] / r['seconds']:.2f}x" if base else "-", f"{r['peak_mb']:.0f}"])  # fmt: skip
+    print(f"\nhh-rlhf, {args.prompts} prompts x {args.generations} answers, judge: Qwen3 0.6B width, {args.layers} layers, fp32")
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for row in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+if __name__ == "__main__":
+    main()

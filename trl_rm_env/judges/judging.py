@@ -1,0 +1,114 @@
+"""From a batch to judgements and back, without a model: GRPO groups, the pairs judged, a verdict from log-probabilities
+or text, and each sample's reward as the mean of its share of the verdicts (`JudgeEnvironment` renders the prompts and
+runs the engine around these)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .verdicts import distribution, parse_ranking, parse_score, parse_winner
+
+
+@dataclass
+class Judgement:
+    """One request to the judge: the batch samples it judges, in the order the judge sees them, and its prompt
+    (token ids, or the message list sent to a chat server); `overlength` when the prompt does not fit."""
+
+    samples: tuple[int, ...]
+    prompt: Any
+    overlength: bool = False
+
+
+def group_samples(
+    prompts: Sequence[Any], to_score: Sequence[int], columns: Mapping[str, Sequence[Any]] | None = None
+) -> list[list[int]]:
+    """The samples to judge grouped by equal prompts (a GRPO group) and equal values of the dataset `columns` the
+    template reads (two rows with one prompt but different references are two groups), in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for i in to_score:
+        values = [prompts[i], *(column[i] for column in (columns or {}).values())]
+        key = json.dumps(values, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def pairs_of(n: int, pairs: str) -> list[tuple[int, int]]:
+    """The positions compared in a group of `n`: `all` (each unordered pair once) or `circular` (i against i+1, the
+    last against the first; for `n == 2` the one pair)."""
+    if pairs == "all" or n == 2:
+        return [(a, b) for a in range(n) for b in range(a + 1, n)]
+    return [(a, (a + 1) % n) for a in range(n)]
+
+
+def from_logprobs(mode: str, judgement: Judgement, logprobs: Sequence[float]) -> tuple[Any, float]:
+    """A judgement's verdict from the verdict tokens' log-probabilities, and the mass they held; the verdict is None
+    when they held none (nothing to read, never a 0). Pointwise: the expected rating (the labels are `1..max_score`);
+    pairwise: the preference for the first; listwise: each position's probability of being the best."""
+    if mode == "listwise":
+        logprobs = logprobs[: len(judgement.samples)]
+    probs, mass = distribution(logprobs)
+    if mass <= 0:
+        return None, 0.0
+    if mode == "pointwise":
+        return sum((k + 1) * p for k, p in enumerate(probs)), mass
+    if mode == "pairwise":
+        return probs[0], mass
+    return probs, mass
+
+
+def from_text(mode: str, judgement: Judgement, text: str, max_score: int) -> Any:
+    """A judgement's verdict parsed from the judge's text (`trl_rm_env.judges.verdicts`), or None. Listwise: each
+    position's `(N - 1 - rank) / (N - 1)`."""
+    if mode == "pointwise":
+        return parse_score(text, max_score)
+    if mode == "pairwise":
+        return parse_winner(text)
+    n = len(judgement.samples)
+    ranking = parse_ranking(text, n)
+    if ranking is None:
+        return None
+    values = [0.0] * n
+    for rank, position in enumerate(ranking):
+        values[position] = (n - 1 - rank) / (n - 1)
+    return values
+
+
+def aggregate(
+    mode: str,
+    judgements: Sequence[Judgement],
+    verdicts: Sequence[Any],
+    to_score: Sequence[int],
+    alone: Sequence[int],
+    single_reward: float,
+) -> tuple[dict[int, float], dict[str, list[int]]]:
+    """Each sample's reward, the mean of its share of every verdict (`single_reward` alone in its group), and the
+    samples without any verdict by why: `{"overlength": [...], "unparsed": [...]}`."""
+    shares: dict[int, list[float]] = {i: [] for i in to_score}
+    failed: dict[int, str] = {}
+    for judgement, verdict in zip(judgements, verdicts):
+        samples = judgement.samples
+        if verdict is None:
+            for i in samples:
+                failed.setdefault(i, "overlength" if judgement.overlength else "unparsed")
+        elif mode == "pointwise":
+            shares[samples[0]].append(verdict)
+        elif mode == "pairwise":
+            shares[samples[0]].append(verdict)
+            shares[samples[1]].append(1.0 - verdict)
+        else:
+            for i, value in zip(samples, verdict):
+                shares[i].append(value)
+    values: dict[int, float] = {}
+    missing: dict[str, list[int]] = {"overlength": [], "unparsed": []}
+    lone = set(alone)
+    for i in to_score:
+        if shares[i]:
+            values[i] = sum(shares[i]) / len(shares[i])
+        elif i in lone:
+            values[i] = float(single_reward)
+        else:
+            missing[failed.get(i, "unparsed")].append(i)
+    return values, missing
