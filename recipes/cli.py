@@ -21,11 +21,13 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from trl_rm_env.data.loading import ON_INVALID_MODES
 
+from .judge_eval import add_judge_flags, eval_judge, eval_judge_only, judge_arguments
 from .launch import RECIPES, add_launch_parsers
 from .serve import add_serve_parser
 from .spellings import add_flags, options_from_flags
@@ -96,8 +98,7 @@ def _eval(args: argparse.Namespace) -> int:
             pyplot()
         except ImportError as err:
             raise SystemExit(f"error: {err}") from None
-    from trl_rm_env.data.loaders import load_rank_records
-    from trl_rm_env.data.regression import REGRESSION_FORMATS, load_regression_records
+    from trl_rm_env.data.regression import REGRESSION_FORMATS
     from trl_rm_env.evaluation import (
         evaluate_regression_model,
         evaluate_with_scores,
@@ -109,10 +110,22 @@ def _eval(args: argparse.Namespace) -> int:
     from trl_rm_env.scoring.loading import load_scorer, plan_scoring
     from trl_rm_env.scoring.options import ScoringOptions
 
+    judge_args = judge_arguments(args)  # a bad judge option fails here too, before anything loads
+    if args.model is None:
+        if judge_args is None:
+            raise SystemExit("eval needs --model (a reward model), --judge or --judge-url (a judge), or both")
+        if args.cascade:
+            raise SystemExit("--cascade needs --model: the cascade asks the judge where the reward model's margin is small")
+        _write_results(args.output, eval_judge_only(args, judge_args, _eval_datasets))
+        return 0
+    if args.cascade and judge_args is None:
+        raise SystemExit("--cascade needs --judge (or --judge-url): the judge the reward model hands close pairs to")
     # The model's source, config and engine, resolved once: a bad option fails here, before any data loads.
     plan = plan_scoring(args.model, options_from_flags(args, ScoringOptions), one_reward=False)
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
     regression = is_regression_model(plan.config)
+    if regression and judge_args is not None:
+        raise SystemExit("--judge compares answers to preference pairs; a regression reward model is evaluated alone")
     data_format = args.format
     if regression:
         data_format = "regression" if data_format == "rank" else data_format
@@ -124,10 +137,54 @@ def _eval(args: argparse.Namespace) -> int:
         raise SystemExit(f"--format {data_format} is for regression reward models; {args.model} is not one")
     if regression and (args.scores or args.report):
         raise SystemExit("--scores and --report apply to preference reward models, not to a regression one")
+    datasets, skipped, ties = _eval_datasets(args, data_format, regression)
+    scorer = load_scorer(plan)
+    start = time.perf_counter()
+    if regression:
+        results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
+    else:
+        results, rows = evaluate_with_scores(
+            scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress
+        )
+    rm_seconds = time.perf_counter() - start
+    results["model"] = args.model
+    results["format"] = data_format
+    print(format_regression_results_table(results) if regression else format_results_table(results))
+    if judge_args is not None:
+        from trl_rm_env.evaluation.judge import rm_cost
+
+        results["cost"] = rm_cost(scorer, datasets, rm_seconds)
+        eval_judge(args, judge_args, datasets, results, rows)
+    _write_results(args.output, results)
+    if args.scores:
+        write_scores_file(args.scores, rows)
+        print(f"{len(rows)} per-completion scores written to {args.scores}")
+    if args.report:
+        from trl_rm_env.evaluation.report import write_report
+
+        paths = write_report(_nan_to_none(results), rows, args.report)
+        print(f"report written to {paths[-1]} ({len(paths) - 1} plots)")
+    return 0
+
+
+def _write_results(path: str | None, results: dict) -> None:
+    if path:
+        output = Path(path)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        # NaN (a set without pairs) is written as null: strict JSON.
+        output.write_text(json.dumps(_nan_to_none(results), indent=2) + "\n", encoding="utf-8")
+        print(f"results written to {output}")
+
+
+def _eval_datasets(args: argparse.Namespace, data_format: str, regression: bool) -> tuple[dict, dict, dict]:
+    """`eval`'s sets, by name: records, rows skipped and ties dropped while loading."""
+    from trl_rm_env.data.loaders import load_rank_records
+    from trl_rm_env.data.regression import load_regression_records
+
     datasets, skipped, ties = {}, {}, {}
     if data_format == "rewardbench2":
-        datasets, skipped, ties = _eval_rewardbench2_sets(args.data, args.on_invalid)
-    for spec in args.data if data_format != "rewardbench2" else []:
+        return _eval_rewardbench2_sets(args.data, args.on_invalid)
+    for spec in args.data:
         name, source, split = _eval_data_spec(spec, data_format)
         if name in datasets:
             raise SystemExit(f"two data sets are named {name!r}; name them with FILE:name")
@@ -139,31 +196,7 @@ def _eval(args: argparse.Namespace) -> int:
         else:
             records, report = load_rank_records(source, split=split, data_format=data_format, on_invalid=args.on_invalid)
             datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
-    scorer = load_scorer(plan)
-    if regression:
-        results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
-    else:
-        results, rows = evaluate_with_scores(
-            scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress
-        )
-    results["model"] = args.model
-    results["format"] = data_format
-    print(format_regression_results_table(results) if regression else format_results_table(results))
-    if args.output:
-        output = Path(args.output)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        # NaN (a set without pairs) is written as null: strict JSON.
-        output.write_text(json.dumps(_nan_to_none(results), indent=2) + "\n", encoding="utf-8")
-        print(f"results written to {output}")
-    if args.scores:
-        write_scores_file(args.scores, rows)
-        print(f"{len(rows)} per-completion scores written to {args.scores}")
-    if args.report:
-        from trl_rm_env.evaluation.report import write_report
-
-        paths = write_report(_nan_to_none(results), rows, args.report)
-        print(f"report written to {paths[-1]} ({len(paths) - 1} plots)")
-    return 0
+    return datasets, skipped, ties
 
 
 def _eval_rewardbench2_sets(specs: Sequence[str], on_invalid: str) -> tuple[dict, dict, dict]:
@@ -238,7 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         "on regression records instead: RMSE, MAE and Pearson r per set and attribute. The same numbers for any "
         "--batch-size or --max-tokens-per-batch.",
     )
-    p.add_argument("--model", required=True, help="Reward model: a save_pretrained folder or a Hub id.")
+    p.add_argument(
+        "--model", default=None, help="Reward model: a save_pretrained folder or a Hub id (or --judge, or both)."
+    )
     p.add_argument(
         "--data",
         required=True,
@@ -274,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     # How the reward model loads and scores: a flag per ScoringOptions field (a regression RM's attribute weights
     # apply to a reward, not to its per-attribute evaluation; the progress bar is --no-progress's).
     add_flags(p, ScoringOptions, exclude=("attribute_weights", "reward_model_type"))
+    add_judge_flags(p)
     p.set_defaults(func=_eval)
 
     add_serve_parser(sub)

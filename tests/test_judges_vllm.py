@@ -76,3 +76,23 @@ def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_m
             server.stop(kill=True)
         local.engine.close()
     assert server.proc.returncode == 0
+
+
+def test_eval_judge_on_vllm_equals_transformers(judge_dir, tmp_path):
+    import json
+
+    from trl_rm_env.recipes.cli import main as cli_main
+
+    results = {}
+    for engine in ("vllm", "hf"):
+        out = tmp_path / f"{engine}.json"
+        options = json.dumps({"engine": engine, "max_length": MAX_LENGTH})
+        argv = ["eval", "--judge", str(judge_dir), "--judge-mode", "pairwise", "--judge-options", options,
+                "--data", "sample:in_domain", "--output", str(out), "--no-progress"]  # fmt: skip
+        assert cli_main(argv) == 0
+        results[engine] = json.loads(out.read_text())["judge"]["sets"]["sample:in_domain"]
+    vllm, hf = results["vllm"], results["hf"]
+    assert vllm["pairs"] == hf["pairs"] > 100
+    # Verdicts equal within 1e-4: a pair whose two orders sit that close to 0.5 could flip; none does here.
+    assert vllm["correct"] == hf["correct"] and vllm["ties"] == hf["ties"]
+    assert vllm["position_consistency"] == hf["position_consistency"]

@@ -15,9 +15,19 @@ vLLM or transformers in this process or on OpenAI-compatible servers; and `Casca
 - `environment.py`: `JudgeEnvironment`; `cascade.py`: `CascadeReward`.
 """
 
-from .cascade import CascadeReward
-from .environment import JudgeEnvironment
-from .options import JudgeOptions
-from .templates import TEMPLATES
+from __future__ import annotations
 
-__all__ = ["CascadeReward", "JudgeEnvironment", "JudgeOptions", "TEMPLATES"]
+from ..lazy import lazy_exports
+
+_WHERE = {
+    "CascadeReward": ".cascade",
+    "JudgeEnvironment": ".environment",
+    "JudgeOptions": ".options",
+    "TEMPLATES": ".templates",
+}
+"""Public names, imported on first use (the command line reads `JudgeOptions` without loading torch)."""
+
+__all__ = sorted(_WHERE)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -22,10 +22,20 @@ from ..serving.options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from . import templates as T
 from .engines import judge_tokenizer, load_judge_engine, plan_judge
-from .judging import Judgement, aggregate, from_logprobs, from_text, group_samples, pairs_of
+from .judging import (
+    Judgement,
+    JudgeVerdicts,
+    aggregate,
+    failure_message,
+    from_logprobs,
+    from_text,
+    group_samples,
+    pairs_of,
+    template_columns,
+)
 from .options import MAX_LIST, JudgeOptions
 from .remote import RemoteJudgeEngine, remote_judge_tokenizer
-from .verdicts import label_token_ids
+from .verdicts import label_token_ids, verdict_labels
 
 logger = logging.getLogger(__name__)
 
@@ -200,12 +210,7 @@ class JudgeEnvironment(RewardFunction):
         Raises:
             ValueError: a verdict that is not one token of the judge's tokenizer.
         """
-        if judge.mode == "pointwise":
-            labels = [str(k) for k in range(1, judge.max_score + 1)]
-        elif judge.mode == "pairwise":
-            labels = ["A", "B"]
-        else:
-            labels = [str(k) for k in range(1, MAX_LIST + 1)]
+        labels = verdict_labels(judge.mode, judge.max_score)
         if judge.scoring != "logprobs" or self.tokenizer is None:
             return labels, None
         return labels, label_token_ids(self.tokenizer, labels, name)
@@ -229,7 +234,15 @@ class JudgeEnvironment(RewardFunction):
     def _rewards(
         self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
     ) -> list[float]:
-        steps = self._judge(prompts, completions, kwargs)
+        return self._drive(self._judge(prompts, completions, kwargs))
+
+    async def _rewards_async(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
+    ) -> list[float]:
+        return await self._drive_async(self._judge(prompts, completions, kwargs))
+
+    def _drive(self, steps: Generator[tuple, Any, Any]) -> Any:
+        """Run a call's generator on a local engine: each request it yields answered by `_run`."""
         # Entered on every rank, even one with nothing to judge: under ZeRO-3 and FSDP2 gathering is a collective.
         with full_weights(self.engine.model, self.engine.sharding):
             try:
@@ -239,10 +252,8 @@ class JudgeEnvironment(RewardFunction):
             except StopIteration as done:
                 return done.value
 
-    async def _rewards_async(
-        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
-    ) -> list[float]:
-        steps = self._judge(prompts, completions, kwargs)
+    async def _drive_async(self, steps: Generator[tuple, Any, Any]) -> Any:
+        """Run a call's generator on a remote engine, awaiting each request."""
         try:
             request = next(steps)
             while True:
@@ -263,7 +274,7 @@ class JudgeEnvironment(RewardFunction):
     ) -> Generator[tuple, Any, list[float]]:
         """The whole reward call, yielding engine requests (`_run`) and receiving their answers."""
         empty, to_score, rewards = self._plan(prompts, completions)
-        columns = self._columns(kwargs, len(prompts))
+        columns = template_columns(self.columns, kwargs, len(prompts), self.name)
         strip = self.strip_reasoning
         texts = {
             i: T.completion_text(strip_completion_reasoning(completions[i]) if strip else completions[i])
@@ -282,43 +293,16 @@ class JudgeEnvironment(RewardFunction):
             )
         judgements, alone = self._judgements(prompts, texts, groups, columns)
         self.last_judgements = judgements
-        counts = {
-            "num_judgements": float(len(judgements)),
-            "num_overlength": 0.0,
-            "num_unparsed": 0.0,
-            "num_retried": 0.0,
-        }
-        verdicts: list[Any] = [None] * len(judgements)
-        sendable = [k for k, j in enumerate(judgements) if not j.overlength]
-        counts["num_overlength"] = float(len(judgements) - len(sendable))
+        counts: dict[str, float] = {}
         masses: list[float] = []
-        if self.options.scoring == "logprobs" and sendable:
-            answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
-            for k, logprobs in zip(sendable, answers):
-                verdicts[k], mass = from_logprobs(self.options.mode, judgements[k], logprobs)
-                masses.append(mass)
-        elif self.options.scoring == "generate":
-            pending, temperature, last_texts = sendable, self.options.temperature, {}
-            for attempt in range(self.options.parse_retries + 1):
-                if not pending:
-                    break
-                if attempt:
-                    counts["num_retried"] += len(pending)
-                    temperature = self.options.temperature if self.options.temperature > 0 else 1.0
-                answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, attempt)
-                for k, text in zip(pending, answers):
-                    verdicts[k] = from_text(self.options.mode, judgements[k], text, self.options.max_score)
-                last_texts.update(zip(pending, answers))
-                pending = [k for k in pending if verdicts[k] is None]
-            self._unparsed_text = last_texts[pending[0]] if pending else ""
-        counts["num_unparsed"] = float(sum(1 for k in sendable if verdicts[k] is None))
+        verdicts = yield from self._verdicts(judgements, counts, masses)
         values, missing = aggregate(
             self.options.mode, judgements, verdicts, to_score, alone, self.options.single_reward
         )
         for reason, samples in missing.items():
             fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
             if samples and fallback is None:
-                raise ValueError(self._failure(reason, samples))
+                raise ValueError(failure_message(self, reason, samples))
             values.update({i: float(fallback) for i in samples})
         if to_score:
             rewards[torch.tensor(to_score)] = torch.tensor([values[i] for i in to_score], dtype=torch.float32)
@@ -332,28 +316,80 @@ class JudgeEnvironment(RewardFunction):
                 log_metric(f"{self.metric_prefix}/rating_mass", sum(masses) / len(masses))
         return out
 
-    def _columns(self, kwargs: Mapping[str, Any], n: int) -> dict[str, Sequence[Any]]:
-        """The dataset columns the template reads, one value per sample (TRL passes each column as a list)."""
-        out = {}
-        for name in self.columns:
-            value = kwargs.get(name)
-            if value is None:
-                given = sorted(k for k, v in kwargs.items() if isinstance(v, list | tuple) and len(v) == n)
-                raise ValueError(
-                    f"{self.name}: the judge template reads {{{name}}}, but the reward function got no column {name!r}; "
-                    f"the dataset columns TRL passed: {given}"
-                )
-            if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
-                raise ValueError(
-                    f"{self.name}: column {name!r} must hold one value per sample ({n}), as TRL passes it"
-                )
-            missing = [i for i, v in enumerate(value) if v is None]
-            if missing:  # an empty reference or rubric would be judged as if it were one
-                raise ValueError(
-                    f"{self.name}: column {name!r}, which the judge template reads, is None for samples {missing[:10]}"
-                )
-            out[name] = value
-        return out
+    def _verdicts(
+        self, judgements: list[Judgement], counts: dict[str, float], masses: list[float]
+    ) -> Generator[tuple, Any, list[Any]]:
+        """Each judgement's verdict (None: over-length, or no verdict), yielding engine requests; fills `counts`
+        (`num_judgements`, `num_overlength`, `num_retried`, `num_unparsed`) and `masses` (`logprobs`)."""
+        mode, judge = self.options.mode, self.options
+        verdicts: list[Any] = [None] * len(judgements)
+        sendable = [k for k, j in enumerate(judgements) if not j.overlength]
+        counts.update(num_judgements=float(len(judgements)), num_overlength=float(len(judgements) - len(sendable)))
+        counts["num_retried"] = 0.0
+        if judge.scoring == "logprobs" and sendable:
+            answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
+            for k, logprobs in zip(sendable, answers):
+                verdicts[k], mass = from_logprobs(mode, judgements[k], logprobs)
+                masses.append(mass)
+        elif judge.scoring == "generate":
+            pending, temperature, last_texts = sendable, judge.temperature, {}
+            for attempt in range(judge.parse_retries + 1):
+                if not pending:
+                    break
+                if attempt:
+                    counts["num_retried"] += len(pending)
+                    temperature = judge.temperature if judge.temperature > 0 else 1.0
+                answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, attempt)
+                for k, text in zip(pending, answers):
+                    verdicts[k] = from_text(mode, judgements[k], text, judge.max_score)
+                last_texts.update(zip(pending, answers))
+                pending = [k for k in pending if verdicts[k] is None]
+            self._unparsed_text = last_texts[pending[0]] if pending else ""
+        counts["num_unparsed"] = float(sum(1 for k in sendable if verdicts[k] is None))
+        return verdicts
+
+    def verdicts(
+        self, contexts: Sequence[Any], completions: Sequence[Any], others: Sequence[Any] | None = None, **columns: Any
+    ) -> Any:
+        """Verdicts on given items, for evaluation (`trl_rm_env.evaluation.judge`): a pointwise judge's rating of each
+        `(context, completion)`, or a pairwise judge's preference for `completion` over `other`, shown in that order
+        (one judgement each: `swap` is the caller's). `columns`: the template's dataset columns, one value per item.
+
+        Returns:
+            `JudgeVerdicts` (a coroutine of one when servers judge): `values` (None where no verdict was read) and
+            the costs.
+
+        Raises:
+            ValueError: a listwise judge, `others` missing for a pairwise judge or given for a pointwise one.
+        """
+        mode = self.options.mode
+        if mode == "listwise" or (others is None) != (mode == "pointwise"):
+            raise ValueError(
+                f"verdicts() takes a pointwise judge with completions, or a pairwise one with others; got {mode}"
+            )
+        steps = self._verdicts_of(contexts, completions, others, columns)
+        return self._drive_async(steps) if self.engine.is_async else self._drive(steps)
+
+    def _verdicts_of(self, contexts, completions, others, columns) -> Generator[tuple, Any, JudgeVerdicts]:
+        values = template_columns(self.columns, columns, len(contexts), self.name)
+        strip = self.strip_reasoning
+
+        def text(completion: Any) -> str:
+            return T.completion_text(strip_completion_reasoning(completion) if strip else completion)
+
+        judgements = []
+        for i, context in enumerate(contexts):
+            fields = {"prompt": T.prompt_text(context), **{c: values[c][i] for c in values}}
+            if others is None:
+                fields.update(completion=text(completions[i]), max_score=self.options.max_score)
+            else:
+                fields.update(completion_a=text(completions[i]), completion_b=text(others[i]))
+            judgements.append(Judgement((i,) if others is None else (i, i), *self._prompt(fields)))
+        counts: dict[str, float] = {}
+        masses: list[float] = []
+        found = yield from self._verdicts(judgements, counts, masses)
+        tokens = sum(len(j.prompt) for j in judgements) if self.tokens else None
+        return JudgeVerdicts(found, counts, masses, tokens)
 
     def _prompt(self, values: dict[str, Any]) -> tuple[Any, bool]:
         """A judgement's prompt (token ids, or the message list for a chat server) and whether it is over-length."""
@@ -403,25 +439,6 @@ class JudgeEnvironment(RewardFunction):
             for order in orders:
                 add(tuple(order), completions=T.numbered([texts[i] for i in order]), count=len(order))
         return out, alone
-
-    def _failure(self, reason: str, samples: list[int]) -> str:
-        shown = f"{samples[:10]}{' ...' if len(samples) > 10 else ''}"
-        if reason == "overlength":
-            return (
-                f"{self.name}: the judge's prompt for completions {shown} is longer than its max length "
-                f"{self.engine.max_length} (with room for its answer); set overlength_reward, or raise max_length"
-            )
-        if self.options.scoring == "logprobs":
-            return (
-                f"{self.name}: the verdict tokens held no probability for completions {shown} (the judge's logits are "
-                "NaN/inf, or with remote_input='messages' no verdict token was among the server's top_logprobs); set "
-                "unparsed_reward, or send token ids"
-            )
-        return (
-            f"{self.name}: no verdict could be read for completions {shown} after {self.options.parse_retries} "
-            f"retries (one of the judge's last answers began {self._unparsed_text[:200]!r}); set unparsed_reward, or "
-            "fix the template's answer format"
-        )
 
     def __repr__(self) -> str:
         where = f"remote_url={self.remote_url!r}" if self.remote_url else f"engine={self.engine.name!r}"

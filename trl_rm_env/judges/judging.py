@@ -22,6 +22,18 @@ class Judgement:
     overlength: bool = False
 
 
+@dataclass
+class JudgeVerdicts:
+    """What `JudgeEnvironment.verdicts` found: one verdict per item (None: none could be read, or over-length), the
+    call's counts (`num_judgements`, `num_overlength`, `num_retried`, `num_unparsed`), the verdict tokens' mass of
+    each `logprobs` judgement, and the prompt tokens sent (None when a server rendered them)."""
+
+    values: list[Any]
+    counts: dict[str, float]
+    masses: list[float]
+    tokens: int | None
+
+
 def group_samples(
     prompts: Sequence[Any], to_score: Sequence[int], columns: Mapping[str, Sequence[Any]] | None = None
 ) -> list[list[int]]:
@@ -112,3 +124,51 @@ def aggregate(
         else:
             missing[failed.get(i, "unparsed")].append(i)
     return values, missing
+
+
+def template_columns(names: Sequence[str], kwargs: Mapping[str, Any], n: int, what: str) -> dict[str, Sequence[Any]]:
+    """The dataset columns a template reads (`names`), one value per sample, from TRL's keyword arguments.
+
+    Raises:
+        ValueError: a column not passed, not one value per sample, or None for some sample (an empty reference or
+            rubric would be judged as if it were one), naming it.
+    """
+    out = {}
+    for name in names:
+        value = kwargs.get(name)
+        if value is None:
+            given = sorted(k for k, v in kwargs.items() if isinstance(v, list | tuple) and len(v) == n)
+            raise ValueError(
+                f"{what}: the judge template reads {{{name}}}, but the reward function got no column {name!r}; the "
+                f"dataset columns TRL passed: {given}"
+            )
+        if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
+            raise ValueError(f"{what}: column {name!r} must hold one value per sample ({n}), as TRL passes it")
+        missing = [i for i, v in enumerate(value) if v is None]
+        if missing:
+            raise ValueError(
+                f"{what}: column {name!r}, which the judge template reads, is None for samples {missing[:10]}"
+            )
+        out[name] = value
+    return out
+
+
+def failure_message(judge: Any, reason: str, samples: list[int]) -> str:
+    """The one-line error of samples left without a verdict (`reason`: `overlength` or `unparsed`) and no fallback."""
+    shown = f"{samples[:10]}{' ...' if len(samples) > 10 else ''}"
+    if reason == "overlength":
+        return (
+            f"{judge.name}: the judge's prompt for completions {shown} is longer than its max length "
+            f"{judge.engine.max_length} (with room for its answer); set overlength_reward, or raise max_length"
+        )
+    if judge.options.scoring == "logprobs":
+        return (
+            f"{judge.name}: the verdict tokens held no probability for completions {shown} (the judge's logits are "
+            "NaN/inf, or with remote_input='messages' no verdict token was among the server's top_logprobs); set "
+            "unparsed_reward, or send token ids"
+        )
+    return (
+        f"{judge.name}: no verdict could be read for completions {shown} after {judge.options.parse_retries} retries "
+        f"(one of the judge's last answers began {judge._unparsed_text[:200]!r}); set unparsed_reward, or fix the "
+        "template's answer format"
+    )

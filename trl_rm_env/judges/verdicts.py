@@ -18,6 +18,16 @@ from collections.abc import Sequence
 from ..scoring.scorer import strip_reasoning_text
 
 
+def verdict_labels(mode: str, max_score: int) -> list[str]:
+    """The verdicts a `logprobs` judge is read on: `1..max_score` (pointwise), `A`, `B` (pairwise), `1..9`
+    (listwise: the first N of them for a group of N)."""
+    if mode == "pointwise":
+        return [str(k) for k in range(1, max_score + 1)]
+    if mode == "pairwise":
+        return ["A", "B"]
+    return [str(k) for k in range(1, 10)]
+
+
 def label_token_ids(tokenizer, labels: Sequence[str], what: str) -> list[int]:
     """The token id of each label, as the judge would write it first in its answer.
 

@@ -1,0 +1,131 @@
+"""`trl-rm-env eval --judge` (and `--cascade`): a judge's per-set accuracy, position consistency and costs on the
+same pairs as the reward model, equal to a one-at-a-time reference; the cascade asks the judge exactly for the pairs
+under the margin. On transformers here; tests/test_judges_vllm.py holds vLLM to the same numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from trl_rm_env.recipes.cli import main as cli_main
+
+from trl_rm_env.data.loaders import load_rank_records
+from trl_rm_env.data.schema import iter_pairs
+from trl_rm_env.judges.templates import ANSWER_FORMATS, PAIRWISE, POINTWISE
+
+LLMBAR = [
+    {"input": "What is 2+2?", "output_1": "4", "output_2": "5", "label": 1},
+    {"input": "Name a colour.", "output_1": "Seven.", "output_2": "Blue.", "label": 2},
+    {"input": "Say hi.", "output_1": "Hello!", "output_2": "Bye.", "label": 1},
+    {"input": "Count to three.", "output_1": "1, 2, 3.", "output_2": "3, 2, 1.", "label": 1},
+]
+
+
+@pytest.fixture(scope="module")
+def llmbar_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llmbar") / "natural.json"
+    path.write_text(json.dumps(LLMBAR))
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = tiny_dir / "policy"
+    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@torch.no_grad()
+def next_token(model, tok, text, labels):
+    rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
+    logprobs = torch.log_softmax(model(**tok(rendered, return_tensors="pt")).logits[0, -1].double(), -1)
+    p = logprobs[[tok.convert_tokens_to_ids(label) for label in labels]].exp()
+    return p / p.sum()
+
+
+def reference(plain, records, mode):
+    """Each pair judged alone with the plain model: (accuracy, position consistency)."""
+    model, tok = plain
+    correct = consistent = pairs = 0
+    for record in records:
+        prompt = record["context"][0]["content"]
+        texts = [c["completion"][0]["content"] for c in record["completions"]]
+        for i, j in iter_pairs([c["rank"] for c in record["completions"]]):
+            pairs += 1
+            if mode == "pointwise":
+                fmt = ANSWER_FORMATS[("pointwise", "logprobs")].format(max_score=9)
+                rating = [
+                    float((next_token(model, tok, POINTWISE.format(prompt=prompt, completion=t, max_score=9,
+                                                                    answer_format=fmt), [str(k) for k in range(1, 10)])
+                           * torch.arange(1, 10)).sum())
+                    for t in (texts[i], texts[j])
+                ]  # fmt: skip
+                correct += rating[0] > rating[1]
+                continue
+            fmt = ANSWER_FORMATS[("pairwise", "logprobs")]
+            first = float(next_token(model, tok, PAIRWISE.format(prompt=prompt, completion_a=texts[i],
+                                                                 completion_b=texts[j], answer_format=fmt), "AB")[0])
+            second = 1 - float(next_token(model, tok, PAIRWISE.format(prompt=prompt, completion_a=texts[j],
+                                                                      completion_b=texts[i], answer_format=fmt), "AB")[0])
+            correct += (first + second) / 2 > 0.5
+            consistent += (first > 0.5) == (second > 0.5)
+    return correct / pairs, consistent / pairs
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
+def test_judge_accuracy_and_consistency_equal_one_at_a_time_reference(tiny_dir, llmbar_file, plain, tmp_path, mode):
+    out = tmp_path / "results.json"
+    code = cli_main(["eval", "--judge", str(tiny_dir / "policy"), "--judge-mode", mode, "--data", str(llmbar_file),
+                     "--format", "llmbar", "--output", str(out), "--no-progress"])  # fmt: skip
+    assert code == 0
+    results = json.loads(out.read_text())["judge"]
+    records, _ = load_rank_records(str(llmbar_file), data_format="llmbar")
+    accuracy, consistency = reference(plain, records, mode)
+    got = results["sets"]["llmbar-natural"]  # LLMBar's natural.json is named after its RewardBench subset
+    assert got["pairs"] == 4 and got["accuracy"] == pytest.approx(accuracy)
+    assert got["no_verdict"] == 0
+    assert results["cost"]["judgements"] == 8  # 8 completions rated once, or 4 pairs judged in both orders
+    if mode == "pairwise":
+        assert got["position_consistency"] == pytest.approx(consistency)
+    assert results["per_1k_pairs"]["judgements"] == pytest.approx(2000)
+    assert results["cost"]["tokens"] > 0 and 0 < results["cost"]["rating_mass"] <= 1
+
+
+def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(tiny_dir, capsys, tmp_path):
+    out = tmp_path / "results.json"
+    code = cli_main(["eval", "--model", str(tiny_dir / "reward_model"), "--judge", str(tiny_dir / "policy"),
+                     "--judge-mode", "pairwise", "--cascade", "--cascade-margin", "0.05", "--data", "sample:in_domain",
+                     "--output", str(out), "--no-progress", "--scores", str(tmp_path / "scores.jsonl")])  # fmt: skip
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "reward model" in printed and "judge (pairwise, logprobs)" in printed and "cascade (|margin| < 0.05" in printed
+    results = json.loads(out.read_text())
+    scores = {}
+    for line in (tmp_path / "scores.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        scores[(row["record"], row["completion"])] = row["score"]
+    records, _ = load_rank_records("sample:in_domain")
+    margins = [scores[(r, i)] - scores[(r, j)] for r, record in enumerate(records)
+               for i, j in iter_pairs([c["rank"] for c in record["completions"]])]  # fmt: skip
+    under = sum(abs(m) < 0.05 for m in margins)
+    cascade = results["cascade"]
+    assert cascade["sent"] == under and 0 < under < len(margins)
+    assert cascade["cost"]["judgements"] == 2 * under  # each pair sent, in both orders; no other
+    assert cascade["share"] == pytest.approx(under / len(margins))
+    assert results["agreement"]["pairs"] > 0
+    # The RM's own rows are today's `eval`: the cascade decides the rest by the RM's sign.
+    rm_correct = sum(m > 0 for m in margins if abs(m) >= 0.05)
+    assert cascade["sets"]["sample:in_domain"]["correct"] >= rm_correct
+
+
+def test_judge_flags_fail_in_one_line(tiny_dir, capsys):
+    for argv, message in (
+        (["eval", "--data", "sample:in_domain"], "needs --model"),
+        (["eval", "--judge", "x", "--cascade", "--data", "sample:in_domain"], "--cascade needs --model"),
+        (["eval", "--model", str(tiny_dir / "reward_model"), "--judge-mode", "pairwise", "--data", "sample:in_domain"],
+         "mode: options of a judge"),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit, match=message):
+            cli_main(argv)

@@ -1,0 +1,318 @@
+"""A generative judge, and a cascade of a reward model with a judge, on preference sets: what `trl-rm-env eval
+--judge` reports beside the reward model's own evaluation (`preference.py`).
+
+Every strictly ordered pair of every record (better `i`, worse `j`: lower rank) is judged as the judge would judge it
+in GRPO:
+
+- pointwise: each completion of a record is rated once; the pair goes to the better one when its rating is strictly
+  higher (equal ratings are a tie, counted as such and as wrong, as equal RM scores are);
+- pairwise: the pair is shown with the better answer first and, with `swap`, again with it second; the preference for
+  the better one is the mean over the orders, `(p_ij + 1 - p_ji) / 2`, and it wins above 0.5 (0.5 exactly is a tie).
+  Without `swap` the better answer is first in every other pair, so position bias cannot pass for accuracy.
+  Position consistency (pairwise with `swap`) is the share of pairs whose winner survives the swap.
+
+A pair without a verdict (unparseable, or over-length) is counted as such and as wrong. Costs are measured: judgements,
+prompt tokens and seconds per 1,000 pairs, and the resident memory of this process and the ones it started once the
+source ran.
+
+The cascade (`evaluate_cascade`) decides a pair by the reward model where its margin `|s_i - s_j|` is at least
+`margin`, and asks the judge, for those pairs only, where it is smaller (the count of pairs sent is reported and
+equals the pairs asked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..data.schema import iter_pairs
+from .rewardbench import rewardbench_sections
+
+
+def resident_mb() -> float:
+    """Resident memory (MB) of this process and every process it started (vLLM's engine), or CUDA's peak allocation
+    of this process when a GPU is in use."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    tree, todo = {os.getpid()}, [os.getpid()]
+    while todo:
+        parent = todo.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                todo.append(pid)
+    total = 0
+    for pid in tree:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+def pairs_of_sets(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[str, int, int, int]]:
+    """Every strictly ordered pair, `(set, record index, better completion, worse completion)`, set by set."""
+    return [
+        (name, r, i, j)
+        for name, records in datasets.items()
+        for r, record in enumerate(records)
+        for i, j in iter_pairs([c["rank"] for c in record["completions"]])
+    ]
+
+
+def _run(result: Any) -> Any:
+    return asyncio.run(result) if asyncio.iscoroutine(result) else result
+
+
+def judge_pair_verdicts(
+    judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]], pairs: Sequence[tuple[str, int, int, int]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Judge `pairs`: one row per pair, `{"preference": for the better one (pointwise: its rating minus the worse one's;
+    None: no verdict), "orders": [p with the better first, p with it second] (pairwise)}`, and the cost
+    (`judgements`, `tokens`, `seconds`, `rating_mass`, `unparsed`, `overlength`)."""
+    mode, swap = judge.options.mode, judge.options.swap
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    if mode == "pointwise":
+        items = sorted({(name, r, k) for name, r, i, j in pairs for k in (i, j)})
+        position = {item: n for n, item in enumerate(items)}
+        found = _run(
+            judge.verdicts(
+                [datasets[name][r]["context"] for name, r, _ in items],
+                [datasets[name][r]["completions"][k]["completion"] for name, r, k in items],
+            )
+        )
+        for name, r, i, j in pairs:
+            better, worse = found.values[position[(name, r, i)]], found.values[position[(name, r, j)]]
+            rows.append({"preference": None if better is None or worse is None else better - worse})
+    elif mode == "pairwise":
+        shown = []  # (pair, better shown first)
+        for n, pair in enumerate(pairs):
+            shown += [(pair, True), (pair, False)] if swap else [(pair, n % 2 == 0)]
+
+        def completion(name: str, r: int, k: int) -> Any:
+            return datasets[name][r]["completions"][k]["completion"]
+
+        found = _run(
+            judge.verdicts(
+                [datasets[name][r]["context"] for (name, r, _, _), _ in shown],
+                [completion(name, r, i if first else j) for (name, r, i, j), first in shown],
+                [completion(name, r, j if first else i) for (name, r, i, j), first in shown],
+            )
+        )
+        per_pair = 2 if swap else 1
+        for n in range(len(pairs)):
+            orders = []
+            for k in range(per_pair):
+                value = found.values[n * per_pair + k]
+                first = shown[n * per_pair + k][1]
+                orders.append(None if value is None else value if first else 1.0 - value)
+            known = [p for p in orders if p is not None]
+            rows.append({"preference": sum(known) / len(known) if known else None, "orders": orders})
+    else:
+        raise ValueError(
+            "a listwise judge ranks a GRPO group; evaluate it as pointwise or pairwise on preference pairs"
+        )
+    cost = {
+        "judgements": int(found.counts["num_judgements"]),
+        "tokens": found.tokens,
+        "seconds": time.perf_counter() - start,
+        "rating_mass": sum(found.masses) / len(found.masses) if found.masses else None,
+        "unparsed": int(found.counts["num_unparsed"]),
+        "overlength": int(found.counts["num_overlength"]),
+    }
+    return rows, cost
+
+
+def _pick(preference: float | None, neutral: float) -> str | None:
+    """`better`, `worse`, `tie`, or None (no verdict)."""
+    if preference is None:
+        return None
+    return "better" if preference > neutral else "worse" if preference < neutral else "tie"
+
+
+def verdict_metrics(
+    pairs: Sequence[tuple[str, int, int, int]], picks: Sequence[str | None], orders: Sequence[Sequence[Any]] | None
+) -> dict[str, dict[str, Any]]:
+    """Per set: `pairs`, `correct`, `ties`, `no_verdict`, `accuracy` (ties and pairs without a verdict are wrong) and,
+    given both orders of each pair, `position_consistency`."""
+    sets: dict[str, dict[str, Any]] = {}
+    for n, ((name, *_), pick) in enumerate(zip(pairs, picks)):
+        m = sets.setdefault(name, {"pairs": 0, "correct": 0, "ties": 0, "no_verdict": 0, "consistent": 0, "both": 0})
+        m["pairs"] += 1
+        m["correct"] += pick == "better"
+        m["ties"] += pick == "tie"
+        m["no_verdict"] += pick is None
+        if orders is not None and len(orders[n]) == 2 and None not in orders[n]:
+            first, second = orders[n]  # preferences for the better one, shown first and shown second
+            m["both"] += 1
+            m["consistent"] += (first > 0.5) == (second > 0.5) and first != 0.5 and second != 0.5
+    for m in sets.values():
+        m["accuracy"] = m["correct"] / m["pairs"] if m["pairs"] else float("nan")
+        both = m.pop("both")
+        consistent = m.pop("consistent")
+        m["position_consistency"] = consistent / both if both else None
+    return sets
+
+
+def per_1k(cost: Mapping[str, Any], pairs: int) -> dict[str, Any]:
+    """Seconds, judgements and tokens per 1,000 pairs."""
+    scale = 1000 / pairs if pairs else float("nan")
+    return {
+        "seconds": cost["seconds"] * scale,
+        "judgements": cost.get("judgements", 0) * scale if cost.get("judgements") is not None else None,
+        "tokens": cost["tokens"] * scale if cost.get("tokens") is not None else None,
+    }
+
+
+def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[dict[str, Any], list]:
+    """A `JudgeEnvironment` (pointwise or pairwise) on preference sets (see the module docstring).
+
+    Returns:
+        `({"sets": {name: {"pairs", "correct", "ties", "no_verdict", "accuracy", "position_consistency"}},
+        "rewardbench": {...}, "cost": {...}, "per_1k_pairs": {...}, "mode", "scoring"}, picks)`: `picks` is each
+        pair's `better` / `worse` / `tie` / None, in `pairs_of_sets` order.
+    """
+    pairs = pairs_of_sets(datasets)
+    rows, cost = judge_pair_verdicts(judge, datasets, pairs)
+    neutral = 0.0 if judge.options.mode == "pointwise" else 0.5
+    picks = [_pick(row["preference"], neutral) for row in rows]
+    orders = [row["orders"] for row in rows] if judge.options.mode == "pairwise" else None
+    sets = verdict_metrics(pairs, picks, orders)
+    cost["memory_mb"] = resident_mb()
+    results = {
+        "mode": judge.options.mode,
+        "scoring": judge.options.scoring,
+        "sets": sets,
+        "rewardbench": rewardbench_sections({n: m["accuracy"] for n, m in sets.items() if m["pairs"]}),
+        "cost": cost,
+        "per_1k_pairs": per_1k(cost, len(pairs)),
+    }
+    return results, picks
+
+
+def rm_picks(rows: Sequence[Mapping[str, Any]], datasets: Mapping[str, Sequence[Any]]) -> tuple[list, list[float]]:
+    """A reward model's pick and margin for every pair (`pairs_of_sets` order) from `evaluate_with_scores` rows."""
+    score = {(row["set"], row["record"], row["completion"]): row["score"] for row in rows}
+    picks, margins = [], []
+    for name, r, i, j in pairs_of_sets(datasets):
+        margin = score[(name, r, i)] - score[(name, r, j)]
+        margins.append(margin)
+        picks.append(_pick(margin, 0.0))
+    return picks, margins
+
+
+def agreement(first: Sequence[str | None], second: Sequence[str | None]) -> dict[str, Any]:
+    """How often two sources pick the same answer, over the pairs both decided (neither a tie nor without a verdict)."""
+    both = [(a, b) for a, b in zip(first, second) if a in ("better", "worse") and b in ("better", "worse")]
+    same = sum(a == b for a, b in both)
+    return {"pairs": len(both), "same": same, "rate": same / len(both) if both else float("nan")}
+
+
+def evaluate_cascade(
+    judge: Any,
+    datasets: Mapping[str, Sequence[Mapping[str, Any]]],
+    rm_rows: Sequence[Mapping[str, Any]],
+    margin: float,
+    rm_seconds: float,
+) -> tuple[dict[str, Any], list]:
+    """The reward model where `|margin| >= margin`, the judge (asked for those pairs only) elsewhere.
+
+    Returns:
+        Results shaped as `evaluate_judge`'s, plus `"margin"`, `"sent"` (pairs asked of the judge) and `"share"`;
+        and each pair's pick.
+    """
+    pairs = pairs_of_sets(datasets)
+    picks, margins = rm_picks(rm_rows, datasets)
+    sent = [n for n, m in enumerate(margins) if abs(m) < margin]
+    rows, cost = judge_pair_verdicts(judge, datasets, [pairs[n] for n in sent]) if sent else ([], None)
+    neutral = 0.0 if judge.options.mode == "pointwise" else 0.5
+    for n, row in zip(sent, rows):
+        picks[n] = _pick(row["preference"], neutral)
+    sets = verdict_metrics(pairs, picks, None)
+    judged = cost or {"judgements": 0, "tokens": 0, "seconds": 0.0}
+    total = {
+        "judgements": judged["judgements"],
+        "tokens": judged["tokens"],
+        "seconds": rm_seconds + judged["seconds"],
+        "memory_mb": resident_mb(),
+    }
+    results = {
+        "margin": margin,
+        "sent": len(sent),
+        "share": len(sent) / len(pairs) if pairs else float("nan"),
+        "sets": sets,
+        "rewardbench": rewardbench_sections({n: m["accuracy"] for n, m in sets.items() if m["pairs"]}),
+        "cost": total,
+        "per_1k_pairs": per_1k(total, len(pairs)),
+    }
+    return results, picks
+
+
+def _cell(value: Any, fmt: str = "{:.1f}") -> str:
+    if value is None or value != value:
+        return "-"
+    return fmt.format(value)
+
+
+def format_comparison_table(sources: Mapping[str, Mapping[str, Any]], agreements: Mapping[str, Any]) -> str:
+    """One row per source (`reward model`, `judge`, `cascade`): accuracy per set, position consistency, the share of
+    pairs the judge was asked, and the cost per 1,000 pairs; then the agreement between sources."""
+    names = list(dict.fromkeys(name for results in sources.values() for name in results["sets"]))
+    header = ["source", *names, "pos. consistency", "no verdict", "verdict mass", "judged", "s / 1k pairs",
+              "judgements / 1k", "tokens / 1k", "RSS MB"]  # fmt: skip
+    rows = []
+    for source, results in sources.items():
+        sets = results["sets"]
+        consistency = [m.get("position_consistency") for m in sets.values()]
+        pairs_with = [(c, sets[n]["pairs"]) for n, c in zip(sets, consistency) if c is not None]
+        overall = sum(c * p for c, p in pairs_with) / sum(p for _, p in pairs_with) if pairs_with else None
+        judged = results.get("share", 1.0 if source.startswith("judge") else None)
+        per = results["per_1k_pairs"]
+        pairs = sum(m["pairs"] for m in sets.values())
+        judged_sets = all("no_verdict" in m for m in sets.values()) and pairs
+        no_verdict = sum(m["no_verdict"] for m in sets.values()) / pairs if judged_sets else None
+        rows.append([
+            source,
+            *(_cell(100 * sets[n]["accuracy"], "{:.2f}%") if n in sets else "-" for n in names),
+            _cell(None if overall is None else 100 * overall, "{:.1f}%"),
+            _cell(None if no_verdict is None else 100 * no_verdict, "{:.1f}%"),
+            _cell(results["cost"].get("rating_mass"), "{:.3f}"),
+            _cell(None if judged is None else 100 * judged, "{:.0f}%"),
+            _cell(per["seconds"]), _cell(per.get("judgements"), "{:.0f}"), _cell(per.get("tokens"), "{:.0f}"),
+            _cell(results["cost"].get("memory_mb"), "{:.0f}"),
+        ])  # fmt: skip
+    widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    for pair, agreed in agreements.items():
+        lines.append(
+            f"agreement, {pair}: {_cell(100 * agreed['rate'], '{:.1f}%')} of the {agreed['pairs']} pairs both decided"
+        )
+    return "\n".join(lines)
+
+
+def rm_cost(scorer: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]], seconds: float) -> dict[str, Any]:
+    """A reward model's cost on `datasets`, scored in `seconds`: its tokens (every completion's sequence as scored;
+    None for a scorer that does not encode here) and the resident memory now."""
+    tokens = None
+    if hasattr(scorer, "encode"):
+        contexts = [r["context"] for records in datasets.values() for r in records for _ in r["completions"]]
+        completions = [c["completion"] for records in datasets.values() for r in records for c in r["completions"]]
+        tokens = sum(len(ids) for ids in scorer.encode(contexts, completions).ids if ids is not None)
+    return {"judgements": None, "tokens": tokens, "seconds": seconds, "memory_mb": resident_mb()}
