@@ -71,8 +71,6 @@ def eval_judge(args: argparse.Namespace, judge_args: dict, datasets: dict, resul
     `results` (written by `--output`)."""
     from trl_rm_env import JudgeEnvironment
 
-    if args.format == "rewardbench2":
-        raise SystemExit("--judge compares answers in pairs; RewardBench 2's best-of-4 scores are the reward model's")
     model = judge_args.pop("model")
     judge = JudgeEnvironment(model, **judge_args)
     try:
@@ -110,5 +108,9 @@ def _judge_sources(args, judge, model, judge_args, datasets, results, rm_rows) -
             sources[f"cascade (|margin| < {args.cascade_margin:g}: judge)"] = cascade
     print()
     print(format_comparison_table(sources, agreements))
+    if args.report:
+        from trl_rm_env.evaluation.report import write_comparison_figure
+
+        print(f"side-by-side figure written to {write_comparison_figure(sources, args.report)}")
 
 

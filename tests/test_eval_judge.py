@@ -129,3 +129,50 @@ def test_judge_flags_fail_in_one_line(tiny_dir, capsys):
     ):  # fmt: skip
         with pytest.raises(SystemExit, match=message):
             cli_main(argv)
+
+
+def test_reward_model_rows_are_todays_eval_and_report_has_the_figure(tiny_dir, llmbar_file, tmp_path):
+    base = ["eval", "--model", str(tiny_dir / "reward_model"), "--data", str(llmbar_file), "--format", "llmbar",
+            "--no-progress"]  # fmt: skip
+    assert cli_main([*base, "--output", str(tmp_path / "alone.json")]) == 0
+    judged = [*base, "--judge", str(tiny_dir / "policy"), "--output", str(tmp_path / "both.json")]
+    assert cli_main([*judged, "--report", str(tmp_path / "report")]) == 0
+    alone = json.loads((tmp_path / "alone.json").read_text())
+    both = json.loads((tmp_path / "both.json").read_text())
+    assert both["sets"] == alone["sets"] and both["judge"]["mode"] == "pointwise"
+    from PIL import Image
+
+    with Image.open(tmp_path / "report" / "sources.png") as figure:
+        assert figure.size[0] > 100
+
+
+def test_pointwise_judge_scores_rewardbench2_from_its_ratings(tiny_dir, tmp_path):
+    from trl_rm_env import JudgeEnvironment
+    from trl_rm_env.evaluation.rewardbench2 import load_rewardbench2, rewardbench2_scores, split_by_subset
+
+    words = ["yes", "no", "maybe so", "it is four", "five"]
+    rows = [
+        {"id": str(i), "prompt": f"question {i}?", "chosen": [words[i % 5]],
+         "rejected": [words[(i + k) % 5] for k in (1, 2, 3)], "num_correct": 1, "subset": subset}
+        for i, subset in enumerate(["Factuality", "Precise IF", "Math", "Safety", "Focus"])
+    ]  # fmt: skip
+    data = tmp_path / "rb2.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "results.json"
+    argv = ["eval", "--judge", str(tiny_dir / "policy"), "--data", str(data), "--format", "rewardbench2",
+            "--output", str(out), "--no-progress"]  # fmt: skip
+    assert cli_main(argv) == 0
+    got = json.loads(out.read_text())["judge"]
+    records, _ = load_rewardbench2(str(data))
+    datasets = split_by_subset(records)
+    judge = JudgeEnvironment(str(tiny_dir / "policy"))
+    by_set = {}
+    for name, recs in datasets.items():
+        contexts = [r["context"] for r in recs for _ in r["completions"]]
+        completions = [c["completion"] for r in recs for c in r["completions"]]
+        by_set[name] = judge.verdicts(contexts, completions).values
+    want = rewardbench2_scores(datasets, by_set)
+    assert set(got["rewardbench2"]) == set(want)
+    for subset, value in want.items():
+        assert got["rewardbench2"][subset]["score"] == pytest.approx(value["score"])
+    assert got["sets"]["Factuality"]["pairs"] == 3  # chosen against each rejected

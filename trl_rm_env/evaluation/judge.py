@@ -31,6 +31,7 @@ from typing import Any
 
 from ..data.schema import iter_pairs
 from .rewardbench import rewardbench_sections
+from .rewardbench2 import rewardbench2_scores
 
 
 def resident_mb() -> float:
@@ -88,6 +89,7 @@ def judge_pair_verdicts(
     mode, swap = judge.options.mode, judge.options.swap
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
+    ratings: dict[tuple[str, int, int], Any] = {}
     if mode == "pointwise":
         items = sorted({(name, r, k) for name, r, i, j in pairs for k in (i, j)})
         position = {item: n for n, item in enumerate(items)}
@@ -97,6 +99,7 @@ def judge_pair_verdicts(
                 [datasets[name][r]["completions"][k]["completion"] for name, r, k in items],
             )
         )
+        ratings = {item: found.values[n] for item, n in position.items()}
         for name, r, i, j in pairs:
             better, worse = found.values[position[(name, r, i)]], found.values[position[(name, r, j)]]
             rows.append({"preference": None if better is None or worse is None else better - worse})
@@ -135,6 +138,7 @@ def judge_pair_verdicts(
         "rating_mass": sum(found.masses) / len(found.masses) if found.masses else None,
         "unparsed": int(found.counts["num_unparsed"]),
         "overlength": int(found.counts["num_overlength"]),
+        "ratings": ratings,
     }
     return rows, cost
 
@@ -194,6 +198,7 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
     picks = [_pick(row["preference"], neutral) for row in rows]
     orders = [row["orders"] for row in rows] if judge.options.mode == "pairwise" else None
     sets = verdict_metrics(pairs, picks, orders)
+    ratings = cost.pop("ratings")
     cost["memory_mb"] = resident_mb()
     results = {
         "mode": judge.options.mode,
@@ -203,6 +208,17 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
         "cost": cost,
         "per_1k_pairs": per_1k(cost, len(pairs)),
     }
+    rewardbench2 = [records for records in datasets.values() if any("num_correct" in r for r in records)]
+    if rewardbench2 and judge.options.mode == "pointwise":  # best-of-N from ratings (no rating: below every other)
+        by_set = {
+            name: [
+                ratings.get((name, r, k)) if ratings.get((name, r, k)) is not None else float("-inf")
+                for r, record in enumerate(records)
+                for k in range(len(record["completions"]))
+            ]
+            for name, records in datasets.items()
+        }
+        results["rewardbench2"] = rewardbench2_scores(datasets, by_set)
     return results, picks
 
 

@@ -217,3 +217,40 @@ def format_report_markdown(results: Mapping[str, Any]) -> str:
             )
     lines += ["", f"![accuracy vs margin]({PLOTS[2]})", ""]
     return "\n".join(lines)
+
+
+COMPARISON_PLOT = "sources.png"
+
+
+def write_comparison_figure(sources: Mapping[str, Mapping[str, Any]], out_dir: str | os.PathLike) -> Path:
+    """`eval --judge --report`: one figure, accuracy per set for each source (reward model, judge, cascade) beside
+    each source's seconds per 1,000 pairs; written to `out_dir/sources.png`.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
+    plt = pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = list(dict.fromkeys(n for results in sources.values() for n in results["sets"]))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(max(7.0, 1.6 * len(names) + 5), 3.4), width_ratios=[3, 1])
+    width = 0.8 / max(len(sources), 1)
+    for k, (source, results) in enumerate(sources.items()):
+        values = [results["sets"].get(n, {}).get("accuracy", float("nan")) for n in names]
+        xs = [i + (k - (len(sources) - 1) / 2) * width for i in range(len(names))]
+        left.bar(xs, [v if v == v else 0.0 for v in values], width, label=source)
+    left.axhline(0.5, color="grey", lw=0.8, ls="--")
+    left.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+    left.set_ylim(0, 1.1)
+    left.set_ylabel("pairwise accuracy")
+    left.set_title("Accuracy per set", fontsize=10)
+    left.legend(fontsize=7)
+    labels = list(sources)
+    right.barh(labels, [results["per_1k_pairs"]["seconds"] for results in sources.values()], color="#8172B2")
+    right.set_xlabel("seconds / 1k pairs", fontsize=8)
+    right.tick_params(axis="y", labelsize=7)
+    right.set_title("Cost", fontsize=10)
+    path = out / COMPARISON_PLOT
+    _save(fig, path)
+    plt.close("all")
+    return path
