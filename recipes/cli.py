@@ -27,10 +27,10 @@ from pathlib import Path
 
 from trl_rm_env.data.loading import ON_INVALID_MODES
 
-from .judge_eval import add_judge_flags, eval_judge, eval_judge_only, judge_arguments
+from .judge_eval import add_judge_flags, eval_judge, eval_judge_only, judge_arguments, make_judge
 from .launch import RECIPES, add_launch_parsers
 from .serve import add_serve_parser
-from .spellings import add_flags, options_from_flags
+from .spellings import add_flags, flags, options_from_flags
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
@@ -116,7 +116,11 @@ def _eval(args: argparse.Namespace) -> int:
             raise SystemExit("eval needs --model (a reward model), --judge or --judge-url (a judge), or both")
         if args.cascade:
             raise SystemExit("--cascade needs --model: the cascade asks the judge where the reward model's margin is small")
-        _write_results(args.output, eval_judge_only(args, judge_args, _eval_datasets))
+        from trl_rm_env.options import changed
+
+        given = sorted(changed(options_from_flags(args, ScoringOptions)))
+        scoring = flags(ScoringOptions, given).split(", ") if given else []
+        _write_results(args.output, eval_judge_only(args, judge_args, _eval_datasets, scoring))
         return 0
     if args.cascade and judge_args is None:
         raise SystemExit("--cascade needs --judge (or --judge-url): the judge the reward model hands close pairs to")
@@ -126,6 +130,7 @@ def _eval(args: argparse.Namespace) -> int:
     regression = is_regression_model(plan.config)
     if regression and judge_args is not None:
         raise SystemExit("--judge compares answers to preference pairs; a regression reward model is evaluated alone")
+    judge = make_judge(judge_args) if judge_args is not None else None  # a bad judge fails before any scoring
     data_format = args.format
     if regression:
         data_format = "regression" if data_format == "rank" else data_format
@@ -154,7 +159,7 @@ def _eval(args: argparse.Namespace) -> int:
         from trl_rm_env.evaluation.judge import rm_cost
 
         results["cost"] = rm_cost(scorer, datasets, rm_seconds)
-        eval_judge(args, judge_args, datasets, results, rows)
+        eval_judge(args, judge, judge_args, datasets, results, rows)
     _write_results(args.output, results)
     if args.scores:
         write_scores_file(args.scores, rows)

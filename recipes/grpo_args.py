@@ -40,6 +40,10 @@ class RewardModelRecipeArguments:
         prompt_column: Column holding the prompt (string or messages) for Hub/local prompt datasets.
         build_tiny_model: Build the tiny offline models (`make-tiny`) when the policy path, a folder named `policy`, is
             missing (quickstart). A missing `reward_model` is always an error, never replaced by the untrained tiny RM.
+        reward_per_attribute: A regression reward model's attributes as one reward function each
+            (`RewardModelEnvironment.attribute_rewards()`, one forward per batch), for GDPO
+            (`multi_objective_aggregation: normalize_then_sum`); `reward_weights` default to the model's attribute
+            weights.
         reward_judge: A generative judge (a causal LM: Hub id or local path; with `reward_judge_url`, the model name
             sent to the servers) as a reward source after the reward model (TRL's `reward_weights` weigh them in
             that order). None: no judge.
@@ -65,6 +69,9 @@ class RewardModelRecipeArguments:
     prompt_column: str = field(default="prompt", metadata={"help": "Prompt column of a prompt dataset."})
     build_tiny_model: bool = field(
         default=False, metadata={"help": "Build the tiny offline models if the policy path is missing."}
+    )
+    reward_per_attribute: bool = field(
+        default=False, metadata={"help": "A regression RM's attributes as one reward function each (GDPO)."}
     )
     reward_judge: str | None = field(default=None, metadata={"help": "A generative judge (causal LM) id or path."})
     reward_judge_url: list[str] | None = field(

@@ -1,5 +1,11 @@
 """GRPO with a reward model as the reward: TRL's `GRPOTrainer` + `RewardModelEnvironment`, and/or a generative judge
-(`reward_judge`: `JudgeEnvironment`), weighed by TRL's `reward_weights` in that order.
+(`reward_judge`: `JudgeEnvironment`), weighed by TRL's `reward_weights` in that order. With `reward_per_attribute:
+true` a regression RM's attributes are separate rewards (GDPO with `multi_objective_aggregation: normalize_then_sum`).
+
+TRL's AsyncGRPO (`trl.experimental.async_grpo.AsyncGRPOTrainer`: generation overlapped with training) scores in a
+spawned process without GPUs: serve the RM on its own GPUs (`trl-rm-env serve --engine vllm --model RM`) and give
+AsyncGRPOTrainer `RewardModelEnvironment(remote_url=...)`; docs/environment.md, "AsyncGRPO", and the commented block
+in configs/grpo_rm.yaml.
 
     trl-rm-env grpo --config grpo_rm_tiny.yaml                                         # installed: offline, CPU
     accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm_tiny.yaml   # from a checkout, ~1 min
@@ -52,11 +58,22 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     )
     if judge_options is not None and not rm_args.reward_judge_url:  # after the tiny models are built, if asked
         check_model_source(rm_args.reward_judge, "judge")
-    rewards = []
+    rewards, weights = [], []
     if with_rm:
-        rewards.append(RewardModelEnvironment(rm_args.reward_model, **reward_options))
+        environment = RewardModelEnvironment(rm_args.reward_model, **reward_options)
+        if rm_args.reward_per_attribute:  # GDPO: each attribute normalized within its group on its own
+            rewards += environment.attribute_rewards()
+            weights += environment.attribute_weights or [1.0] * len(rewards)
+        else:
+            rewards.append(environment)
+            weights.append(1.0)
+    elif rm_args.reward_per_attribute:
+        raise ValueError("reward_per_attribute needs a reward model (reward_model is null)")
     if judge_options is not None:
         rewards.append(JudgeEnvironment(rm_args.reward_judge, **judge_options))
+        weights.append(1.0)
+    if rm_args.reward_per_attribute and training_args.reward_weights is None:
+        training_args.reward_weights = weights  # the model's own attribute weights (TRL's default: all 1)
 
     # --- data ------------------------------------------------------------------------------------------------
     prompts = rm_args.load_prompts()

@@ -30,7 +30,10 @@ def add_judge_flags(parser: argparse.ArgumentParser) -> None:
     )
     judges.add_argument("--cascade", action="store_true", help="Add the cascade of --model and --judge.")
     judges.add_argument(
-        "--cascade-margin", type=float, default=1.0, help="The cascade asks the judge where |RM margin| is below this."
+        "--cascade-margin",
+        type=float,
+        default=None,
+        help="The cascade asks the judge where |RM margin| is below this (> 0). Default: 1.0.",
     )
     add_flags(judges, JudgeOptions, exclude=("single_reward",))
 
@@ -42,6 +45,12 @@ def judge_arguments(args: argparse.Namespace) -> dict | None:
     from trl_rm_env.scoring.options import json_object
 
     options = changed(options_from_flags(args, JudgeOptions))
+    if args.cascade_margin is not None and not args.cascade:
+        raise SystemExit("--cascade-margin applies to --cascade")
+    if args.cascade:
+        args.cascade_margin = 1.0 if args.cascade_margin is None else args.cascade_margin
+        if not args.cascade_margin > 0:
+            raise SystemExit(f"--cascade-margin must be > 0, got {args.cascade_margin}")
     if args.judge is None and not args.judge_url:
         given = [name for name in ("judge_tokenizer", "judge_options") if getattr(args, name)] + sorted(options)
         if given:
@@ -51,28 +60,47 @@ def judge_arguments(args: argparse.Namespace) -> dict | None:
         more = json_object(args.judge_options)
     except ValueError as err:
         raise SystemExit(f"--judge-options: {err}") from None
-    kwargs = {**more, **options, "tokenizer": args.judge_tokenizer, "show_progress": False}
+    if {"model", "remote_url"} & set(more):
+        raise SystemExit("--judge-options: the judge is --judge and its servers --judge-url")
+    kwargs = {"show_progress": False, **more, **options}
+    if args.judge_tokenizer is not None:
+        kwargs["tokenizer"] = args.judge_tokenizer
+    if kwargs.get("mode") == "listwise":
+        raise SystemExit("--judge-mode listwise ranks a GRPO group; on preference pairs evaluate pointwise or pairwise")
     if args.judge_url:
         kwargs["remote_url"] = list(args.judge_url)
-        kwargs.pop("show_progress")
+        kwargs.pop("show_progress", None)
     return {"model": args.judge, **kwargs}
 
 
-def eval_judge_only(args: argparse.Namespace, judge_args: dict, load_sets: Any) -> dict:
+def make_judge(judge_args: dict) -> Any:
+    """The `JudgeEnvironment` of `judge_arguments` (built before any scoring, so a bad judge fails first)."""
+    from trl_rm_env import JudgeEnvironment
+
+    arguments = dict(judge_args)
+    return JudgeEnvironment(arguments.pop("model"), **arguments)
+
+
+def eval_judge_only(args: argparse.Namespace, judge_args: dict, load_sets: Any, scoring_flags: list[str]) -> dict:
     """`eval --judge` without `--model`: the judge's table alone; returns the results."""
-    datasets, _, _ = load_sets(args, args.format, regression=False)
-    results: dict = {"format": args.format}
-    eval_judge(args, judge_args, datasets, results, None)
+    if scoring_flags:
+        raise SystemExit(
+            f"{', '.join(scoring_flags)}: options of --model's reward model; the judge's go in --judge-options"
+        )
+    if args.scores or args.report:
+        raise SystemExit("--scores and --report write a reward model's scores; give --model too")
+    datasets, skipped, ties = load_sets(args, args.format, regression=False)
+    results: dict = {"format": args.format, "skipped": skipped, "ties": ties}
+    eval_judge(args, make_judge(judge_args), judge_args, datasets, results, None)
     return results
 
 
-def eval_judge(args: argparse.Namespace, judge_args: dict, datasets: dict, results: dict, rm_rows: list | None) -> None:
-    """Evaluate the judge (and the cascade) on `datasets`, print the side-by-side table, and add it all to
-    `results` (written by `--output`)."""
-    from trl_rm_env import JudgeEnvironment
-
-    model = judge_args.pop("model")
-    judge = JudgeEnvironment(model, **judge_args)
+def eval_judge(
+    args: argparse.Namespace, judge: Any, judge_args: dict, datasets: dict, results: dict, rm_rows: list | None
+) -> None:
+    """Evaluate `judge` (and the cascade) on `datasets`, print the side-by-side table, and add it all to `results`
+    (written by `--output`)."""
+    model = judge_args["model"]
     try:
         _judge_sources(args, judge, model, judge_args, datasets, results, rm_rows)
     finally:
@@ -103,7 +131,8 @@ def _judge_sources(args, judge, model, judge_args, datasets, results, rm_rows) -
         picks, _ = rm_picks(rm_rows, datasets)
         agreements["reward model vs judge"] = results["agreement"] = agreement(picks, judge_picks)
         if args.cascade:
-            cascade, _ = evaluate_cascade(judge, datasets, rm_rows, args.cascade_margin, results["cost"]["seconds"])
+            cost = results["cost"]
+            cascade, _ = evaluate_cascade(judge, datasets, rm_rows, args.cascade_margin, cost["seconds"], cost["tokens"])
             results["cascade"] = cascade
             sources[f"cascade (|margin| < {args.cascade_margin:g}: judge)"] = cascade
     print()

@@ -4,7 +4,10 @@ training and GRPO arguments, `accelerate launch` of the recipes, and `trl-rm-env
 
 from __future__ import annotations
 
+import asyncio
+import multiprocessing as mp
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -322,3 +325,78 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
                     shares[a].append(p_a)
                     shares[b].append(1 - p_a)
     return torch.tensor([sum(v) / len(v) for _, v in sorted(shares.items())])
+
+
+# ---------------------------------------------------------------------------------------------------- AsyncGRPO
+ASYNC_GRPO_GROUPS = [
+    ([{"role": "user", "content": "What is 2+2?"}], ["4", "Four.", "It is five."]),
+    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}], ["Blue.", "Red"]),
+    ([{"role": "user", "content": "Say hi."}], ["Hello!", "hi <|im_end|>", "Bye.", "Hey there."]),
+]
+
+
+def rollout_groups():
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutGroup, TrainingSequence
+
+    groups = []
+    for g, (prompt, answers) in enumerate(ASYNC_GRPO_GROUPS):
+        n = len(answers)
+        groups.append(RolloutGroup(
+            prompts=[prompt] * n, reward_kwargs={},
+            completions=[[{"role": "assistant", "content": a}] for a in answers],
+            completions_ids=[[1, 2]] * n,
+            completions_sequences=[[TrainingSequence([1, 2], [0, 1], [0.0, -1.0], f"{g}-{k}")] for k in range(n)],
+            tool_call_counts=[0] * n, tool_failure_counts=[0] * n, model_version=0, group_id=g,
+            env_rewards=[None] * n, rollout_rewards=[None] * n,
+        ))  # fmt: skip
+    return groups
+
+
+def score_in_async_grpo_child(funcs: list, queue) -> None:
+    """What AsyncGRPO's spawned child does with the reward functions, in its order (`_child_main`): they arrive
+    unpickled by the spawn, then TRL's own scrub (`CUDA_VISIBLE_DEVICES=""`), `PartialState()`, and `_score_group` over
+    every group at once."""
+    from types import SimpleNamespace
+
+    from accelerate.state import PartialState
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop, _scrub_child_env
+    from trl.trainer.utils import get_callable_name, is_async_callable
+
+    _scrub_child_env()
+    PartialState()
+    try:
+        loop = SimpleNamespace(
+            reward_funcs=funcs, reward_func_names=[get_callable_name(f) for f in funcs], _env_reward_types=[],
+            _provides_rollout_reward=False,
+        )  # fmt: skip
+
+        async def run():
+            return await asyncio.gather(*(_AsyncRolloutLoop._score_group(loop, g) for g in rollout_groups()))
+
+        samples = asyncio.run(run())
+        queue.put({
+            "async": [is_async_callable(f) for f in funcs],
+            "metrics": [[s.metrics for s in group] for group in samples],
+            "cuda": torch.cuda.is_available(),
+        })  # fmt: skip
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which fails the test with it
+        import traceback
+
+        queue.put({"error": f"{type(err).__name__}: {err}\n{traceback.format_exc()[-3000:]}"})
+
+
+def score_like_async_grpo(funcs) -> dict:
+    """`funcs` pickled into a spawned child that scores `ASYNC_GRPO_GROUPS` as AsyncGRPO does; its results."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    pickle.dumps(funcs)  # what AsyncRolloutWorker checks in the parent before it spawns
+    child = ctx.Process(target=score_in_async_grpo_child, args=(funcs, queue))
+    child.start()
+    try:
+        result = queue.get(timeout=300)
+    finally:
+        child.join(60)
+    assert "error" not in result, result.get("error")
+    return result
+
+

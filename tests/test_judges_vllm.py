@@ -94,5 +94,5 @@ def test_eval_judge_on_vllm_equals_transformers(judge_dir, tmp_path):
     vllm, hf = results["vllm"], results["hf"]
     assert vllm["pairs"] == hf["pairs"] > 100
     # Verdicts equal within 1e-4: a pair whose two orders sit that close to 0.5 could flip; none does here.
-    assert vllm["correct"] == hf["correct"] and vllm["ties"] == hf["ties"]
+    assert vllm["correct"] == hf["correct"] and vllm["verdict_ties"] == hf["verdict_ties"]
     assert vllm["position_consistency"] == hf["position_consistency"]

@@ -302,3 +302,34 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
     assert server.proc.returncode == 0
     with pytest.raises((urllib.error.URLError, OSError)):
         urllib.request.urlopen(url + "/health", timeout=5)
+
+
+def test_async_grpo_contract_with_vllm_server(tiny_dir, hf_model):
+    # AsyncGRPO's child (TRL's own scrub and `_score_group`, spawned, CUDA_VISIBLE_DEVICES="") scores through our
+    # remote environment on vLLM's server, as local scoring does (tests/test_async_grpo.py: our server, local RMs).
+    import pickle
+
+    from helpers import ASYNC_GRPO_GROUPS, score_like_async_grpo
+
+    from trl_rm_env import RewardModelEnvironment
+
+    rm = str(tiny_dir / "reward_model")
+    local = RewardModelEnvironment(rm, engine="hf")
+    want = [local([p] * len(a), [[{"role": "assistant", "content": t}] for t in a]) for p, a in ASYNC_GRPO_GROUPS]
+    server = ServerProcess(rm, "--engine", "vllm", "--max-length", str(MAX_LENGTH))
+    try:
+        url = server.wait(timeout=600)
+        remote = RewardModelEnvironment("reward_model", tokenizer=rm, remote_url=url, name="vllm_rm")
+        assert len(pickle.dumps(remote)) < 8192
+        result = score_like_async_grpo([remote])
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+        try:
+            server.proc.wait(60)
+        finally:
+            server.stop(kill=True)
+    assert result["async"] == [True]
+    for g, metrics in enumerate(result["metrics"]):
+        torch.testing.assert_close(
+            torch.tensor([m["rewards/vllm_rm"] for m in metrics]), torch.tensor(want[g]), atol=1e-4, rtol=0
+        )

@@ -16,7 +16,9 @@ from ..scoring.options import ScoringOptions
 from ..scoring.scorer import as_pairs
 from ..serving.options import RemoteOptions
 from . import nemo
+from .attributes import AttributeReward, SharedOutputs
 from .local import checkpoint_statistics, local_scorer
+from .pickling import PicklesByArguments, accelerator_type
 from .remote import remote_scorer
 from .rewards import Ids, RewardFunction, RewardOptions, Samples
 
@@ -27,7 +29,7 @@ OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions)
 and how servers are reached (with `remote_url`)."""
 
 
-class RewardModelEnvironment(RewardFunction):
+class RewardModelEnvironment(PicklesByArguments, RewardFunction):
     """A reward model wrapped as a GRPO reward function (TRL's reward-function signature), scored in this process or
     on reward-model servers.
 
@@ -73,6 +75,9 @@ class RewardModelEnvironment(RewardFunction):
         options: ScoringOptions | None = None,
         **options_by_name: Any,
     ):
+        self._remember(
+            model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
+        )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.environment.pickling`
         scoring_values, reward_values, remote_values = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
@@ -86,7 +91,7 @@ class RewardModelEnvironment(RewardFunction):
                 raise TypeError("RewardModelEnvironment needs a model (a path, a Hub id or a loaded model), or remote_url")
             scorer, self.sharding = local_scorer(model, tokenizer, scoring, fsdp_shard)
             self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
-            self.remote_url = None
+            self.remote_url, self._built_on = None, accelerator_type(scorer.engine.device)
             statistics, attributes = checkpoint_statistics(scorer.config), scorer.head.attributes
         else:
             if fsdp_shard:
@@ -100,6 +105,7 @@ class RewardModelEnvironment(RewardFunction):
             self.sharding, self.remote_url = "none", scorer.urls
             statistics, attributes = None, ()
         self.show_progress = scoring.show_progress
+        self.num_forwards = 0  # scoring calls of `attribute_rewards` (one per batch)
         self._setup(
             scorer,
             reward,
@@ -137,6 +143,50 @@ class RewardModelEnvironment(RewardFunction):
         weights = getattr(getattr(self.scorer, "head", None), "weights", None)
         return None if weights is None else list(weights)
 
+    def attribute_rewards(self) -> list[AttributeReward]:
+        """One TRL reward function per attribute of a regression reward model, named after it, all served by one
+        forward per batch (`trl_rm_env.environment.attributes`): for `GRPOConfig(multi_objective_aggregation=
+        "normalize_then_sum", reward_weights=env.attribute_weights)` (GDPO), where each attribute is normalized within
+        its group on its own. Each returns the attribute's raw value; empty completions get `empty_completion_reward`
+        (when set), NaN/inf `nonfinite_reward` (else an error naming the items).
+
+        Raises:
+            ValueError: a Bradley-Terry (one-output) model, or one behind servers (they return one reward per item).
+        """
+        if self.remote_url is not None or len(self.attributes) < 2:
+            raise ValueError(
+                f"{self.name}: attribute_rewards() needs a regression reward model loaded here (several outputs); this "
+                f"one {'is behind servers, which return one reward per item' if self.remote_url else 'has one reward'}"
+            )
+        shared = SharedOutputs(self)
+        return [AttributeReward(shared, k, name) for k, name in enumerate(self.attributes)]
+
+    def _attribute_outputs(self, prompts: Samples, completions: Samples, kwargs: dict[str, Any]) -> torch.Tensor:
+        """`(N, attributes)` outputs of a batch for `attribute_rewards` (one forward; counted in `num_forwards`)."""
+        empty, to_score, _ = self._plan(prompts, completions)
+        outputs = torch.full((len(prompts), len(self.attributes)), float("nan"), dtype=torch.float32)
+        over: list[int] = []
+        with self._calls, full_weights(self.model, self.sharding):  # every rank enters: a collective under ZeRO-3
+            if to_score:
+                self.num_forwards += 1
+                scored, _, over = self.scorer._outputs(
+                    [prompts[i] for i in to_score], [completions[i] for i in to_score], None
+                )
+                outputs[torch.tensor(to_score)] = scored
+        if self.empty_completion_reward is not None and empty:
+            outputs[torch.tensor(empty)] = float(self.empty_completion_reward)
+        if over:  # over max_length with truncation="fallback": the over-length reward for every attribute
+            outputs[torch.tensor([to_score[i] for i in over])] = float(self.scorer.overlength_reward)
+        bad = sorted({int(i) for i in torch.nonzero(~torch.isfinite(outputs))[:, 0]})
+        if bad:
+            if self.scorer.nonfinite_reward is None:
+                raise FloatingPointError(
+                    f"{self.name}: the reward model returned NaN/inf for completions {bad[:10]} (attribute rewards); "
+                    "check the model dtype or set nonfinite_reward"
+                )
+            outputs[~torch.isfinite(outputs)] = float(self.scorer.nonfinite_reward)
+        return outputs
+
     # ------------------------------------------------------------------ scoring
     @property
     def __signature__(self) -> inspect.Signature:
@@ -147,7 +197,13 @@ class RewardModelEnvironment(RewardFunction):
     def __call__(self) -> Callable[..., Any]:
         """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`: one reward
         per `(prompt, completion)`; a coroutine function when servers score (TRL awaits it)."""
+        if "_pending" in self.__dict__:  # unpickled, not loaded yet: a local one (a remote one is rebuilt at once)
+            return self._rewards
         return self._rewards_async if self.scorer.is_async else self._rewards
+
+    @staticmethod
+    def _pending_name(arguments: dict[str, Any]) -> str:
+        return str(arguments.get("name", RewardOptions().name))
 
     @property
     def score(self) -> Callable[[Sequence[Any]], Any]:
@@ -157,7 +213,7 @@ class RewardModelEnvironment(RewardFunction):
 
     def _score(self, conversations: Sequence[Any]) -> torch.Tensor:
         contexts, completions = as_pairs(conversations)
-        with full_weights(self.model, self.sharding), self._nonfinite_named(range(len(contexts)), "conversations"):
+        with self._calls, full_weights(self.model, self.sharding), self._nonfinite_named(range(len(contexts)), "conversations"):
             return self.scorer.score(contexts, completions)
 
     async def _score_async(self, conversations: Sequence[Any]) -> torch.Tensor:
@@ -169,7 +225,7 @@ class RewardModelEnvironment(RewardFunction):
         empty, to_score, rewards = self._plan(prompts, completions)
         nonfinite: list[int] = []
         # Entered on every rank, even one with nothing to score: under ZeRO-3 and FSDP2 gathering is a collective.
-        with full_weights(self.model, self.sharding):
+        with self._calls, full_weights(self.model, self.sharding):
             if to_score:
                 with self._nonfinite_named(to_score, "completions") as nonfinite:
                     rewards[torch.tensor(to_score)] = self.scorer.score(

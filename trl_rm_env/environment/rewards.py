@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,6 +109,9 @@ class RewardFunction:
                 "no config). Use 'running' instead."
             )
         self.scorer = scorer
+        # One call at a time into a model loaded here: AsyncGRPO calls sync reward functions from several threads,
+        # and a model's forward (prefix sharing's KV path above all) is not safe to run concurrently.
+        self._calls = threading.Lock()
         self.reward_options = options
         self.__name__ = options.name  # TRL reads the reward function's name here
         self.strip_reasoning = strip_reasoning

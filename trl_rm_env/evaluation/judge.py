@@ -81,11 +81,16 @@ def _run(result: Any) -> Any:
 
 
 def judge_pair_verdicts(
-    judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]], pairs: Sequence[tuple[str, int, int, int]]
+    judge: Any,
+    datasets: Mapping[str, Sequence[Mapping[str, Any]]],
+    pairs: Sequence[tuple[str, int, int, int]],
+    indices: Sequence[int] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Judge `pairs`: one row per pair, `{"preference": for the better one (pointwise: its rating minus the worse one's;
     None: no verdict), "orders": [p with the better first, p with it second] (pairwise)}`, and the cost
-    (`judgements`, `tokens`, `seconds`, `rating_mass`, `unparsed`, `overlength`)."""
+    (`judgements`, `tokens`, `seconds`, `rating_mass`, `unparsed`, `overlength`). `indices`: each pair's position in
+    `pairs_of_sets` (default: its position here), which decides its order without `swap` (better first at even ones),
+    so a pair is shown the same way whoever asks."""
     mode, swap = judge.options.mode, judge.options.swap
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -106,7 +111,8 @@ def judge_pair_verdicts(
     elif mode == "pairwise":
         shown = []  # (pair, better shown first)
         for n, pair in enumerate(pairs):
-            shown += [(pair, True), (pair, False)] if swap else [(pair, n % 2 == 0)]
+            index = n if indices is None else indices[n]
+            shown += [(pair, True), (pair, False)] if swap else [(pair, index % 2 == 0)]
 
         def completion(name: str, r: int, k: int) -> Any:
             return datasets[name][r]["completions"][k]["completion"]
@@ -153,14 +159,16 @@ def _pick(preference: float | None, neutral: float) -> str | None:
 def verdict_metrics(
     pairs: Sequence[tuple[str, int, int, int]], picks: Sequence[str | None], orders: Sequence[Sequence[Any]] | None
 ) -> dict[str, dict[str, Any]]:
-    """Per set: `pairs`, `correct`, `ties`, `no_verdict`, `accuracy` (ties and pairs without a verdict are wrong) and,
+    """Per set: `pairs`, `correct`, `verdict_ties`, `no_verdict`, `accuracy` (ties and pairs without a verdict are wrong) and,
     given both orders of each pair, `position_consistency`."""
     sets: dict[str, dict[str, Any]] = {}
     for n, ((name, *_), pick) in enumerate(zip(pairs, picks)):
-        m = sets.setdefault(name, {"pairs": 0, "correct": 0, "ties": 0, "no_verdict": 0, "consistent": 0, "both": 0})
+        m = sets.setdefault(
+            name, {"pairs": 0, "correct": 0, "verdict_ties": 0, "no_verdict": 0, "consistent": 0, "both": 0}
+        )
         m["pairs"] += 1
         m["correct"] += pick == "better"
-        m["ties"] += pick == "tie"
+        m["verdict_ties"] += pick == "tie"
         m["no_verdict"] += pick is None
         if orders is not None and len(orders[n]) == 2 and None not in orders[n]:
             first, second = orders[n]  # preferences for the better one, shown first and shown second
@@ -168,7 +176,7 @@ def verdict_metrics(
             m["consistent"] += (first > 0.5) == (second > 0.5) and first != 0.5 and second != 0.5
     for m in sets.values():
         m["accuracy"] = m["correct"] / m["pairs"] if m["pairs"] else float("nan")
-        both = m.pop("both")
+        both = m["both_orders"] = m.pop("both")  # pairs with a verdict in both orders
         consistent = m.pop("consistent")
         m["position_consistency"] = consistent / both if both else None
     return sets
@@ -188,7 +196,7 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
     """A `JudgeEnvironment` (pointwise or pairwise) on preference sets (see the module docstring).
 
     Returns:
-        `({"sets": {name: {"pairs", "correct", "ties", "no_verdict", "accuracy", "position_consistency"}},
+        `({"sets": {name: {"pairs", "correct", "verdict_ties", "no_verdict", "accuracy", "position_consistency"}},
         "rewardbench": {...}, "cost": {...}, "per_1k_pairs": {...}, "mode", "scoring"}, picks)`: `picks` is each
         pair's `better` / `worse` / `tie` / None, in `pairs_of_sets` order.
     """
@@ -246,6 +254,7 @@ def evaluate_cascade(
     rm_rows: Sequence[Mapping[str, Any]],
     margin: float,
     rm_seconds: float,
+    rm_tokens: int | None = None,
 ) -> tuple[dict[str, Any], list]:
     """The reward model where `|margin| >= margin`, the judge (asked for those pairs only) elsewhere.
 
@@ -256,15 +265,16 @@ def evaluate_cascade(
     pairs = pairs_of_sets(datasets)
     picks, margins = rm_picks(rm_rows, datasets)
     sent = [n for n, m in enumerate(margins) if abs(m) < margin]
-    rows, cost = judge_pair_verdicts(judge, datasets, [pairs[n] for n in sent]) if sent else ([], None)
+    rows, cost = judge_pair_verdicts(judge, datasets, [pairs[n] for n in sent], sent) if sent else ([], None)
     neutral = 0.0 if judge.options.mode == "pointwise" else 0.5
     for n, row in zip(sent, rows):
         picks[n] = _pick(row["preference"], neutral)
     sets = verdict_metrics(pairs, picks, None)
     judged = cost or {"judgements": 0, "tokens": 0, "seconds": 0.0}
+    tokens = None if judged["tokens"] is None or rm_tokens is None else judged["tokens"] + rm_tokens
     total = {
         "judgements": judged["judgements"],
-        "tokens": judged["tokens"],
+        "tokens": tokens,  # the reward model's on every pair, and the judge's on the pairs sent
         "seconds": rm_seconds + judged["seconds"],
         "memory_mb": resident_mb(),
     }
@@ -295,9 +305,12 @@ def format_comparison_table(sources: Mapping[str, Mapping[str, Any]], agreements
     rows = []
     for source, results in sources.items():
         sets = results["sets"]
-        consistency = [m.get("position_consistency") for m in sets.values()]
-        pairs_with = [(c, sets[n]["pairs"]) for n, c in zip(sets, consistency) if c is not None]
-        overall = sum(c * p for c, p in pairs_with) / sum(p for _, p in pairs_with) if pairs_with else None
+        both = [
+            (m["position_consistency"], m["both_orders"])
+            for m in sets.values()
+            if m.get("position_consistency") is not None
+        ]
+        overall = sum(c * n for c, n in both) / sum(n for _, n in both) if both and sum(n for _, n in both) else None
         judged = results.get("share", 1.0 if source.startswith("judge") else None)
         per = results["per_1k_pairs"]
         pairs = sum(m["pairs"] for m in sets.values())
@@ -316,6 +329,13 @@ def format_comparison_table(sources: Mapping[str, Mapping[str, Any]], agreements
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    for source, results in sources.items():
+        score = (results.get("rewardbench") or {}).get("Score")
+        if score is not None:
+            lines.append(f"RewardBench v1 score, {source}: {_cell(100 * score['score'], '{:.2f}%')}")
+        rb2 = (results.get("rewardbench2") or {}).get("Score")
+        if rb2 is not None:
+            lines.append(f"RewardBench 2 score, {source}: {_cell(100 * rb2['score'], '{:.2f}%')}")
     for pair, agreed in agreements.items():
         lines.append(
             f"agreement, {pair}: {_cell(100 * agreed['rate'], '{:.1f}%')} of the {agreed['pairs']} pairs both decided"

@@ -236,6 +236,12 @@ class VLLMJudgeEngine:
     is_async = False
     model, sharding = None, "none"
 
+    @property
+    def device(self) -> str:
+        from ..scoring.vllm import vllm_device
+
+        return vllm_device()
+
     def __init__(self, model: str, config: Any, options: ScoringOptions | None = None):
         options = options or ScoringOptions()
         arguments = engine_arguments(config, options, runner="generate")

@@ -3,7 +3,6 @@ group, or listwise, read from log-probabilities or parsed from generated text.""
 
 from __future__ import annotations
 
-import copy
 import inspect
 import logging
 import os
@@ -14,6 +13,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..distributed import full_weights
+from ..environment.pickling import PicklesByArguments, accelerator_type
 from ..environment.rewards import Ids, RewardFunction, RewardOptions, Samples
 from ..options import build, changed, names, route, spelled
 from ..scoring.options import ScoringOptions
@@ -26,14 +26,14 @@ from .judging import (
     Judgement,
     JudgeVerdicts,
     aggregate,
+    build_judgements,
     failure_message,
     from_logprobs,
     from_text,
     group_samples,
-    pairs_of,
     template_columns,
 )
-from .options import MAX_LIST, JudgeOptions
+from .options import JudgeOptions
 from .remote import RemoteJudgeEngine, remote_judge_tokenizer
 from .verdicts import label_token_ids, verdict_labels
 
@@ -49,7 +49,7 @@ prompt would cut its instructions: an over-long judgement gets `overlength_rewar
 verdict tokens no probability: that judgement has no verdict, `unparsed_reward` or an error)."""
 
 
-class JudgeEnvironment(RewardFunction):
+class JudgeEnvironment(PicklesByArguments, RewardFunction):
     """A generative judge wrapped as a GRPO reward function (TRL's reward-function signature), run in this process
     (vLLM or transformers) or on OpenAI-compatible servers.
 
@@ -105,6 +105,14 @@ class JudgeEnvironment(RewardFunction):
         scoring_options: ScoringOptions | None = None,
         **options_by_name: Any,
     ):
+        self._remember(
+            model=model,
+            tokenizer=tokenizer,
+            remote_url=remote_url,
+            options=options,
+            scoring_options=scoring_options,
+            **options_by_name,
+        )  # what pickling sends (AsyncGRPO): `trl_rm_env.environment.pickling`
         judge_values, scoring_values, reward_values, remote_values = route(
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
@@ -134,6 +142,7 @@ class JudgeEnvironment(RewardFunction):
             self.tokenizer, self.tokens, self.remote_url = judge_tokenizer(plan, tokenizer), True, None
             self._labels_of(judge, reward.name)  # a verdict that is not one token fails before the model loads
             self.engine = load_judge_engine(plan, self.tokenizer)
+            self._built_on = accelerator_type(self.engine.device)
         else:
             if isinstance(model, PreTrainedModel):
                 raise TypeError("with remote_url, model is the model name sent to the servers, not a loaded model")
@@ -196,11 +205,14 @@ class JudgeEnvironment(RewardFunction):
                 new judge: it says how the model loads and runs).
         """
         judge_values, reward_values = route(values, JudgeOptions, RewardOptions, what="option")
-        other = copy.copy(self)
+        other = object.__new__(type(self))  # shares the engine; pickles as a new judge with these options
+        other.__dict__.update(self.__dict__)
+        other._remember(**{**self._arguments, **values})
         other._configure(
             build(JudgeOptions, self.options, **judge_values),
             build(RewardOptions, self.reward_options, **reward_values),
         )
+        other._calls = self._calls  # one engine, one call at a time
         return other
 
     def _labels_of(self, judge: JudgeOptions, name: str) -> tuple[list[str], list[int] | None]:
@@ -229,7 +241,13 @@ class JudgeEnvironment(RewardFunction):
     def __call__(self) -> Callable[..., Any]:
         """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`; a coroutine
         function when servers judge (TRL awaits it)."""
+        if "_pending" in self.__dict__:  # unpickled, not loaded yet: a local one (a remote one is rebuilt at once)
+            return self._rewards
         return self._rewards_async if self.engine.is_async else self._rewards
+
+    @staticmethod
+    def _pending_name(arguments: dict[str, Any]) -> str:
+        return str(arguments.get("name", "judge"))
 
     def _rewards(
         self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
@@ -244,7 +262,7 @@ class JudgeEnvironment(RewardFunction):
     def _drive(self, steps: Generator[tuple, Any, Any]) -> Any:
         """Run a call's generator on a local engine: each request it yields answered by `_run`."""
         # Entered on every rank, even one with nothing to judge: under ZeRO-3 and FSDP2 gathering is a collective.
-        with full_weights(self.engine.model, self.engine.sharding):
+        with self._calls, full_weights(self.engine.model, self.engine.sharding):
             try:
                 request = next(steps)
                 while True:
@@ -291,7 +309,7 @@ class JudgeEnvironment(RewardFunction):
                 sorted({len(g) for g in groups}),
                 self.options.mode,
             )
-        judgements, alone = self._judgements(prompts, texts, groups, columns)
+        judgements, alone = build_judgements(self.options, prompts, texts, groups, columns, self._prompt, self.name)
         self.last_judgements = judgements
         counts: dict[str, float] = {}
         masses: list[float] = []
@@ -402,43 +420,6 @@ class JudgeEnvironment(RewardFunction):
         longest = self.engine.max_length
         room = 1 if scoring == "logprobs" else self.options.max_new_tokens
         return ids, longest is not None and len(ids) + room > longest
-
-    def _judgements(
-        self, prompts: Samples, texts: dict[int, str], groups: list[list[int]], columns: dict[str, Sequence[Any]]
-    ) -> tuple[list[Judgement], list[int]]:
-        """Every judgement of the call, and the samples alone in their group (pairwise, listwise)."""
-        judge, out, alone = self.options, [], []
-
-        def add(samples: tuple[int, ...], **fields: Any) -> None:
-            first = samples[0]
-            values = {"prompt": T.prompt_text(prompts[first]), **{c: columns[c][first] for c in columns}, **fields}
-            prompt, overlength = self._prompt(values)
-            out.append(Judgement(samples, prompt, overlength))
-
-        for members in groups:
-            if judge.mode == "pointwise":
-                for i in members:
-                    add((i,), completion=texts[i], max_score=judge.max_score)
-                continue
-            if len(members) == 1:
-                alone.append(members[0])
-                continue
-            if judge.mode == "pairwise":
-                n = len(members)
-                for a, b in pairs_of(n, judge.pairs):
-                    orders = [(members[a], members[b])] + ([(members[b], members[a])] if judge.swap else [])
-                    for x, y in orders:
-                        add((x, y), completion_a=texts[x], completion_b=texts[y])
-                continue
-            if judge.scoring == "logprobs" and len(members) > MAX_LIST:
-                raise ValueError(
-                    f"{self.name}: a listwise judgement by logprobs ranks at most {MAX_LIST} answers (one verdict token "
-                    f"each); this group has {len(members)}. Use mode='pairwise' or scoring='generate'."
-                )
-            orders = [list(members)] + ([list(reversed(members))] if judge.swap else [])
-            for order in orders:
-                add(tuple(order), completions=T.numbered([texts[i] for i in order]), count=len(order))
-        return out, alone
 
     def __repr__(self) -> str:
         where = f"remote_url={self.remote_url!r}" if self.remote_url else f"engine={self.engine.name!r}"

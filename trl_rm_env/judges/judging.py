@@ -5,10 +5,12 @@ runs the engine around these)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import templates as T
+from .options import MAX_LIST
 from .verdicts import distribution, parse_ranking, parse_score, parse_winner
 
 
@@ -172,3 +174,51 @@ def failure_message(judge: Any, reason: str, samples: list[int]) -> str:
         f"(one of the judge's last answers began {judge._unparsed_text[:200]!r}); set unparsed_reward, or fix the "
         "template's answer format"
     )
+
+
+def build_judgements(
+    judge: Any,
+    prompts: Sequence[Any],
+    texts: Mapping[int, str],
+    groups: Sequence[Sequence[int]],
+    columns: Mapping[str, Sequence[Any]],
+    render: Callable[[dict[str, Any]], tuple[Any, bool]],
+    what: str,
+) -> tuple[list[Judgement], list[int]]:
+    """Every judgement of a call (`judge`: the `JudgeOptions`; `texts`: each sample's completion text; `render`:
+    template values -> `(prompt, overlength)`), and the samples alone in their group (pairwise, listwise).
+
+    Raises:
+        ValueError: a listwise `logprobs` group of more than `MAX_LIST` completions.
+    """
+    out: list[Judgement] = []
+    alone: list[int] = []
+
+    def add(samples: tuple[int, ...], **fields: Any) -> None:
+        first = samples[0]
+        values = {"prompt": T.prompt_text(prompts[first]), **{c: columns[c][first] for c in columns}, **fields}
+        out.append(Judgement(samples, *render(values)))
+
+    for members in groups:
+        if judge.mode == "pointwise":
+            for i in members:
+                add((i,), completion=texts[i], max_score=judge.max_score)
+            continue
+        if len(members) == 1:
+            alone.append(members[0])
+            continue
+        if judge.mode == "pairwise":
+            for a, b in pairs_of(len(members), judge.pairs):
+                orders = [(members[a], members[b])] + ([(members[b], members[a])] if judge.swap else [])
+                for x, y in orders:
+                    add((x, y), completion_a=texts[x], completion_b=texts[y])
+            continue
+        if judge.scoring == "logprobs" and len(members) > MAX_LIST:
+            raise ValueError(
+                f"{what}: a listwise judgement by logprobs ranks at most {MAX_LIST} answers (one verdict token each); "
+                f"this group has {len(members)}. Use mode='pairwise' or scoring='generate'."
+            )
+        orders = [list(members)] + ([list(reversed(members))] if judge.swap else [])
+        for order in orders:
+            add(tuple(order), completions=T.numbered([texts[i] for i in order]), count=len(order))
+    return out, alone

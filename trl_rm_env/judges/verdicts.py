@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 
 from ..scoring.scorer import strip_reasoning_text
+from .options import MAX_LIST
 
 
 def verdict_labels(mode: str, max_score: int) -> list[str]:
@@ -25,7 +26,7 @@ def verdict_labels(mode: str, max_score: int) -> list[str]:
         return [str(k) for k in range(1, max_score + 1)]
     if mode == "pairwise":
         return ["A", "B"]
-    return [str(k) for k in range(1, 10)]
+    return [str(k) for k in range(1, MAX_LIST + 1)]
 
 
 def label_token_ids(tokenizer, labels: Sequence[str], what: str) -> list[int]:
