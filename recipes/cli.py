@@ -144,6 +144,10 @@ def _eval(args: argparse.Namespace) -> int:
         raise SystemExit("--scores and --report apply to preference reward models, not to a regression one")
     datasets, skipped, ties = _eval_datasets(args, data_format, regression)
     scorer = load_scorer(plan)
+    if judge is not None:
+        from trl_rm_env.evaluation.judge import reset_peak_memory
+
+        reset_peak_memory()  # the reward model's peak memory, beside the judge's
     start = time.perf_counter()
     if regression:
         results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)

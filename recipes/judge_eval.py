@@ -132,7 +132,9 @@ def _judge_sources(args, judge, model, judge_args, datasets, results, rm_rows) -
         agreements["reward model vs judge"] = results["agreement"] = agreement(picks, judge_picks)
         if args.cascade:
             cost = results["cost"]
-            cascade, _ = evaluate_cascade(judge, datasets, rm_rows, args.cascade_margin, cost["seconds"], cost["tokens"])
+            cascade, _ = evaluate_cascade(
+                judge, datasets, rm_rows, args.cascade_margin, cost["seconds"], cost["tokens"], cost["memory_mb"]
+            )
             results["cascade"] = cascade
             sources[f"cascade (|margin| < {args.cascade_margin:g}: judge)"] = cascade
     print()

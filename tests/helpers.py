@@ -396,6 +396,9 @@ def score_like_async_grpo(funcs) -> dict:
         result = queue.get(timeout=300)
     finally:
         child.join(60)
+        if child.is_alive():  # never left behind to hang pytest's exit
+            child.kill()
+            child.join(10)
     assert "error" not in result, result.get("error")
     return result
 

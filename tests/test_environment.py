@@ -499,6 +499,12 @@ def test_from_config_chat_template_follows_nemo_rl(saved_rm, tmp_path):
     tokenizer_cfg = {"name": str(path), "chat_template": str(template)}
     env = RewardModelEnvironment.from_config(nemo_rl_config(path, tokenizer=tokenizer_cfg), device="cpu")
     assert env.tokenizer.apply_chat_template(prompts[0], tokenize=False).startswith("[user] ")
+    # Pickled (AsyncGRPO's spawned reward workers), it keeps the template NeMo's block set.
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(env))
+    assert copy.tokenizer.apply_chat_template(prompts[0], tokenize=False).startswith("[user] ")
+    assert_scores(copy(prompts, completions), torch.tensor(env(prompts, completions)))
     with pytest.raises(ValueError, match="enabled: false"):
         RewardModelEnvironment.from_config(nemo_rl_config(path, enabled=False), device="cpu")
     with pytest.raises(ValueError, match="not a Hugging Face model folder"):

@@ -45,13 +45,13 @@ class AttributeReward:
     """One attribute of a regression reward model as a TRL reward function, named after it (TRL logs
     `rewards/<attribute>/mean`). Made by `RewardModelEnvironment.attribute_rewards()`."""
 
-    def __init__(self, shared: SharedOutputs, index: int, attribute: str):
-        self.shared, self.index, self.__name__ = shared, index, attribute
+    def __init__(self, shared: SharedOutputs, index: int, attribute: str, weight: float = 1.0):
+        self.shared, self.index, self.__name__, self.weight = shared, index, attribute, float(weight)
 
     def __call__(
         self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **kwargs: Any
     ) -> list[float]:
-        return self.shared.outputs(prompts, completions, kwargs)[:, self.index].tolist()
+        return (self.shared.outputs(prompts, completions, kwargs)[:, self.index] * self.weight).tolist()
 
     def __repr__(self) -> str:
         return f"AttributeReward({self.__name__!r}, column {self.index})"

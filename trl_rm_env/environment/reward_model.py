@@ -130,6 +130,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                     "Give tokenizer.name (the reward model's tokenizer) so token ids are sent."
                 )
             env.tokenizer.chat_template = nemo.nemo_chat_template(chat_template, env.tokenizer)
+            env._remember(**{**env._arguments, "tokenizer": env.tokenizer})  # pickled with its template
         return env
 
     @classmethod
@@ -143,23 +144,36 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         weights = getattr(getattr(self.scorer, "head", None), "weights", None)
         return None if weights is None else list(weights)
 
-    def attribute_rewards(self) -> list[AttributeReward]:
+    def attribute_rewards(self, weighted: bool = False) -> list[AttributeReward]:
         """One TRL reward function per attribute of a regression reward model, named after it, all served by one
         forward per batch (`trl_rm_env.environment.attributes`): for `GRPOConfig(multi_objective_aggregation=
         "normalize_then_sum", reward_weights=env.attribute_weights)` (GDPO), where each attribute is normalized within
         its group on its own. Each returns the attribute's raw value; empty completions get `empty_completion_reward`
         (when set), NaN/inf `nonfinite_reward` (else an error naming the items).
 
+        `weighted=True` multiplies each attribute by its weight (`attribute_weights`), for trainers that sum reward
+        functions without weights (AsyncGRPO's `_score_group`).
+
         Raises:
-            ValueError: a Bradley-Terry (one-output) model, or one behind servers (they return one reward per item).
+            ValueError: a Bradley-Terry (one-output) model, one behind servers (they return one reward per item),
+                `normalization` or `clip` set (each attribute is a raw value; GDPO normalizes), or `weighted` without
+                weights.
         """
+        if self.normalization != "none" or self.clip is not None:
+            raise ValueError(
+                f"{self.name}: attribute_rewards() returns raw attribute values (GDPO normalizes them per group); "
+                "drop normalization and clip"
+            )
+        if weighted and self.attribute_weights is None:
+            raise ValueError(f"{self.name}: attribute_rewards(weighted=True) needs attribute_weights")
         if self.remote_url is not None or len(self.attributes) < 2:
             raise ValueError(
                 f"{self.name}: attribute_rewards() needs a regression reward model loaded here (several outputs); this "
                 f"one {'is behind servers, which return one reward per item' if self.remote_url else 'has one reward'}"
             )
         shared = SharedOutputs(self)
-        return [AttributeReward(shared, k, name) for k, name in enumerate(self.attributes)]
+        weights = self.attribute_weights if weighted else [1.0] * len(self.attributes)
+        return [AttributeReward(shared, k, name, w) for k, (name, w) in enumerate(zip(self.attributes, weights))]
 
     def _attribute_outputs(self, prompts: Samples, completions: Samples, kwargs: dict[str, Any]) -> torch.Tensor:
         """`(N, attributes)` outputs of a batch for `attribute_rewards` (one forward; counted in `num_forwards`)."""
@@ -233,7 +247,8 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                         [completions[i] for i in to_score],
                         progress=bool(self.show_progress),
                     )
-        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
+            # Inside the lock: running normalization and the attribute metrics read this call's state.
+            return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
 
     async def _rewards_async(
         self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any

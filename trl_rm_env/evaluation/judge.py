@@ -12,8 +12,8 @@ in GRPO:
   Position consistency (pairwise with `swap`) is the share of pairs whose winner survives the swap.
 
 A pair without a verdict (unparseable, or over-length) is counted as such and as wrong. Costs are measured: judgements,
-prompt tokens and seconds per 1,000 pairs, and the resident memory of this process and the ones it started once the
-source ran.
+prompt tokens and seconds per 1,000 pairs, and the peak memory during each source's run (CUDA's peak allocation, or
+the peak resident memory of this process and the engines it started; a model loaded for another source counts too).
 
 The cascade (`evaluate_cascade`) decides a pair by the reward model where its margin `|s_i - s_j|` is at least
 `margin`, and asks the judge, for those pairs only, where it is smaller (the count of pairs sent is reported and
@@ -34,13 +34,8 @@ from .rewardbench import rewardbench_sections
 from .rewardbench2 import rewardbench2_scores
 
 
-def resident_mb() -> float:
-    """Resident memory (MB) of this process and every process it started (vLLM's engine), or CUDA's peak allocation
-    of this process when a GPU is in use."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**20
+def _process_tree() -> set[int]:
+    """This process and every process it started (vLLM's engine processes)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if entry.name.isdigit():
@@ -55,11 +50,36 @@ def resident_mb() -> float:
             if ppid == parent and pid not in tree:
                 tree.add(pid)
                 todo.append(pid)
+    return tree
+
+
+def reset_peak_memory() -> None:
+    """Start a source's peak-memory window: CUDA's peak statistics, and the peak resident memory (Linux `VmHWM`,
+    reset through `/proc/<pid>/clear_refs`) of this process and its children."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+    for pid in _process_tree():
+        try:
+            Path(f"/proc/{pid}/clear_refs").write_text("5")
+        except OSError:
+            pass
+
+
+def peak_mb() -> float:
+    """Peak memory (MB) since `reset_peak_memory`: CUDA's peak allocation of this process when a GPU is in use, else
+    the peak resident memory of this process and every process it started, summed (the processes' peaks need not
+    have been at the same moment, so this bounds the peak from above)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
     total = 0
-    for pid in tree:
+    for pid in _process_tree():
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+                if line.startswith("VmHWM:"):
                     total += int(line.split()[1])
         except OSError:
             pass
@@ -92,6 +112,7 @@ def judge_pair_verdicts(
     `pairs_of_sets` (default: its position here), which decides its order without `swap` (better first at even ones),
     so a pair is shown the same way whoever asks."""
     mode, swap = judge.options.mode, judge.options.swap
+    reset_peak_memory()
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     ratings: dict[tuple[str, int, int], Any] = {}
@@ -207,7 +228,7 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
     orders = [row["orders"] for row in rows] if judge.options.mode == "pairwise" else None
     sets = verdict_metrics(pairs, picks, orders)
     ratings = cost.pop("ratings")
-    cost["memory_mb"] = resident_mb()
+    cost["memory_mb"] = peak_mb()
     results = {
         "mode": judge.options.mode,
         "scoring": judge.options.scoring,
@@ -255,6 +276,7 @@ def evaluate_cascade(
     margin: float,
     rm_seconds: float,
     rm_tokens: int | None = None,
+    rm_memory: float = 0.0,
 ) -> tuple[dict[str, Any], list]:
     """The reward model where `|margin| >= margin`, the judge (asked for those pairs only) elsewhere.
 
@@ -276,7 +298,7 @@ def evaluate_cascade(
         "judgements": judged["judgements"],
         "tokens": tokens,  # the reward model's on every pair, and the judge's on the pairs sent
         "seconds": rm_seconds + judged["seconds"],
-        "memory_mb": resident_mb(),
+        "memory_mb": max(rm_memory, peak_mb()),
     }
     results = {
         "margin": margin,
@@ -301,7 +323,7 @@ def format_comparison_table(sources: Mapping[str, Mapping[str, Any]], agreements
     pairs the judge was asked, and the cost per 1,000 pairs; then the agreement between sources."""
     names = list(dict.fromkeys(name for results in sources.values() for name in results["sets"]))
     header = ["source", *names, "pos. consistency", "no verdict", "verdict mass", "judged", "s / 1k pairs",
-              "judgements / 1k", "tokens / 1k", "RSS MB"]  # fmt: skip
+              "judgements / 1k", "tokens / 1k", "peak MB"]  # fmt: skip
     rows = []
     for source, results in sources.items():
         sets = results["sets"]
@@ -351,4 +373,4 @@ def rm_cost(scorer: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]], se
         contexts = [r["context"] for records in datasets.values() for r in records for _ in r["completions"]]
         completions = [c["completion"] for records in datasets.values() for r in records for c in r["completions"]]
         tokens = sum(len(ids) for ids in scorer.encode(contexts, completions).ids if ids is not None)
-    return {"judgements": None, "tokens": tokens, "seconds": seconds, "memory_mb": resident_mb()}
+    return {"judgements": None, "tokens": tokens, "seconds": seconds, "memory_mb": peak_mb()}

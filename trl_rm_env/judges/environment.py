@@ -205,6 +205,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
                 new judge: it says how the model loads and runs).
         """
         judge_values, reward_values = route(values, JudgeOptions, RewardOptions, what="option")
+        self.engine  # noqa: B018 - an unpickled judge loads before it is shared
         other = object.__new__(type(self))  # shares the engine; pickles as a new judge with these options
         other.__dict__.update(self.__dict__)
         other._remember(**{**self._arguments, **values})
