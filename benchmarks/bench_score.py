@@ -169,29 +169,9 @@ def peak_memory_mb(pids: list[int] | None = None) -> float:
 
     if torch.cuda.is_available() and pids is None:
         return torch.cuda.max_memory_allocated() / 2**20
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    tree, todo = set(pids or [os.getpid()]), list(pids or [os.getpid()])
-    while todo:
-        parent = todo.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
-                todo.append(pid)
-    total = 0
-    for pid in tree:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024 or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    from trl_rm_env.evaluation.judge import resident_peak_mb
+
+    return resident_peak_mb(pids) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def free_port() -> int:

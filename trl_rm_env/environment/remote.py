@@ -26,14 +26,17 @@ def remote_scorer(
     name: str,
 ) -> RemoteScorer:
     """A `RemoteScorer` for `urls`: `model` is the model name sent to the servers; the RM's tokenizer is `tokenizer`
-    (loaded when a path or Hub id), else `model`'s when the dialect takes token ids (`_client_tokenizer`)."""
-    tokenizer = _client_tokenizer(tokenizer, model, options.remote_api, options.remote_input, name)
+    (loaded when a path or Hub id), else `model`'s when the dialect takes token ids (`client_tokenizer`)."""
+    tokenizer = client_tokenizer(tokenizer, model, options.remote_input, name, api=options.remote_api)
     return RemoteScorer(urls, model=model, tokenizer=tokenizer, options=options, scoring=scoring)
 
 
-def _client_tokenizer(tokenizer: Any, model: str | None, api: str, remote_input: str, name: str) -> Any:
-    """The RM's tokenizer for the client: the one given (loaded when it is a path or Hub id), else `model`'s when
-    the API takes token ids and `model` names a loadable tokenizer; None sends messages (logged once)."""
+def client_tokenizer(
+    tokenizer: Any, model: str | None, remote_input: str, name: str, *, api: str = "pooling", what: str = "reward model"
+) -> Any:
+    """The model's tokenizer for a client of servers (a reward model's, or a judge's: `what`): the one given (loaded
+    when it is a path or Hub id), else `model`'s when the API takes token ids and `model` names a loadable tokenizer;
+    None sends messages (logged)."""
     if isinstance(tokenizer, str | os.PathLike):
         return AutoTokenizer.from_pretrained(str(tokenizer))  # given: failing to load it is an error
     if tokenizer is not None or api == "openrlhf" or remote_input == "messages":
@@ -44,7 +47,7 @@ def _client_tokenizer(tokenizer: Any, model: str | None, api: str, remote_input:
         except (OSError, ValueError) as err:
             if remote_input == "tokens":
                 raise ValueError(
-                    f"{name}: remote_input='tokens' needs the reward model's tokenizer; {model!r} is not one ({err}). "
+                    f"{name}: remote_input='tokens' needs the {what}'s tokenizer; {model!r} is not one ({err}). "
                     "Give tokenizer= (its path or Hub id)."
                 ) from err
     logger.info(

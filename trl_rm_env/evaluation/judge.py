@@ -34,8 +34,8 @@ from .rewardbench import rewardbench_sections
 from .rewardbench2 import rewardbench2_scores
 
 
-def _process_tree() -> set[int]:
-    """This process and every process it started (vLLM's engine processes)."""
+def process_tree(roots: Sequence[int] | None = None) -> set[int]:
+    """`roots` (default: this process) and every process they started (vLLM's engine processes)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
         if entry.name.isdigit():
@@ -43,7 +43,8 @@ def _process_tree() -> set[int]:
                 parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 pass
-    tree, todo = {os.getpid()}, [os.getpid()]
+    roots = list(roots or [os.getpid()])
+    tree, todo = set(roots), list(roots)
     while todo:
         parent = todo.pop()
         for pid, ppid in parents.items():
@@ -60,7 +61,7 @@ def reset_peak_memory() -> None:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats()
-    for pid in _process_tree():
+    for pid in process_tree():
         try:
             Path(f"/proc/{pid}/clear_refs").write_text("5")
         except OSError:
@@ -75,8 +76,14 @@ def peak_mb() -> float:
 
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         return torch.cuda.max_memory_allocated() / 2**20
+    return resident_peak_mb()
+
+
+def resident_peak_mb(roots: Sequence[int] | None = None) -> float:
+    """The peak resident memory (`VmHWM`, MB) of `roots` (default: this process) and every process they started,
+    summed."""
     total = 0
-    for pid in _process_tree():
+    for pid in process_tree(roots):
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):

@@ -14,19 +14,14 @@ Two ways to send a judgement (`remote_input`):
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from transformers import AutoTokenizer
-
+from ..environment.remote import client_tokenizer
 from ..serving.options import RemoteOptions
 from ..serving.pool import RemoteScoringError, ServerPool
 from ..serving.protocol import api_key_from_env
-
-logger = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20
 """`top_logprobs` asked for in `messages` mode (OpenAI's maximum)."""
@@ -191,24 +186,13 @@ class RemoteJudgeEngine:
 
 
 def remote_judge_tokenizer(tokenizer: Any, model: str | None, remote_input: str, name: str) -> Any:
-    """The judge's tokenizer for a remote judge: the one given (loaded from a path or id), else `model`'s when it
-    loads and token ids are wanted; None sends messages."""
-    if isinstance(tokenizer, str | os.PathLike):
-        return AutoTokenizer.from_pretrained(str(tokenizer))
-    if tokenizer is not None or remote_input == "messages":
-        return tokenizer
-    if model:
-        try:
-            return AutoTokenizer.from_pretrained(model)
-        except (OSError, ValueError) as err:
-            if remote_input == "tokens":
-                raise ValueError(
-                    f"{name}: remote_input='tokens' needs the judge's tokenizer; {model!r} is not one ({err}). Give "
-                    "tokenizer= (its path or Hub id)."
-                ) from err
-    if remote_input == "tokens":
-        raise ValueError(
-            f"{name}: remote_input='tokens' needs the judge's tokenizer: give tokenizer= (its path or Hub id)"
-        )
-    logger.info("%s: sending messages to the judge server, which renders them with its own chat template.", name)
-    return None
+    """The judge's tokenizer for a remote judge (`client_tokenizer`, as for a remote reward model); None sends
+    messages.
+
+    Raises:
+        ValueError: `remote_input="tokens"` without a tokenizer to render them.
+    """
+    tokenizer = client_tokenizer(tokenizer, model, remote_input, name, what="judge")
+    if tokenizer is None and remote_input == "tokens":
+        raise ValueError(f"{name}: remote_input='tokens' needs the judge's tokenizer: give tokenizer= (its path or Hub id)")
+    return tokenizer
