@@ -37,9 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-from bench_score import MODELS, free_port, hh_batch, peak_memory_mb  # benchmarks/ is on sys.path
+from bench_score import MODELS, free_port, hh_batch, peak_memory_mb, wait_until_healthy  # benchmarks/ is on sys.path
 
 METHODS = [
     "vLLM offline",
@@ -69,19 +68,7 @@ def start_vllm_server(path: str, max_length: int) -> tuple[subprocess.Popen, str
     command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "serve", "--model", path, "--engine", "vllm",
                "--served-model-name", "judge", "--port", str(port), "--max-length", str(max_length)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the judge server ended with status {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as response:
-                if response.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("the judge server was not ready in 900 s")
+    return proc, wait_until_healthy(proc, f"http://127.0.0.1:{port}", "the judge server")
 
 
 def run_one(method: str, opts: dict, queue) -> None:

@@ -200,19 +200,23 @@ def start_server(method: str, model_dir: str, budget: int) -> tuple[subprocess.P
                    "--served-model-name", "rm", "--port", str(port), "--max-length", str(budget),
                    "--max-tokens-per-batch", str(budget)]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
+    return proc, wait_until_healthy(proc, f"http://127.0.0.1:{port}", method)
+
+
+def wait_until_healthy(proc: subprocess.Popen, url: str, what: str, timeout: float = 900) -> str:
+    """`url` once `GET /health` answers 200; a server that ends or is not ready within `timeout` s stops the run."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"{method}: the server ended with status {proc.returncode}")
+            raise SystemExit(f"{what}: the server ended with status {proc.returncode}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as response:
                 if response.status == 200:
-                    return proc, url
+                    return url
         except OSError:
             pass
         time.sleep(0.5)
-    raise SystemExit(f"{method}: the server was not ready in 900 s")
+    raise SystemExit(f"{what}: the server was not ready in {timeout:.0f} s (waited for GET {url}/health)")
 
 
 def run_one(method: str, case: dict, opts: dict, queue) -> None:

@@ -238,6 +238,14 @@ class ServerProcess:
             raise RuntimeError("the server did not start:\n" + "".join(self.lines[-30:]))
         return self.url
 
+    def shut_down(self, grace: float = 60) -> None:
+        """SIGTERM, as a user's Ctrl-C or a scheduler sends it; `grace` seconds to end cleanly, then killed."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace)
+        finally:
+            self.stop(kill=True)
+
     def stop(self, kill: bool = False) -> None:
         if self.proc.poll() is None:
             self.proc.kill() if kill else self.proc.terminate()

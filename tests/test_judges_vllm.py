@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import signal
 
 import pytest
 import torch
@@ -69,11 +68,7 @@ def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_m
         rewards = generate(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v))
         assert rewards == [-1.0] * 5 and logged["judge_env/num_unparsed"] == 5 and logged["judge_env/num_retried"] == 5
     finally:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        finally:
-            server.stop(kill=True)
+        server.shut_down()
         local.engine.close()
     assert server.proc.returncode == 0
 

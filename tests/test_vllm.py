@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -290,11 +289,7 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
         started = _descendants(server.proc.pid)
         assert len(started) >= 2  # vLLM's server and its engine process(es)
     finally:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        finally:
-            server.stop(kill=True)
+        server.shut_down()
     deadline = time.monotonic() + 30
     while started & set(_processes()) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -323,11 +318,7 @@ def test_async_grpo_contract_with_vllm_server(tiny_dir, hf_model):
         assert len(pickle.dumps(remote)) < 8192
         result = score_like_async_grpo([remote])
     finally:
-        server.proc.send_signal(signal.SIGTERM)
-        try:
-            server.proc.wait(60)
-        finally:
-            server.stop(kill=True)
+        server.shut_down()
     assert result["async"] == [True]
     for g, metrics in enumerate(result["metrics"]):
         torch.testing.assert_close(
