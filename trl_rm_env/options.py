@@ -151,8 +151,8 @@ def changed(obj: Any) -> dict[str, Any]:
 
 
 def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
-    """`prefix_sharing`'s three values, `True`, `False` or `"auto"`, from a bool, None (auto) or the strings
-    auto/true/false in any case (training's `RankedRewardConfig` and scoring's `ScoringOptions` alike).
+    """`prefix_sharing`'s four values, `True`, `False`, `"auto"` or `"packed"`, from a bool, None (auto) or the
+    strings auto/true/false/packed in any case (training's `RankedRewardConfig` and scoring's `ScoringOptions` alike).
 
     Raises:
         ValueError: any other value.
@@ -160,9 +160,9 @@ def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
     if value is None or isinstance(value, bool):
         return "auto" if value is None else value
     text = str(value).strip().lower()
-    if text in ("auto", "true", "false"):
-        return {"auto": "auto", "true": True, "false": False}[text]
-    raise ValueError(f"prefix_sharing must be True, False or 'auto', got {value!r}.")
+    if text in ("auto", "true", "false", "packed"):
+        return {"auto": "auto", "true": True, "false": False, "packed": "packed"}[text]
+    raise ValueError(f"prefix_sharing must be True, False, 'auto' or 'packed', got {value!r}.")
 
 
 def document(cls: type) -> type:

@@ -26,7 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from ..distributed import shard_if_requested
 from ..model_source import check_model_source
 from ..options import changed, spelled
-from ..scoring.loading import LOADING_OPTIONS, choose_engine, default_device, log_engine_choice, torch_dtype
+from ..scoring.loading import LOADING_OPTIONS, choose_engine, default_device, load_dtype, log_engine_choice
 from ..scoring.options import ScoringOptions
 from ..scoring.vllm import engine_arguments, start_llm
 from ..sharing.planning import greedy_batches
@@ -111,10 +111,11 @@ def load_judge_engine(plan: JudgePlan, tokenizer: Any) -> Any:
         return VLLMJudgeEngine(plan.model, plan.config, plan.options)
     model = plan.loaded
     if model is None:
-        kwargs = {"dtype": torch_dtype(plan.options.precision), "trust_remote_code": trust}
+        device = plan.options.device if plan.options.device is not None else default_device()
+        kwargs = {"dtype": load_dtype(plan.options.precision, device), "trust_remote_code": trust}
         model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs | (plan.options.model_init_kwargs or {}))
         model.requires_grad_(False)
-        model.eval().to(plan.options.device if plan.options.device is not None else default_device())
+        model.eval().to(device)
     engine = HFJudgeEngine(model, tokenizer, plan.options)
     # Under DeepSpeed ZeRO-3 (partitioned as it loads) or an FSDP2 launch (sharded here), each process holds a shard
     # between calls and gathers the weights for each call, as a reward model does.

@@ -4,6 +4,9 @@ An engine turns token ids into the model's outputs, `(N, num_labels)` fp32 in in
 (templates, truncation, fallbacks, the reward of the outputs) is the `RewardScorer`'s. This one plans micro-batches
 (longest first, within `batch_size` rows and `max_tokens_per_batch` padded tokens) and runs them plainly, or, for the
 items that share a context, the context once with a KV cache and the completions against it (`trl_rm_env.sharing`).
+On a GPU (or with `prefix_sharing="packed"`) every micro-batch is instead ONE packed, padding-free row of up to
+`max_tokens_per_batch` tokens (default: sized from the device's free memory, `device_token_budget`), each prompt of
+a group once (`trl_rm_env.sharing.packed`).
 
 Exactness: right padding with an attention mask leaves every real token's computation unchanged in a causal model,
 and the classifier reads the last non-pad token, so each output equals running that sequence alone (fp32: < 1e-4,
@@ -18,8 +21,73 @@ from typing import Any
 
 import torch
 
-from ..sharing import collate_shared_context, plan_passes, scoring_mode, share_plan, shared_context_scores
+from ..sharing import (
+    collate_shared_context,
+    pack_groups,
+    packed_scores,
+    plan_passes,
+    scoring_mode,
+    share_plan,
+    shared_context_scores,
+)
 from ..sharing.planning import greedy_batches, linear_to_attention_cost
+
+PACKED_CPU_TOKENS = 8192
+"""Tokens per packed row on the CPU when no `max_tokens_per_batch` is set (its block mask grows with the square)."""
+MIN_DEVICE_TOKENS, MAX_DEVICE_TOKENS = 16384, 131072
+"""The bounds of a packed row's default token budget on an accelerator (`device_token_budget`)."""
+
+
+def device_token_budget(model: torch.nn.Module, share: float = 0.5) -> int:
+    """Tokens per packed forward on the model's accelerator, from its free memory, as vLLM sizes its cache: `share`
+    of the free bytes over one token's transient activations in a decoder layer (hidden states, q/k/v with the
+    gathered context keys, the MLP), within [`MIN_DEVICE_TOKENS`, `MAX_DEVICE_TOKENS`], a multiple of 1,024. On the
+    CPU, `PACKED_CPU_TOKENS`."""
+    parameter = next(model.parameters())
+    if parameter.device.type != "cuda":
+        return PACKED_CPU_TOKENS
+    config = model.config
+    hidden = getattr(config, "hidden_size", 4096)
+    heads = getattr(config, "num_attention_heads", 32)
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    ffn = getattr(config, "intermediate_size", None) or 4 * hidden
+    per_token = parameter.element_size() * (4 * hidden + 2 * heads * head_dim + 6 * kv + 3 * ffn)
+    free, _ = torch.cuda.mem_get_info(parameter.device)
+    tokens = int(free * share / per_token) // 1024 * 1024
+    return max(MIN_DEVICE_TOKENS, min(MAX_DEVICE_TOKENS, tokens))
+
+
+def plan_packed_rows(
+    units: Sequence[tuple[int, Sequence[int]]], lengths: Sequence[int], budget: int, max_sequences: int | None
+) -> list[list[tuple[int, list[int]]]]:
+    """Packed rows of `units` (`(context length, items)`: a group, or one item with context 0): each row at most
+    `budget` tokens (a context counted once) and `max_sequences` items. A unit that does not fit a row is split,
+    each part with its context again; a single item always gets a row. First fit, largest unit first."""
+    parts: list[tuple[int, list[int]]] = []
+    for p, items in units:
+        part: list[int] = []
+        for i in sorted(items, key=lambda i: -lengths[i]):
+            full = max_sequences is not None and len(part) + 1 > max_sequences
+            if part and (full or p + sum(lengths[j] - p for j in part) + lengths[i] - p > budget):
+                parts.append((p, part))
+                part = []
+            part.append(i)
+        parts.append((p, part))
+    size = [p + sum(lengths[i] - p for i in items) for p, items in parts]
+    rows: list[list[tuple[int, list[int]]]] = []
+    used: list[tuple[int, int]] = []  # (tokens, items) of each row
+    for k in sorted(range(len(parts)), key=lambda k: -size[k]):
+        count = len(parts[k][1])
+        for r, (tokens, items) in enumerate(used):
+            if tokens + size[k] <= budget and (max_sequences is None or items + count <= max_sequences):
+                rows[r].append(parts[k])
+                used[r] = (tokens + size[k], items + count)
+                break
+        else:
+            rows.append([parts[k]])
+            used.append((size[k], count))
+    return rows
 
 
 class HFEngine:
@@ -30,8 +98,9 @@ class HFEngine:
         pad_token_id: The tokenizer's padding id.
         batch_size: At most this many rows per forward pass (None: no limit but the token budget).
         max_tokens_per_batch: At most this many tokens per forward pass, padding included.
-        prefix_sharing: `"auto"`, `True` or `False` (see `trl_rm_env.sharing`); `False` where the model cannot
-            share (logged once).
+        prefix_sharing: `"auto"`, `True`, `False` or `"packed"` (see `trl_rm_env.sharing`); `False` where the model
+            cannot share (logged once); `"auto"` and `True` run `"packed"` on an accelerator.
+        max_sequences: The packed layout's most sequences per forward (None: the token budget alone).
         show_progress: Progress bar over batches (None: only for more than 8 batches).
     """
 
@@ -46,6 +115,7 @@ class HFEngine:
         max_tokens_per_batch: int | None,
         prefix_sharing: bool | str = "auto",
         show_progress: bool | None = None,
+        max_sequences: int | None = None,
     ):
         self.model = model
         self.pad_token_id = pad_token_id
@@ -53,6 +123,10 @@ class HFEngine:
         self.max_tokens_per_batch = max_tokens_per_batch
         self.show_progress = show_progress
         self.prefix_sharing = scoring_mode(model, prefix_sharing)
+        self.max_sequences = max_sequences
+        self.packed_budget = max_tokens_per_batch or (
+            device_token_budget(model) if self.prefix_sharing == "packed" else None
+        )
         self.cost_ratio = linear_to_attention_cost(getattr(model, "config", None))
         self.last_batch_shapes: list[tuple[int, int]] = []  # (rows, length) of each forward pass of the last call
         self.last_key_shapes: list[tuple[int, int]] = []  # (rows, keys) of each shared completion pass
@@ -76,6 +150,8 @@ class HFEngine:
         """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`; with `context_lengths` (how many leading
         tokens of each are its context) the items that share one may be scored against it (`prefix_sharing`)."""
         self.last_batch_shapes, self.last_key_shapes, self.last_shared = [], [], []
+        if self.prefix_sharing == "packed":
+            return self._packed_outputs(sequences, context_lengths, progress)
         if self.prefix_sharing and context_lengths is not None:
             return self._shared_outputs(sequences, context_lengths, progress)
         return self._plain_outputs(sequences, progress)
@@ -146,6 +222,32 @@ class HFEngine:
                 values, _ = shared_context_scores(self.model, inputs, label_index=None)
                 items = [i for _, members in chosen for i in members]
                 outputs[torch.tensor(items)] = values.float().cpu()
+        return outputs
+
+    def _packed_outputs(
+        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int] | None, progress: bool | None
+    ) -> torch.Tensor:
+        """`(N, num_labels)` fp32 outputs, one packed row per micro-batch: every group sharing a context (all of
+        them: with nothing padded, sharing never costs more) with its context once, the other items whole."""
+        outputs = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
+        if not sequences:
+            return outputs
+        if context_lengths is None:
+            groups, plain = [], list(range(len(sequences)))
+        else:
+            groups, plain = share_plan(sequences, context_lengths, True, self.cost_ratio)
+        self.last_shared = sorted(i for _, members in groups for i in members)
+        lengths = [len(s) for s in sequences]
+        units = [(p, members) for p, members in groups] + [(0, [i]) for i in plain]
+        rows = plan_packed_rows(units, lengths, self.packed_budget, self.max_sequences)
+        with torch.inference_mode(), self._in_eval_mode(rows, progress) as iterator:
+            for row in iterator:
+                batch = pack_groups([[sequences[i] for i in items] for _, items in row], [p for p, _ in row],
+                                    self.pad_token_id)
+                self.last_batch_shapes.append(tuple(batch["input_ids"].shape))
+                batch = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+                values, _ = packed_scores(self.model, batch, label_index=None)
+                outputs[torch.tensor([i for _, items in row for i in items])] = values.float().cpu()
         return outputs
 
     def _plan_shared_batches(self, groups: list[tuple[int, list[int]]], sequences) -> list[list[int]]:

@@ -39,9 +39,13 @@ LOADING_OPTIONS = frozenset({"precision", "trust_remote_code", "model_init_kwarg
 """The options that say how a model is loaded from its path: refused with a model already loaded."""
 
 
-def torch_dtype(precision: str) -> torch.dtype:
-    """The torch dtype of a precision name (`ScoringOptions.precision`)."""
-    return getattr(torch, PRECISIONS[precision])
+def load_dtype(precision: str, device: torch.device | str) -> torch.dtype | str:
+    """What `from_pretrained(dtype=...)` gets for a precision name (`ScoringOptions.precision`) on `device`:
+    `auto` is the checkpoint's own dtype (transformers' `"auto"`) on an accelerator, fp32 on the CPU."""
+    name = PRECISIONS[precision]
+    if name == "auto":
+        return torch.float32 if torch.device(device).type == "cpu" else "auto"
+    return getattr(torch, name)
 
 
 def default_device() -> torch.device:
@@ -209,7 +213,8 @@ def _load_with_transformers(
     options = options or ScoringOptions()
     if isinstance(model, str | os.PathLike):
         path = str(model)
-        kwargs = {"dtype": torch_dtype(options.precision), "trust_remote_code": options.trust_remote_code}
+        device = options.device if options.device is not None else default_device()
+        kwargs = {"dtype": load_dtype(options.precision, device), "trust_remote_code": options.trust_remote_code}
         model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs | (options.model_init_kwargs or {}))
         tokenizer = path if tokenizer is None else tokenizer
     if tokenizer is None:

@@ -19,6 +19,7 @@ from ..options import build, changed, check_choices, document, normalize_prefix_
 from ..options import names as option_names
 
 PRECISIONS = {
+    "auto": "auto",
     "fp32": "float32",
     "bf16": "bfloat16",
     "fp16": "float16",
@@ -27,7 +28,7 @@ PRECISIONS = {
     "float16": "float16",
 }
 """Precision names (ours, and torch's and NeMo RL's spellings) and the dtype each means, by torch's name (vLLM's
-`dtype` takes the same names)."""
+`dtype` takes the same names). `auto`: the checkpoint's dtype on an accelerator, fp32 on the CPU (`load_dtype`)."""
 ENGINES = ("auto", "vllm", "hf")
 REWARD_MODEL_TYPES = ("bradley_terry", "regression")
 DEFAULT_BATCH_SIZE = 32  # sequences per forward pass when neither a row count nor a token budget is set
@@ -116,10 +117,11 @@ class ScoringOptions:
     )
     prefix_sharing: bool | str = option(
         "auto",
-        choices=("auto", True, False),
+        choices=("auto", True, False, "packed"),
         help="Score the completions that share a context (a GRPO group) against one encoding of it, exactly. "
-        "`auto`: where the model supports it and a cost model says it pays; `true`: every group; `false`: never "
-        "(on vLLM: its prefix caching off).",
+        "`auto`: on a GPU, every group in one packed padding-free forward per micro-batch; on the CPU, against a KV "
+        "cache where a cost model says it pays; `true`: every group; `packed`: the GPU's packed layout on any "
+        "device; `false`: never (on vLLM: its prefix caching off).",
         text=str,
     )
     attribute_weights: Mapping[str, float] | Sequence[float] | None = option(
@@ -151,9 +153,10 @@ class ScoringOptions:
         1, help="vLLM: the number of GPUs the model is split over.", flag="--tensor-parallel-size", engine="vllm"
     )
     precision: str = option(
-        "fp32",
+        "auto",
         choices=tuple(PRECISIONS),
-        help="Weights dtype of a model loaded here (fp32, bf16, fp16); rewards are fp32 whatever it is.",
+        help="Weights dtype of a model loaded here (fp32, bf16, fp16; `auto`: the checkpoint's own dtype on a GPU, as "
+        "TRL and transformers load it, fp32 on the CPU); rewards are fp32 whatever it is.",
     )
     device: str | None = option(
         None,

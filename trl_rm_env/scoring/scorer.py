@@ -126,6 +126,7 @@ class RewardScorer:
             max_tokens_per_batch=o.max_tokens_per_batch,
             prefix_sharing=o.prefix_sharing,
             show_progress=o.show_progress,
+            max_sequences=o.batch_size,
         )
         self.last_outputs: torch.Tensor | None = None  # (N, num_labels) of the last `score` call; NaN: not scored
         self.last_nonfinite: list[int] = []  # items of the last call given `nonfinite_reward` (the environment warns)
@@ -195,7 +196,7 @@ class RewardScorer:
         one encoding of that prefix, as `score_ids_shared` does with given context lengths; scores stay those of
         each sequence run alone."""
         if self.prefix_sharing and len(sequences) > 1:
-            found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=self.prefix_sharing is True)
+            found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=self.prefix_sharing in (True, "packed"))
             return self.score_ids_shared(sequences, found, progress)
         self.last_shared = []
         return self._reward_of(self.engine.outputs(sequences, None, progress))

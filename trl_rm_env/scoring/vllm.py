@@ -69,6 +69,8 @@ def engine_arguments(
     """
     options = options or ScoringOptions()
     dtype = PRECISIONS[options.precision]
+    if dtype == "auto" and vllm_installed() and vllm_device() == "cpu":
+        dtype = "float32"  # `auto` is fp32 on the CPU, the checkpoint's dtype on an accelerator (vLLM's own `auto`)
     longest = options.longest_sequence(config)
     batched = max(options.max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, longest or 0)
     arguments: dict[str, Any] = dict(

@@ -1,9 +1,12 @@
 """Prefix sharing: the context shared by several completions goes through the model once, with the same scores,
 losses and gradients as scoring each completion alone (to float rounding).
 
-- `mode.py`: whether it runs and which layout (`prefix_sharing="auto" | True | False`), for training and scoring;
+- `mode.py`: whether it runs and which layout (`prefix_sharing="auto" | True | False | "packed"`), for training and
+  scoring;
+- `packed.py`: the packed layout (the GPU's default): one padding-free row per micro-batch, contexts once, one
+  attention call per layer;
 - `planning.py`: which items share a context, the cost model, forward passes of bounded size;
-- `kv.py`: the KV-cache layout (the default): contexts once with a cache, completions against it;
+- `kv.py`: the KV-cache layout (the CPU's default): contexts once with a cache, completions against it;
 - `mask.py`: block-mask rows (the training fallback under activation checkpointing or FSDP).
 
 The collators that lay batches out this way for training are in `trl_rm_env.trainer.collator`.
@@ -16,9 +19,11 @@ from .mode import (
     SUPPORTED_ATTENTION,
     find_score_head,
     kv_sharing_unsupported,
+    packed_unsupported,
     scoring_mode,
     training_layout,
 )
+from .packed import PACKED_ATTENTION, PackedAttention, pack_groups, packed_attention, packed_scores
 from .planning import (
     AUTO_MIN_SAVING,
     plan_passes,
@@ -31,10 +36,16 @@ from .planning import (
 __all__ = [
     "AUTO_MIN_SAVING",
     "KV_ATTENTION",
+    "PACKED_ATTENTION",
+    "PackedAttention",
     "SUPPORTED_ATTENTION",
     "collate_shared_context",
     "find_score_head",
     "kv_sharing_unsupported",
+    "pack_groups",
+    "packed_attention",
+    "packed_scores",
+    "packed_unsupported",
     "plan_passes",
     "plan_rows",
     "record_row",

@@ -1,9 +1,12 @@
 """Whether prefix sharing runs, and which layout: the one decision, for training and for scoring.
 
-`prefix_sharing` is `"auto"` (the default), `True` or `False` everywhere (`RankedRewardConfig`, `RewardScorer`,
-`RewardModelEnvironment`, `--prefix_sharing`, `reward_prefix_sharing`). The KV-cache layout (`kv.py`) runs where the
-model allows it (`kv_sharing_unsupported`); in training, `True` falls back to block-mask rows (`mask.py`) where it
-cannot (activation checkpointing, FSDP), and `"auto"` to the plain path. Every fallback is logged once.
+`prefix_sharing` is `"auto"` (the default), `True`, `False` or `"packed"` everywhere (`RankedRewardConfig`,
+`RewardScorer`, `RewardModelEnvironment`, `--prefix_sharing`, `reward_prefix_sharing`). On an accelerator (CUDA),
+`"auto"` and `True` run the packed layout (`packed.py`: one padding-free forward per micro-batch), which runs under
+activation checkpointing and FSDP too. On the CPU they run the KV-cache layout (`kv.py`) where the model allows it
+(`kv_sharing_unsupported`); in training, `True` falls back to block-mask rows (`mask.py`) where it cannot (activation
+checkpointing, FSDP), and `"auto"` to the plain path. `"packed"` runs the packed layout on any device (the CPU tests
+and proxies of the GPU's work). Every fallback is logged once.
 """
 
 from __future__ import annotations
@@ -50,6 +53,35 @@ def cache_argument(body: torch.nn.Module) -> str | None:
     return None
 
 
+def full_attention_unsupported(hf: torch.nn.Module) -> str | None:
+    """Why `hf` (a `*ForSequenceClassification`) does not attend over every earlier token in every layer, or None."""
+    config = hf.config
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        if any(t != "full_attention" for t in layer_types):
+            return f"its layers are not all full attention ({sorted(set(layer_types))})"
+    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        return "it uses sliding-window attention"
+    return None
+
+
+def packed_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the packed layout (`trl_rm_env.sharing.packed`) cannot run `model`, or None when it can: it needs a
+    `*ForSequenceClassification` with a `score` head and full attention in every layer (any attention kernel, any
+    wrapper, activation checkpointing included)."""
+    hf = classifier(model)
+    if hf is None:
+        return "it needs a *ForSequenceClassification model with a `score` head"
+    return full_attention_unsupported(hf)
+
+
+def on_accelerator(model: torch.nn.Module) -> bool:
+    """Whether `model`'s weights are on an accelerator (CUDA), where `"auto"` runs the packed layout."""
+    for parameter in model.parameters():
+        return parameter.device.type == "cuda"
+    return False
+
+
 def kv_sharing_unsupported(model: torch.nn.Module, training: bool = False) -> str | None:
     """Why the shared-context (KV cache) path cannot run `model`, or None when it can.
 
@@ -67,12 +99,9 @@ def kv_sharing_unsupported(model: torch.nn.Module, training: bool = False) -> st
     body = getattr(hf, getattr(hf, "base_model_prefix", ""), None)
     if body is None or body is hf or cache_argument(body) is None:
         return f"{type(hf).__name__}'s decoder takes no KV cache"
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        if any(t != "full_attention" for t in layer_types):
-            return f"its layers are not all full attention ({sorted(set(layer_types))})"
-    elif getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        return "it uses sliding-window attention"
+    reason = full_attention_unsupported(hf)
+    if reason is not None:
+        return reason
     checkpointing = getattr(hf, "is_activation_checkpointing", None)
     if checkpointing is None:  # transformers before the rename
         checkpointing = getattr(hf, "is_gradient_checkpointing", False)
@@ -86,9 +115,19 @@ def kv_sharing_unsupported(model: torch.nn.Module, training: bool = False) -> st
 
 
 def scoring_mode(model: torch.nn.Module, mode: bool | str) -> bool | str:
-    """The mode a scorer runs: `False` where the model cannot share (logged once), else `mode`."""
+    """The mode a scorer runs: `"packed"` (`"packed"`, or `"auto"`/`True` on an accelerator), `False` where the
+    model cannot share (logged once), else `mode` (the KV-cache layout, `"auto"` by its cost model)."""
     if mode is False:
         return False
+    if mode == "packed" or on_accelerator(model):
+        reason = packed_unsupported(model)
+        if reason is None:
+            logger.info("prefix_sharing=%r: each micro-batch is one packed, padding-free forward, every prompt of it "
+                        "once.", mode)
+            return "packed"
+        if mode == "packed":
+            logger.warning("prefix_sharing='packed': %s; scoring each sequence separately.", reason)
+            return False
     reason = kv_sharing_unsupported(model)
     if reason is None:
         if mode == "auto":
@@ -101,17 +140,30 @@ def scoring_mode(model: torch.nn.Module, mode: bool | str) -> bool | str:
 
 
 def training_layout(
-    model: torch.nn.Module, mode: bool | str, *, activation_checkpointing: bool, fsdp: bool, plain_reason: str | None
+    model: torch.nn.Module, mode: bool | str, *, activation_checkpointing: bool, fsdp: bool, plain_reason: str | None,
+    accelerator: bool | None = None,
 ) -> str | bool:
-    """The layout a trainer runs: `"kv"` (the contexts once with a KV cache, the completions against it), `"mask"`
-    (block-mask rows: eager/SDPA, only with `mode=True` where the KV path cannot run) or False (the plain path).
+    """The layout a trainer runs: `"packed"` (each micro-batch one padding-free row: `"packed"`, or `"auto"`/`True`
+    on an accelerator), `"kv"` (the contexts once with a KV cache, the completions against it), `"mask"` (block-mask
+    rows: eager/SDPA, only with `mode=True` where the KV path cannot run) or False (the plain path).
     `plain_reason`: why `"auto"` must keep TRL's batch layout (a subclass's `compute_loss` reads it), or None.
-    Logged once."""
+    `accelerator`: whether training runs on an accelerator (None: where the model's weights are). Logged once."""
     if not mode:
         return False
     if mode == "auto" and plain_reason:
         logger.info("prefix_sharing='auto': %s; using the plain batch layout.", plain_reason)
         return False
+    if accelerator is None:
+        accelerator = on_accelerator(model)
+    if mode == "packed" or accelerator:
+        reason = packed_unsupported(model)
+        if reason is None:
+            logger.info("prefix_sharing=%r: each micro-batch is one packed, padding-free forward (each record's "
+                        "context once).", mode)
+            return "packed"
+        if mode == "packed":
+            logger.warning("prefix_sharing='packed': %s; using the plain path.", reason)
+            return False
     reason = kv_sharing_unsupported(model, training=True)
     if reason is None and activation_checkpointing:
         reason = "activation checkpointing drops the KV cache"

@@ -8,12 +8,14 @@ Examples come in two forms (see `trl_rm_env.trainer.examples`):
   `DataCollatorForPreference` lays it out (every chosen, then every rejected) and carries no `ranks`: the trainer
   reads that layout as "row i is better than row i + B".
 
-A missing or `None` margin is 0. Three layouts, each a collator here:
+A missing or `None` margin is 0. Four layouts, each a collator here:
 
 - plain (`DataCollatorForRankedPreference`): every completion its own padded row, `record_index` tells which record
   it belongs to, and the loss forms every ordered pair from that;
-- shared context by KV cache (`DataCollatorForSharedContext`, the default): each record's context once, its
-  completions against it (`trl_rm_env.sharing.kv`);
+- packed (`DataCollatorForPackedContext`, the default on a GPU): the whole batch in one padding-free row, each
+  record's context once, its completions after it (`trl_rm_env.sharing.packed`);
+- shared context by KV cache (`DataCollatorForSharedContext`, the default on the CPU): each record's context once,
+  its completions against it (`trl_rm_env.sharing.kv`);
 - block-mask rows (`DataCollatorForSharedPrefix`, `prefix_sharing=True` under activation checkpointing or FSDP):
   context and completions in one row under a block mask, optionally packed (`trl_rm_env.sharing.mask`).
 
@@ -34,7 +36,14 @@ import torch
 from transformers.data.data_collator import DataCollatorMixin
 from trl.trainer.utils import pad
 
-from ..sharing import collate_shared_context, plan_passes, plan_rows, record_row, shared_prefix_length
+from ..sharing import (
+    collate_shared_context,
+    pack_groups,
+    plan_passes,
+    plan_rows,
+    record_row,
+    shared_prefix_length,
+)
 from ..sharing.kv import pad_to_multiple
 
 
@@ -228,6 +237,40 @@ class DataCollatorForSharedContext(DataCollatorForSharedPrefix):
         return output
 
 
+@dataclass
+class DataCollatorForPackedContext(DataCollatorMixin):
+    """Collate rank records into ONE packed, padding-free row for the packed path of `RankedRewardTrainer`.
+
+    Each record's context (its completions' longest common token prefix) once, then each completion's own tokens,
+    positions restarting after the context (`trl_rm_env.sharing.pack_groups`). The batch holds `input_ids` and
+    `position_ids` `(1, T)`, `packed` (the `PackedAttention` layout, built here on the CPU), `num_tokens` (real
+    tokens), `score_index` `(C, 2)` (row 0, column of each completion's last token; completions in record order),
+    `ranks`, `record_index` (and `margin`) as in `DataCollatorForRankedPreference`.
+
+    Args:
+        pad_token_id: Token id used for padding.
+        pad_to_multiple_of: If set, pad the row to a multiple of this length (the padding attends to itself only).
+    """
+
+    pad_token_id: int
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        groups = [example["completion_ids"] for example in examples]
+        output = pack_groups(groups, [shared_prefix_length(g) for g in groups], self.pad_token_id,
+                             self.pad_to_multiple_of)
+        last = output.pop("last_index")
+        output["score_index"] = torch.stack([torch.zeros_like(last), last], dim=1)
+        output["ranks"] = torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long)
+        output["record_index"] = torch.tensor(
+            [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
+        )
+        if "margin" in examples[0]:
+            output["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
+        return output
+
+
 class _TakesPairs:
     """Lets a collator of ranked examples take TRL pair examples (`chosen_ids`/`rejected_ids`) too.
 
@@ -260,6 +303,11 @@ class DataCollatorForSharedPrefixPairs(_TakesPairs, DataCollatorForSharedPrefix)
 @dataclass
 class DataCollatorForSharedContextPairs(_TakesPairs, DataCollatorForSharedContext):
     """`DataCollatorForSharedContext` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
+
+
+@dataclass
+class DataCollatorForPackedContextPairs(_TakesPairs, DataCollatorForPackedContext):
+    """`DataCollatorForPackedContext` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
 
 
 @dataclass

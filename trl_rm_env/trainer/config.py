@@ -101,10 +101,11 @@ class RankedRewardConfig(RewardConfig):
     # subclasses, run before this __post_init__, reading "not forced on".
     prefix_sharing: str | None = _choice(
         None,
-        ("auto", "true", "false"),
-        "Encode each record's context once and run its completions against the context's KV cache (exact: scores, "
-        "loss and gradients equal the plain path). 'auto': where the model supports it; 'true': always (warns when "
-        "it cannot); 'false': never. Default: auto.",
+        ("auto", "true", "false", "packed"),
+        "Encode each record's context once (exact: scores, loss and gradients equal the plain path). 'auto': on a "
+        "GPU, each micro-batch in one packed padding-free forward; on the CPU, completions against the context's KV "
+        "cache; 'true': always (warns when it cannot); 'packed': the GPU's packed layout on any device; 'false': "
+        "never. Default: auto.",
     )
     pack_max_tokens: int | None = field(
         default=None,

@@ -41,9 +41,10 @@ from trl import RewardTrainer
 
 from ..compat import checkpointing_enabled
 from ..metrics import record_statistics, summarize_statistics
-from ..sharing import shared_context_scores, shared_prefix_scores, training_layout
+from ..sharing import packed_attention, packed_scores, shared_context_scores, shared_prefix_scores, training_layout
 from .checkpoints import AtomicCheckpointMixin
 from .collator import (
+    DataCollatorForPackedContextPairs,
     DataCollatorForRankedPreference,
     DataCollatorForSharedContextPairs,
     DataCollatorForSharedPrefixPairs,
@@ -116,7 +117,11 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         super().__init__(model, args, data_collator, *a, **kwargs)
         self._prefix_sharing = self._check_prefix_sharing()
         if user_collator is None:
-            if self._prefix_sharing == "kv":
+            if self._prefix_sharing == "packed":
+                self.data_collator = DataCollatorForPackedContextPairs(
+                    pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of
+                )
+            elif self._prefix_sharing == "kv":
                 self.data_collator = DataCollatorForSharedContextPairs(
                     pad_token_id=self.processing_class.pad_token_id,
                     pad_to_multiple_of=self.args.pad_to_multiple_of,
@@ -134,8 +139,8 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
                 )
 
     def _check_prefix_sharing(self) -> str | bool:
-        """Which prefix-sharing layout the model can run (`trl_rm_env.sharing.training_layout`): `"kv"`, `"mask"`
-        or False. `"auto"` keeps TRL's batch layout where something reads it: a subclass's own `compute_loss`, or
+        """Which prefix-sharing layout the model can run (`trl_rm_env.sharing.training_layout`): `"packed"`, `"kv"`,
+        `"mask"` or False. `"auto"` keeps TRL's batch layout where something reads it: a subclass's own `compute_loss`, or
         `include_for_metrics=["inputs"]` (transformers hands `batch["input_ids"]` to `compute_metrics`)."""
         plain_reason = None
         if type(self).compute_loss is not RankedRewardTrainer.compute_loss:
@@ -148,7 +153,16 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             activation_checkpointing=checkpointing_enabled(self.args),
             fsdp=bool(getattr(self, "is_fsdp_enabled", False)),
             plain_reason=plain_reason,
+            accelerator=self.args.device.type == "cuda",
         )
+
+    def training_step(self, model, *args, **kwargs):
+        """TRL's step; a packed batch's forward AND backward run under the packed attention (activation
+        checkpointing recomputes layers in backward)."""
+        if self._prefix_sharing != "packed":
+            return super().training_step(model, *args, **kwargs)
+        with packed_attention(model):
+            return super().training_step(model, *args, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         return self._examples.prepare(dataset, processing_class, args, dataset_name)
@@ -167,7 +181,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         if ranks is None:  # TRL's pair layout (ours or TRL's DataCollatorForPreference): every chosen, then rejected
             rows = inputs["score_index"] if "score_index" in inputs else inputs["input_ids"]
             ranks, record_index = _pair_layout(rows.shape[0], rows.device)
-        if "prefix_ids" in inputs:  # contexts once with a KV cache, completions against it (`trl_rm_env.sharing.kv`)
+        if "packed" in inputs:  # one padding-free row, each context once (`trl_rm_env.sharing.packed`)
+            token_count = torch.tensor(inputs.pop("num_tokens"), device=inputs["input_ids"].device)
+            scores, outputs = packed_scores(model, inputs)
+        elif "prefix_ids" in inputs:  # contexts once with a KV cache, completions against it (`trl_rm_env.sharing.kv`)
             scores, outputs = shared_context_scores(model, inputs)
             token_count = inputs["prefix_mask"].sum() + inputs["completion_mask"].sum()
         elif "segment_ids" in inputs:  # block-mask rows (`trl_rm_env.sharing.mask`)

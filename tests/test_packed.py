@@ -1,0 +1,402 @@
+"""The packed layout (`prefix_sharing="packed"`, the GPU's default): one padding-free row per micro-batch.
+
+Exactness on the CPU (fp32, 1e-5): scores, per-record losses and gradients equal one-at-a-time plain scoring, for
+1-, 2- and many-completion groups, empty contexts, ties, left truncation, a padding bucket, two-label (regression)
+heads, eager and SDPA models, activation checkpointing. On the CPU the packed attention is ONE SDPA call per layer
+under the row's block mask (the `mask` kernel); the GPU's `varlen` kernel reads the same layout (`cu_seqlens`, key
+index), and `test_block_mask_is_the_varlen_layout` checks that the two describe the same attention, with a
+per-segment emulation of the varlen kernel in plain PyTorch (the kernel itself needs CUDA).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import _one_thread  # noqa: F401
+
+from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
+from trl_rm_env.compat import CHECKPOINTING_FIELD
+from trl_rm_env.sharing import pack_groups, packed_scores, shared_prefix_length, training_layout
+from trl_rm_env.sharing.packed import PACKED_ATTENTION
+from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.trainer.collator import (
+    DataCollatorForPackedContext,
+    DataCollatorForPackedContextPairs,
+    DataCollatorForRankedPreference,
+)
+from trl_rm_env.trainer.examples import tokenize_rank_record
+from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
+
+SHAPES = [(30, [5, 9, 1]), (7, [12, 3]), (0, [6, 2]), (50, [4, 4, 4, 4]), (1, [6]), (12, [3, 3])]
+"""(context length, [own lengths]): many, two and one completion(s), an empty context, ties (equal sequences)."""
+
+
+def random_groups(seed: int, shapes, vocab: int) -> list[list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for prefix_len, lengths in shapes:
+        prefix = torch.randint(10, vocab, (prefix_len,), generator=g).tolist()
+        group = [prefix + torch.randint(10, vocab, (n,), generator=g).tolist() for n in lengths]
+        groups.append(group)
+    groups[-1][1] = list(groups[-1][0])  # a tie: the same sequence twice
+    return groups
+
+
+@torch.no_grad()
+def one_at_a_time(model, groups) -> torch.Tensor:
+    return torch.stack([model(input_ids=torch.tensor([seq])).logits[0] for group in groups for seq in group])
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("bucket", [None, 64])
+def test_packed_scores_equal_one_at_a_time(tiny_tokenizer, attention, bucket):
+    model = build_tiny_reward_model(tiny_tokenizer, seed=1, num_labels=2, attn_implementation=attention).eval()
+    groups = random_groups(0, SHAPES, model.config.vocab_size)
+    # The last group's tie makes its longest shared prefix the whole first sequence minus one token: use the given
+    # context lengths instead (any prefix shared by the group is exact).
+    prefixes = [p for p, _ in SHAPES]
+    batch = pack_groups(groups, prefixes, tiny_tokenizer.pad_token_id, pad_to_multiple_of=bucket)
+    unique = sum(p + sum(n for n in own) for p, own in SHAPES)
+    assert batch["num_tokens"] == unique and batch["input_ids"].shape[0] == 1
+    length = batch["input_ids"].shape[1]
+    assert length == (unique if bucket is None else -(-unique // bucket) * bucket)
+    with torch.no_grad():
+        every, _ = packed_scores(model, batch, label_index=None)
+        second, _ = packed_scores(model, batch, label_index=1)
+    reference = one_at_a_time(model, groups)
+    torch.testing.assert_close(every, reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(second, reference[:, 1], atol=1e-5, rtol=0)
+    assert model.config._attn_implementation == attention  # restored after the call
+
+
+def test_block_mask_is_the_varlen_layout(tiny_tokenizer):
+    """The layout's two readings agree: emulating the varlen kernel segment by segment (each segment's queries
+    against its gathered keys, causal aligned to the end of the keys) equals SDPA under the block mask."""
+    groups = random_groups(3, SHAPES, 500)
+    packed = pack_groups(groups, [p for p, _ in SHAPES], 0, pad_to_multiple_of=16)["packed"]
+    length = packed.length
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(length, 2, 8, generator=g) for _ in range(3))
+    masked = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=packed.block_mask()
+    )[0].transpose(0, 1)
+    keys_k, keys_v = k[packed.key_index], v[packed.key_index]
+    cu_q, cu_k = packed.cu_seqlens_q.tolist(), packed.cu_seqlens_k.tolist()
+    emulated = torch.empty_like(q)
+    for s in range(len(cu_q) - 1):
+        sq, sk = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
+        assert sq <= packed.max_q and sk <= packed.max_k
+        allowed = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)  # aligned to the end of the keys
+        emulated[cu_q[s]:cu_q[s + 1]] = torch.nn.functional.scaled_dot_product_attention(
+            q[cu_q[s]:cu_q[s + 1]].transpose(0, 1), keys_k[cu_k[s]:cu_k[s + 1]].transpose(0, 1),
+            keys_v[cu_k[s]:cu_k[s + 1]].transpose(0, 1), attn_mask=allowed,
+        ).transpose(0, 1)
+    torch.testing.assert_close(emulated, masked, atol=1e-6, rtol=0)
+
+
+def test_pack_groups_rejects_a_sequence_without_its_own_token():
+    with pytest.raises(ValueError, match="longer than its prefix"):
+        pack_groups([[[1, 2, 3], [1, 2]]], [2], 0)
+
+
+def test_attention_without_a_layout_is_an_error(tiny_tokenizer):
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    from trl_rm_env.sharing import packed_attention
+
+    with packed_attention(model), pytest.raises(RuntimeError, match="without a packed layout"):
+        model(input_ids=torch.tensor([[5, 6, 7]]))
+    assert model.config._attn_implementation != PACKED_ATTENTION
+
+
+# ---------------------------------------------------------------------------------------------------- training
+
+
+def rank_examples(tokenizer, n: int, truncation: str = "drop", max_length: int | None = None):
+    records = load_rank_dataset("sample:harder").select(range(n))
+    return [tokenize_rank_record(r, tokenizer, max_length, truncation)[0] for r in records]
+
+
+@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+@pytest.mark.parametrize("truncation", ["drop", "left"])
+def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_name, truncation):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    model = build_tiny_reward_model(tokenizer, seed=2)
+    examples = rank_examples(tokenizer, 10, truncation, max_length=60 if truncation == "left" else None)
+    plain = DataCollatorForRankedPreference(tokenizer.pad_token_id)(examples)
+    reference = model(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"]).logits[:, 0]
+    pairwise = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"])
+    grads_ref = torch.autograd.grad(pairwise.loss, list(model.parameters()))
+
+    batch = DataCollatorForPackedContext(tokenizer.pad_token_id)(examples)
+    assert batch["input_ids"].shape == (1, batch["num_tokens"])  # no padding
+    assert batch["num_tokens"] < plain["attention_mask"].sum()  # each context once
+    scores, _ = packed_scores(model, batch)
+    torch.testing.assert_close(scores, reference, atol=1e-5, rtol=0)
+    packed = ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"])
+    torch.testing.assert_close(packed.pair_losses, pairwise.pair_losses, atol=1e-5, rtol=0)  # each record's loss
+    grads = torch.autograd.grad(packed.loss, list(model.parameters()))
+    for g, g_ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
+
+
+def test_pairs_keep_trls_layout(tiny_tokenizer):
+    pairs = [{"chosen_ids": [5, 6, 7, 8], "rejected_ids": [5, 6, 9]}, {"chosen_ids": [3, 2], "rejected_ids": [4]}]
+    batch = DataCollatorForPackedContextPairs(tiny_tokenizer.pad_token_id)(pairs)
+    assert "ranks" not in batch and "record_index" not in batch
+    tokens = batch["input_ids"][0].tolist()
+    # every chosen, then every rejected: each score read at its sequence's last token
+    assert [tokens[c] for c in batch["score_index"][:, 1].tolist()] == [8, 2, 9, 4]
+
+
+def make_trainer(tmp_path, tokenizer, dataset, eval_sets=None, **overrides):
+    args = RankedRewardConfig(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, per_device_eval_batch_size=16,
+        learning_rate=3e-3, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
+        disable_tqdm=True, dataloader_num_workers=0, **overrides,
+    )
+    model = build_tiny_reward_model(tokenizer, seed=0).train()
+    return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_sets,
+                               processing_class=tokenizer)
+
+
+def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
+    """`prefix_sharing="packed"` trains (losses, evaluation) exactly as the plain path, with and without activation
+    checkpointing (the layers recompute under the packed attention in backward)."""
+    train = load_rank_dataset("sample:train").select(range(32))
+    eval_sets = {"harder": load_rank_dataset("sample:harder").select(range(21))}
+    runs = {}
+    for name, overrides in {
+        "plain": {"prefix_sharing": False},
+        "packed": {"prefix_sharing": "packed"},
+        "checkpointed": {"prefix_sharing": "packed", CHECKPOINTING_FIELD: True},
+    }.items():
+        trainer = make_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, **overrides)
+        assert trainer._prefix_sharing == (False if name == "plain" else "packed")
+        assert isinstance(trainer.data_collator, DataCollatorForPackedContext) == (name != "plain")
+        trainer.train()
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
+        runs[name] = (losses, trainer.evaluate(), tokens)
+        assert trainer.model.config._attn_implementation == "sdpa"  # restored after every step
+    for name in ("packed", "checkpointed"):
+        assert runs[name][0] == pytest.approx(runs["plain"][0], abs=1e-5)
+        for key in ("eval_harder_loss", "eval_harder_accuracy", "eval_harder_margin"):
+            assert runs[name][1][key] == pytest.approx(runs["plain"][1][key], abs=1e-5)
+        assert runs[name][2][-1] < runs["plain"][2][-1]  # fewer tokens through the model
+
+
+def test_auto_is_packed_on_an_accelerator_and_kv_on_the_cpu(tiny_tokenizer):
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    common = dict(activation_checkpointing=False, fsdp=False, plain_reason=None)
+    assert training_layout(model, "auto", accelerator=True, **common) == "packed"
+    assert training_layout(model, True, accelerator=True, **common) == "packed"
+    assert training_layout(model, "auto", accelerator=False, **common) == "kv"
+    assert training_layout(model, "packed", accelerator=False, **common) == "packed"
+    assert training_layout(model, "auto", accelerator=True, **(common | {"activation_checkpointing": True})) == "packed"
+    assert training_layout(model, False, accelerator=True, **common) is False
+    sliding = build_tiny_reward_model(tiny_tokenizer, seed=0, layer_types=["sliding_attention", "full_attention"],
+                                      sliding_window=4, use_sliding_window=True)
+    assert training_layout(sliding, "packed", accelerator=True, **common) is False
+
+
+def test_shared_prefix_length_is_the_packed_context(tiny_tokenizer):
+    examples = rank_examples(tiny_tokenizer, 3)
+    batch = DataCollatorForPackedContext(tiny_tokenizer.pad_token_id)(examples)
+    expected = sum(shared_prefix_length(e["completion_ids"]) + sum(
+        len(s) - shared_prefix_length(e["completion_ids"]) for s in e["completion_ids"]) for e in examples)
+    assert batch["num_tokens"] == expected
+
+
+# ---------------------------------------------------------------------------------------------------- scoring
+
+
+def chat_groups(num_prompts: int, generations: int, seed: int = 0):
+    import random
+
+    words = "add two and 3 please the answer is 4 because numbers".split()
+    rng = random.Random(seed)
+    prompts, completions = [], []
+    for _ in range(num_prompts):
+        prompt = [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(rng.randint(3, 60)))}]
+        for _ in range(generations):
+            prompts.append(prompt)
+            answer = " ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) or "4"
+            completions.append([{"role": "assistant", "content": answer}])
+    return prompts, completions
+
+
+@pytest.mark.parametrize("batch_size, budget", [(None, None), (3, None), (None, 400), (2, 250)])
+@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+def test_scorer_packs_groups_exactly_within_the_budget(request, tokenizer_name, batch_size, budget):
+    from helpers import score_one
+
+    from trl_rm_env import RewardScorer
+
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    model = build_tiny_reward_model(tokenizer, seed=5)
+    prompts, completions = chat_groups(5, 4, seed=3)
+    plain = RewardScorer(model, tokenizer, prefix_sharing=False, max_tokens_per_batch=budget)  # the same truncation
+    encoded = plain.encode(prompts, completions)
+    reference = torch.tensor([score_one(model, ids) for ids in encoded.ids])
+    scorer = RewardScorer(model, tokenizer, batch_size=batch_size, max_tokens_per_batch=budget,
+                          prefix_sharing="packed")
+    assert scorer.prefix_sharing == "packed"
+    scores = scorer.score(prompts, completions)
+    torch.testing.assert_close(scores, reference, atol=1e-5, rtol=0)
+    assert scorer.last_shared == list(range(len(prompts)))
+    assert all(rows == 1 for rows, _ in scorer.last_batch_shapes)  # one packed row per forward
+    longest = max(len(ids) for ids in encoded.ids)
+    assert all(n <= max(budget or 8192, longest) for _, n in scorer.last_batch_shapes)
+    groups = [encoded.ids[i:i + 4] for i in range(0, len(prompts), 4)]  # each prompt once per forward
+    unique = sum(shared_prefix_length(g) + sum(len(s) - shared_prefix_length(g) for s in g) for g in groups)
+    assert sum(n for _, n in scorer.last_batch_shapes) >= unique
+    if budget is None and batch_size is None:
+        assert sum(n for _, n in scorer.last_batch_shapes) == unique and len(scorer.last_batch_shapes) == 1
+    back = scorer.score(prompts[::-1], completions[::-1])  # input order is kept
+    torch.testing.assert_close(back, reference.flip(0), atol=1e-5, rtol=0)
+    ids = scorer.score_ids(encoded.ids[::-1])  # token ids without contexts: the groups are found
+    torch.testing.assert_close(ids, reference.flip(0), atol=1e-5, rtol=0)
+
+
+def test_plan_packed_rows_respects_budget_and_sequences():
+    from trl_rm_env.scoring.hf import plan_packed_rows
+
+    lengths = [30, 25, 40, 12, 12, 100, 7]
+    units = [(10, [0, 1, 2]), (5, [3, 4]), (0, [5]), (0, [6])]
+    rows = plan_packed_rows(units, lengths, budget=60, max_sequences=2)
+    items = sorted(i for row in rows for _, part in row for i in part)
+    assert items == list(range(7))
+    for row in rows:
+        tokens = sum(p + sum(lengths[i] - p for i in part) for p, part in row)
+        assert tokens <= 60 or (len(row) == 1 and len(row[0][1]) == 1)  # one sequence always gets a row
+        assert sum(len(part) for _, part in row) <= 2
+
+
+# ---------------------------------------------------------------------------------------------------- GPU proxies
+
+
+def hh_like_records(n: int, seed: int = 0) -> list[dict]:
+    """Records shaped like Anthropic hh-rlhf (made here, no data file): a multi-turn context of a few hundred
+    tokens, two short final answers."""
+    import random
+
+    words = "the a model reward answer question because people often think about why how when where it".split()
+    rng = random.Random(seed)
+
+    def text(lo, hi):
+        return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
+
+    records = []
+    for _ in range(n):
+        context = []
+        for _ in range(rng.randint(2, 4)):
+            context += [{"role": "user", "content": text(20, 60)}, {"role": "assistant", "content": text(30, 90)}]
+        context.append({"role": "user", "content": text(10, 40)})
+        completions = [{"rank": r, "completion": [{"role": "assistant", "content": text(10, 60)}]} for r in (0, 1)]
+        records.append({"context": context, "completions": completions})
+    return records
+
+
+class OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts every aten op, and separately those run while a decoder layer's forward is on the stack."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.total, self.in_layers, self.depth = 0, [], 0
+        self.handles = []
+        for layer in model.model.layers:
+            self.handles.append(layer.register_forward_pre_hook(lambda *a: self._enter()))
+            self.handles.append(layer.register_forward_hook(lambda *a: self._leave()))
+
+    def _enter(self):
+        self.depth += 1
+
+    def _leave(self):
+        self.depth -= 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.total += 1
+        if self.depth:
+            self.in_layers.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def count_step(trainer, examples):
+    """(aten ops of one training step, ops inside the layers' forward, decoder forwards) on `examples`."""
+    model = trainer.model
+    forwards = []
+    handle = model.model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    batch = trainer.data_collator(examples)
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which this step runs outside of
+    counter = OpCounter(model)
+    try:
+        with counter:
+            trainer.training_step(model, batch, None)
+    finally:
+        handle.remove()
+        for h in counter.handles:
+            h.remove()
+    return counter.total, counter.in_layers, len(forwards), batch
+
+
+def test_gpu_proxies_of_a_packed_training_step(tmp_path, tiny_tokenizer):
+    """On an hh-rlhf-shaped micro-batch of 8 records: one decoder forward per step, padded positions within 1.05x
+    the unique tokens, no host sync (`item`, `_local_scalar_dense`, `nonzero`) inside the decoder layers, and the
+    aten ops of a training step at most 1.25x those of TRL's `RewardTrainer` step on the same pairs."""
+    from datasets import Dataset
+    from trl import RewardConfig, RewardTrainer
+
+    records = hh_like_records(8)
+    rows = [{"prompt": r["context"], "chosen": r["completions"][0]["completion"],
+             "rejected": r["completions"][1]["completion"]} for r in records]
+    common = dict(output_dir=str(tmp_path), per_device_train_batch_size=8, use_cpu=True, report_to="none",
+                  save_strategy="no", disable_tqdm=True, bf16=False, max_length=4096, dataloader_num_workers=0)
+    ours = RankedRewardTrainer(
+        model=build_tiny_reward_model(tiny_tokenizer, seed=0).train(),
+        args=RankedRewardConfig(**common, prefix_sharing="packed"), train_dataset=Dataset.from_list(records),
+        processing_class=tiny_tokenizer,
+    )
+    trl = RewardTrainer(
+        model=build_tiny_reward_model(tiny_tokenizer, seed=0).train(), args=RewardConfig(**common),
+        train_dataset=Dataset.from_list(rows), processing_class=tiny_tokenizer,
+    )
+    ours_examples = [ours.train_dataset[i] for i in range(8)]
+    trl_examples = [trl.train_dataset[i] for i in range(8)]
+    ops, in_layers, forwards, batch = count_step(ours, ours_examples)
+    trl_ops, trl_in_layers, trl_forwards, _ = count_step(trl, trl_examples)
+    assert forwards == 1 and trl_forwards == 1
+    unique = sum(shared_prefix_length(e["completion_ids"]) + sum(
+        len(s) - shared_prefix_length(e["completion_ids"]) for s in e["completion_ids"]) for e in ours_examples)
+    assert batch["input_ids"].numel() <= 1.05 * unique
+    syncs = {"item", "_local_scalar_dense", "nonzero"}
+    assert not syncs & set(in_layers), sorted(syncs & set(in_layers))
+    assert in_layers and trl_in_layers  # the counter saw the layers of both
+    assert ops <= 1.25 * trl_ops, (ops, trl_ops)
+
+
+def test_gpu_proxies_of_packed_scoring(tiny_tokenizer):
+    """GRPO scoring of 4 prompts x 8 completions with `prefix_sharing="packed"`: one decoder forward, each prompt
+    once, no padding, no host sync inside the decoder layers."""
+    from trl_rm_env import RewardScorer
+
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    records = hh_like_records(4, seed=1)
+    prompts = [r["context"] for r in records for _ in range(8)]
+    answers = [[{"role": "assistant", "content": f"answer number {k} " * (k + 1)}] for _ in records for k in range(8)]
+    scorer = RewardScorer(model, tiny_tokenizer, prefix_sharing="packed")
+    encoded = scorer.encode(prompts, answers)
+    forwards = []
+    handle = model.model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    counter = OpCounter(model)
+    try:
+        with counter:
+            scorer.score(prompts, answers)
+    finally:
+        handle.remove()
+        for h in counter.handles:
+            h.remove()
+    assert len(forwards) == 1 and scorer.last_batch_shapes == [(1, scorer.last_batch_shapes[0][1])]
+    groups = [encoded.ids[i:i + 8] for i in range(0, 32, 8)]
+    unique = sum(shared_prefix_length(g) + sum(len(s) - shared_prefix_length(g) for s in g) for g in groups)
+    assert scorer.last_batch_shapes[0][1] == unique
+    assert not {"item", "_local_scalar_dense", "nonzero"} & set(counter.in_layers)

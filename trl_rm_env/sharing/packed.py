@@ -1,0 +1,323 @@
+"""Packed prefix sharing: one padding-free forward per micro-batch, the GPU's layout (and the default there).
+
+A micro-batch of groups (a training record's completions, or a GRPO group's completions of one prompt) becomes ONE
+row `(1, T)`: for each group its context once, then each completion's own tokens, positions restarting where the
+completion would start alone. Every decoder layer makes one attention call over the row, in which each context
+attends causally to itself and each completion to its context and causally to itself, never to another completion
+(`packed_attention_forward`, registered with transformers' `AttentionInterface` as `PACKED_ATTENTION`). Scores are read
+at each completion's last token. Nothing is padded (beyond an optional bucket, itself a segment of its own), so the
+tokens through the model are the unique tokens; backward goes through each context once.
+
+The layout is described once, on the CPU, by the collator (`pack_groups`): the cumulative query and key lengths of
+every segment, the index of every segment's keys in the row, and the longest segment, so the forward makes no
+device-to-host sync. Two kernels read it:
+
+- `varlen`: FlashAttention's variable-length kernel as PyTorch ships it (`torch.nn.attention.varlen.varlen_attn`),
+  with each completion's keys gathered as `context + own` (the kernel's causal mask is aligned to the end of the keys:
+  completion token i sees the whole context and its own tokens up to i). CUDA, fp16/bf16.
+- `mask`: one SDPA call over the row with its block mask (`T x T` booleans), on any device and dtype: the CPU's kernel,
+  and fp32 or dropout on CUDA.
+
+Exactness: every score equals running the context and that completion alone (tests: fp32, 1e-5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from .mode import classifier, find_score_head
+
+logger = logging.getLogger(__name__)
+
+PACKED_ATTENTION = "trl_rm_env_packed"
+"""The attention implementation name the packed forward runs under (registered with transformers on first use)."""
+
+
+@dataclass
+class PackedAttention:
+    """The attention layout of one packed row, built on the CPU (`pack_groups`) and handed to every layer.
+
+    Segment s is queries `[cu_seqlens_q[s], cu_seqlens_q[s+1])` of the row; its keys are the row positions
+    `key_index[cu_seqlens_k[s]:cu_seqlens_k[s+1]]`, its context's then its own, and its query i sees its keys up to
+    `i + (keys - queries)` (causal, aligned to the end of the keys).
+
+    Args:
+        cu_seqlens_q: `(S + 1,)` int32 cumulative query lengths.
+        cu_seqlens_k: `(S + 1,)` int32 cumulative key lengths.
+        key_index: `(sum of key lengths,)` long, the row position of every segment's keys.
+        max_q: The longest segment's queries.
+        max_k: The longest segment's keys.
+        contexts: Per segment, the `(start, end)` of its context in the row (`(0, 0)`: none).
+        num_tokens: The real tokens of the row (padding excluded).
+    """
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    key_index: torch.Tensor
+    max_q: int
+    max_k: int
+    contexts: list[tuple[int, int]]
+    num_tokens: int
+    mask: torch.Tensor | None = field(default=None, repr=False)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedAttention:
+        """A copy with its tensors on `device` (Accelerate's `send_to_device` calls this)."""
+        move = functools.partial(torch.Tensor.to, device=device, non_blocking=non_blocking)
+        return replace(
+            self, cu_seqlens_q=move(self.cu_seqlens_q), cu_seqlens_k=move(self.cu_seqlens_k),
+            key_index=move(self.key_index), mask=None if self.mask is None else move(self.mask),
+        )
+
+    def pin_memory(self) -> PackedAttention:
+        """A copy in pinned memory (the data loader's `pin_memory`)."""
+        return replace(
+            self, cu_seqlens_q=self.cu_seqlens_q.pin_memory(), cu_seqlens_k=self.cu_seqlens_k.pin_memory(),
+            key_index=self.key_index.pin_memory(), mask=None if self.mask is None else self.mask.pin_memory(),
+        )
+
+    @property
+    def length(self) -> int:
+        """The row's length `T` (queries of every segment, padding included)."""
+        return int(self.cu_seqlens_q[-1])
+
+    def block_mask(self) -> torch.Tensor:
+        """The `(1, 1, T, T)` boolean mask (True = attend) of the layout, on the device of `cu_seqlens_q`: query q
+        sees its segment's context and its own segment's tokens up to itself (a few vectorized ops)."""
+        device = self.cu_seqlens_q.device
+        starts = self.cu_seqlens_q.long()
+        lengths = starts[1:] - starts[:-1]
+        contexts = torch.tensor(self.contexts, dtype=torch.long, device=device).reshape(-1, 2)
+        own_start = starts[:-1].repeat_interleave(lengths, output_size=self.length)[:, None]  # per query token
+        context = contexts.repeat_interleave(lengths, dim=0, output_size=self.length)
+        keys = torch.arange(self.length, device=device)
+        queries = keys[:, None]
+        keys = keys[None, :]
+        allowed = ((keys >= context[:, :1]) & (keys < context[:, 1:])) | ((keys >= own_start) & (keys <= queries))
+        return allowed[None, None]
+
+    def with_mask(self) -> PackedAttention:
+        """This layout with its block mask built (the `mask` kernel's input)."""
+        return self if self.mask is not None else replace(self, mask=self.block_mask())
+
+
+def pack_groups(
+    groups: Sequence[Sequence[Sequence[int]]],
+    prefix_lengths: Sequence[int],
+    pad_token_id: int,
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, Any]:
+    """One packed row for `groups` of token sequences, group g sharing its first `prefix_lengths[g]` tokens (0: no
+    context, each sequence runs whole); every sequence keeps at least one token after its prefix.
+
+    Returns `input_ids`, `position_ids` `(1, T)`, `packed` (the `PackedAttention`), `last_index` `(M,)` (the row
+    position of each sequence's last token, sequences in group order) and `num_tokens` (real tokens). With
+    `pad_to_multiple_of`, `T` is rounded up with padding that is a segment of its own (attending to itself only).
+    """
+    tokens: list[int] = []
+    positions: list[int] = []
+    cu_q, cu_k, keys, contexts, last = [0], [0], [], [], []
+
+    def segment(ids: Sequence[int], first_position: int, context: tuple[int, int]) -> None:
+        start = len(tokens)
+        tokens.extend(ids)
+        positions.extend(range(first_position, first_position + len(ids)))
+        keys.extend(range(*context))
+        keys.extend(range(start, len(tokens)))
+        cu_q.append(len(tokens))
+        cu_k.append(len(keys))
+        contexts.append(context)
+
+    for group, p in zip(groups, prefix_lengths):
+        if p < 0 or any(len(seq) <= p for seq in group):
+            raise ValueError("pack_groups needs prefix lengths >= 0 and every sequence longer than its prefix.")
+        context = (len(tokens), len(tokens) + p)
+        if p:
+            segment(group[0][:p], 0, (0, 0))
+        for seq in group:
+            segment(seq[p:], p, context if p else (0, 0))
+            last.append(len(tokens) - 1)
+    num_tokens = len(tokens)
+    extra = -num_tokens % pad_to_multiple_of if pad_to_multiple_of else 0
+    if extra:
+        segment([pad_token_id] * extra, 0, (0, 0))
+    lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
+    lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    packed = PackedAttention(
+        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32), cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32),
+        key_index=torch.tensor(keys, dtype=torch.long), max_q=max(lengths_q), max_k=max(lengths_k),
+        contexts=contexts, num_tokens=num_tokens,
+    )
+    return {
+        "input_ids": torch.tensor([tokens], dtype=torch.long),
+        "position_ids": torch.tensor([positions], dtype=torch.long),
+        "packed": packed,
+        "last_index": torch.tensor(last, dtype=torch.long),
+        "num_tokens": num_tokens,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- the kernels
+
+
+@functools.cache
+def _varlen_kernel() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+@functools.cache
+def _varlen_parameters() -> frozenset[str]:
+    return frozenset(inspect.signature(_varlen_kernel()).parameters)
+
+
+def _run_varlen(query, key, value, cu_q, cu_k, max_q, max_k, scale):
+    """`varlen_attn` with a causal mask, across the PyTorch releases that spell its arguments differently."""
+    params = _varlen_parameters()
+    kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if query.shape[1] != key.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            repeat = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
+    if "scale" in params:
+        kwargs["scale"] = scale
+    return _varlen_kernel()(query, key, value, cu_q, cu_k, max_q, max_k, **kwargs)
+
+
+@functools.cache
+def varlen_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the `varlen` kernel runs on `device` in `dtype` with the mask this layout needs: a causal mask aligned
+    to the END of the keys (a single query against two keys sees both), checked once per device and dtype."""
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or _varlen_kernel() is None:
+        return False
+    try:
+        query = torch.ones(1, 1, 64, device=device, dtype=dtype)
+        key = torch.zeros(2, 1, 64, device=device, dtype=dtype)
+        value = torch.tensor([0.0, 1.0], device=device, dtype=dtype)[:, None, None].expand(2, 1, 64).contiguous()
+        cu_q = torch.tensor([0, 1], device=device, dtype=torch.int32)
+        cu_k = torch.tensor([0, 2], device=device, dtype=torch.int32)
+        out = _run_varlen(query, key, value, cu_q, cu_k, 1, 2, 1.0)
+        aligned = abs(float(out.float().mean()) - 0.5) < 1e-2  # both keys, equal weights: 0.5
+    except Exception as err:  # an old GPU, a build without the kernel
+        logger.info("Packed attention: torch's varlen kernel does not run here (%s); using the block mask.", err)
+        return False
+    if not aligned:
+        logger.warning("Packed attention: torch's varlen kernel aligns its causal mask to the start of the keys; "
+                       "using the block mask instead (exact, slower).")
+    return aligned
+
+
+def packed_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    packed: PackedAttention | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """The attention of a packed row (`query` `(1, heads, T, dim)`, `key`/`value` `(1, kv_heads, T, dim)`): one call
+    of the `varlen` kernel, or one SDPA call under the block mask. Registered as `PACKED_ATTENTION`."""
+    if packed is None:
+        raise RuntimeError(
+            f"The {PACKED_ATTENTION!r} attention ran without a packed layout: only `packed_scores` runs a model under "
+            "it (a forward of a model whose config still names it from an interrupted call?)."
+        )
+    if query.shape[0] != 1:
+        raise ValueError(f"A packed forward takes one row; got a batch of {query.shape[0]}.")
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if dropout == 0.0 and varlen_usable(query.device, query.dtype):
+        q = query[0].transpose(0, 1).contiguous()  # (T, heads, dim)
+        k = key[0].transpose(0, 1).index_select(0, packed.key_index)  # (keys, kv_heads, dim), contexts gathered
+        v = value[0].transpose(0, 1).index_select(0, packed.key_index)
+        out = _run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
+        return out[None], None
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if packed.mask is None:  # built once per forward, by the first layer (`packed_scores` builds it before)
+        packed.mask = packed.block_mask()
+    return sdpa_attention_forward(module, query, key, value, packed.mask, dropout=dropout, scaling=scale,
+                                  is_causal=False)
+
+
+@functools.cache
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    # No mask function is registered for this name: transformers then builds no mask (the layout is the mask).
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention_forward)
+
+
+@contextlib.contextmanager
+def packed_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Run `model` (wrapped or not) under the packed attention for the duration (forward and backward, so that
+    activation checkpointing recomputes with it); the attention implementation is restored after."""
+    _register()
+    config = classifier(model).config
+    previous = config._attn_implementation
+    if previous == PACKED_ATTENTION:
+        yield
+        return
+    config._attn_implementation = PACKED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def packed_scores(
+    model: torch.nn.Module, inputs: dict[str, Any], label_index: int | None = 0, **forward_kwargs: Any
+) -> tuple[torch.Tensor, Any]:
+    """Scores `(M,)` of the sequences packed in `inputs` (`pack_groups`'s, or a collator's with `score_index`), and
+    the model's outputs; `label_index=None` returns every output column `(M, num_labels)`.
+
+    One call of `model` (wrapped or not: DDP, DeepSpeed, FSDP2 and PEFT see one forward) on the `(1, T)` row; the
+    score head's per-position logits are captured with a forward hook and read at each sequence's last token.
+    """
+    head = find_score_head(model)
+    if head is None:
+        raise ValueError("Packed scoring needs a model with a `score` head (a `*ForSequenceClassification`).")
+    input_ids = inputs["input_ids"]
+    packed: PackedAttention = inputs["packed"].to(input_ids.device, non_blocking=True)
+    if not varlen_usable(input_ids.device, _compute_dtype(model, input_ids.device)):
+        packed = packed.with_mask()  # built before the forward, not inside a layer
+    captured: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
+        with packed_attention(model):
+            outputs = model(
+                input_ids=input_ids, position_ids=inputs["position_ids"], use_cache=False, packed=packed,
+                **forward_kwargs,
+            )
+    finally:
+        handle.remove()
+    logits = captured[-1][0]  # (T, num_labels)
+    if "score_index" in inputs:  # (row, column) per score, in the caller's order; one row
+        at_last = logits[inputs["score_index"][:, 1]]
+    else:
+        at_last = logits[inputs["last_index"]]
+    return (at_last if label_index is None else at_last[:, label_index]), outputs
+
+
+def _compute_dtype(model: torch.nn.Module, device: torch.device) -> torch.dtype:
+    """The dtype the attention will see: autocast's on `device` when it is on, else the weights'."""
+    if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
