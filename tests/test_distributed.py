@@ -104,13 +104,16 @@ def train_rm(
 @pytest.fixture(scope="module")
 def rm_runs(tiny, data, tmp_path_factory):
     """`run(config) -> (output, output_dir)`: one 2-process train_rm run per config, shared by the tests of that
-    config. Each saves resume checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`)."""
+    config. Each saves resume checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`). ZeRO-3 and FSDP2 run
+    `prefix_sharing="packed"`."""
     runs: dict[str, tuple[str, Path]] = {}
 
     def run(config: str) -> tuple[str, Path]:
         if config not in runs:
             output_dir = tmp_path_factory.mktemp(f"rm-{config.removesuffix('.yaml')}")
-            output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5")
+            # ZeRO-3 and FSDP2 train with the packed layout (the GPU's default, forced here on the CPU).
+            packed = ("--prefix_sharing", "packed") if config in ("zero3_cpu.yaml", "fsdp2_cpu.yaml") else ()
+            output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5", *packed)
             runs[config] = (output, output_dir)
         return runs[config]
 

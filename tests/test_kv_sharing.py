@@ -288,7 +288,7 @@ def test_scorer_modes_and_fallbacks(tiny_tokenizer, caplog):
     assert [normalize_prefix_sharing(v) for v in (None, "AUTO", "true", "False", True, False)] == [
         "auto", "auto", True, False, True, False,
     ]
-    with pytest.raises(ValueError, match="prefix_sharing must be True, False or 'auto', got 'maybe'"):
+    with pytest.raises(ValueError, match="prefix_sharing must be True, False, 'auto' or 'packed', got 'maybe'"):
         normalize_prefix_sharing("maybe")
     model = build_tiny_reward_model(tiny_tokenizer, seed=8)
     assert RewardScorer(model, tiny_tokenizer, prefix_sharing=False).prefix_sharing is False

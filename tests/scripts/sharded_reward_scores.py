@@ -13,6 +13,7 @@ numbers to OUT_JSON.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 
@@ -29,7 +30,9 @@ def main(model_dir: str, items_path: str, out_path: str) -> None:
     # config through a weak reference, so the arguments must stay alive while the RM is created.
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none")  # noqa: F841
     state = PartialState()
-    env = RewardModelEnvironment(model_dir, device=state.device, batch_size=3)
+    # FSDP2 scores with the packed layout (the GPU's default): one padding-free forward per micro-batch.
+    packed = {"prefix_sharing": "packed"} if os.environ.get("ACCELERATE_USE_FSDP") == "true" else {}
+    env = RewardModelEnvironment(model_dir, device=state.device, batch_size=3, **packed)
     local, total = held_parameters(env.model)
     record = {"rank": state.process_index, "sharding": env.sharding, "total": total, "local": local}
     items = json.loads(open(items_path, encoding="utf-8").read())
