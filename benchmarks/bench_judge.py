@@ -3,10 +3,12 @@ suggest (an async reward function posting one chat request per completion to vLL
 
     python benchmarks/bench_judge.py                       # hh-rlhf 4 prompts x 8 answers, judge at 0.6B width, 8 layers
     python benchmarks/bench_judge.py --layers 2 --repeats 1 --methods "ours: pointwise,vLLM offline"
+    python benchmarks/bench_judge.py --layers 28 --precision bf16 --methods "ours: pointwise"   # transformers (no vLLM)
 
 The judge is a random-init Qwen3 causal LM at Qwen3-0.6B's width (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072;
-`--layers`, default 8), fp32, with the tiny offline tokenizer, saved once and loaded by every method. The batches are
-those of `bench_score.py --data hh`: B contexts of Anthropic hh-rlhf's harmless-base test (multi-turn, 200-850 tokens)
+`--layers`, default 8), fp32 (`--precision bf16`: loaded in bfloat16 by every method), with the tiny offline
+tokenizer, saved once and loaded by every method. The batches are those of `bench_score.py --data hh` (`--hh-path`):
+B contexts of Anthropic hh-rlhf's harmless-base test (multi-turn, 200-850 tokens)
 with G answers each; every timed call judges a batch it has not seen (vLLM's prefix cache keeps whole prompts across
 calls). Each method runs in a fresh child process, after one warm-up call on a batch of its own.
 
@@ -23,7 +25,8 @@ Methods:
   (0 when none: what a naive parser does; the random judge writes none, so its rewards say nothing, its time does).
 
 Columns: judgements/s and completions/s, tokens per judgement (prompt tokens sent, mean), time per call, speed against
-`vLLM offline`, peak memory (RSS of the process and everything it started, the server's for served rows).
+`vLLM offline`, peak memory (RSS of the process and everything it started, the server's for served rows; CUDA: max
+allocated of the process). A method that fails prints its error in its row.
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ import sys
 import tempfile
 import time
 
-from bench_score import MODELS, free_port, hh_batch, peak_memory_mb, wait_until_healthy  # benchmarks/ is on sys.path
+from bench_score import (  # benchmarks/ is on sys.path
+    HH_PATH,
+    MODELS,
+    free_port,
+    hh_batch,
+    peak_memory_mb,
+    short_error,
+    wait_until_healthy,
+)
 
 METHODS = [
     "vLLM offline",
@@ -62,27 +73,42 @@ def save_judge(layers: int) -> str:
     return path
 
 
-def start_vllm_server(path: str, max_length: int) -> tuple[subprocess.Popen, str]:
+def start_vllm_server(path: str, max_length: int, precision: str = "fp32") -> tuple[subprocess.Popen, str]:
     """vLLM's OpenAI server for the judge, as `trl-rm-env serve --engine vllm --model JUDGE` starts it."""
     port = free_port()
     command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "serve", "--model", path, "--engine", "vllm",
-               "--served-model-name", "judge", "--port", str(port), "--max-length", str(max_length)]  # fmt: skip
+               "--served-model-name", "judge", "--port", str(port), "--max-length", str(max_length),
+               "--precision", precision]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return proc, wait_until_healthy(proc, f"http://127.0.0.1:{port}", "the judge server")
 
 
 def run_one(method: str, opts: dict, queue) -> None:
+    """Judge with one configuration; put its measurements on `queue` (or `{"error"}` if it fails)."""
+    try:
+        judge_one(method, opts, queue)
+    except BaseException as err:  # the row shows the error; the other methods still run
+        import traceback
+
+        traceback.print_exc()
+        queue.put({"error": f"{type(err).__name__}: {err}"})
+
+
+def judge_one(method: str, opts: dict, queue) -> None:
+    import torch
     from transformers import AutoTokenizer
 
     from trl_rm_env import JudgeEnvironment
 
+    torch.set_num_threads(opts["threads"])
     path, max_length = opts["path"], opts["max_length"]
     tokenizer = AutoTokenizer.from_pretrained(path)
     # Batch 0 warms up; batches 1.. are timed, one each: never a batch seen before.
-    batches = [hh_batch(tokenizer, opts["prompts"], opts["generations"], index) for index in range(1 + opts["repeats"])]
+    batches = [hh_batch(tokenizer, opts["prompts"], opts["generations"], index, opts["hh_path"])
+               for index in range(1 + opts["repeats"])]  # fmt: skip
     server, measured, tokens = None, None, []
     if method in ("vLLM offline", "ours: pointwise", "ours: pairwise all+swap"):
-        env = JudgeEnvironment(path, max_length=max_length)  # the defaults: vLLM here, logprobs
+        env = JudgeEnvironment(path, max_length=max_length, precision=opts["precision"])  # defaults: vLLM here, logprobs
         if method == "ours: pairwise all+swap":
             env = env.replace(mode="pairwise")
     if method == "vLLM offline":
@@ -108,7 +134,7 @@ def run_one(method: str, opts: dict, queue) -> None:
             tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
             return len(env.last_judgements)
     else:
-        server, url = start_vllm_server(path, max_length)
+        server, url = start_vllm_server(path, max_length, opts["precision"])
         measured = [server.pid]
         if method == "ours: pointwise served":
             env = JudgeEnvironment("judge", tokenizer=path, remote_url=url, max_concurrency=256)
@@ -141,9 +167,13 @@ def run_one(method: str, opts: dict, queue) -> None:
                 return len(prompts)
     judge(*batches[0])
     tokens.clear()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     start, count = time.perf_counter(), 0
     for prompts, completions in batches[1:]:
         count += judge(prompts, completions)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / opts["repeats"]
     peak = peak_memory_mb(measured)
     if server is not None:
@@ -161,36 +191,59 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="timed calls, each on a new batch")
     parser.add_argument("--max-length", type=int, default=4096)
     parser.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the judge's dtype")
+    parser.add_argument("--hh-path", default=str(HH_PATH), help="hh-rlhf harmless-base test .jsonl.gz")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a method may take before it fails")
+    parser.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 2), help="torch's CPU threads")
     args = parser.parse_args()
-    methods = [m.strip() for m in args.methods.split(",")] if args.methods else METHODS
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else METHODS
+    if unknown := [m for m in methods if m not in METHODS]:
+        raise SystemExit(f"unknown method(s) {unknown}; choose from {METHODS}")
     opts = {"prompts": args.prompts, "generations": args.generations, "repeats": args.repeats,
-            "max_length": args.max_length, "path": save_judge(args.layers)}  # fmt: skip
+            "max_length": args.max_length, "path": save_judge(args.layers), "precision": args.precision,
+            "hh_path": args.hh_path, "threads": args.threads}  # fmt: skip
     ctx = mp.get_context("spawn")
     results = {}
     for method in methods:
         queue = ctx.Queue()
         proc = ctx.Process(target=run_one, args=(method, opts, queue))
         proc.start()
+        deadline = time.monotonic() + args.timeout
         while True:
             try:
                 results[method] = queue.get(timeout=5)
                 break
             except Exception:
                 if not proc.is_alive():
-                    raise SystemExit(f"{method}: the benchmark process ended with status {proc.exitcode}") from None
+                    results[method] = {"error": f"the benchmark process ended with status {proc.exitcode}"}
+                    break
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    results[method] = {"error": f"not done in {args.timeout:.0f} s"}
+                    break
         proc.join()
-        print(f"  done: {method} ({results[method]['seconds']:.2f} s a call)", file=sys.stderr)
+        r = results[method]
+        print(f"  done: {method} " + (f"(error: {r['error']})" if "error" in r else f"({r['seconds']:.2f} s a call)"),
+              file=sys.stderr)
         time.sleep(3)
     n = args.prompts * args.generations
     base = results.get("vLLM offline")
+    base = None if base is None or "error" in base else base
     header = ["method", "judgements/call", "judgements/s", "completions/s", "tokens/judgement", "s/call",
               "vs vLLM offline (compl/s)", "peak MB"]  # fmt: skip
     rows = []
     for method, r in results.items():
+        if "error" in r:
+            rows.append([method, "error: " + short_error(r["error"])] + ["-"] * (len(header) - 2))
+            continue
         rows.append([method, f"{r['judgements']:.0f}", f"{r['judgements'] / r['seconds']:.2f}", f"{n / r['seconds']:.2f}",
                      f"{r['tokens']:.0f}" if r["tokens"] else "-", f"{r['seconds']:.2f}",
                      f"{base['seconds'] / r['seconds']:.2f}x" if base else "-", f"{r['peak_mb']:.0f}"])  # fmt: skip
-    print(f"\nhh-rlhf, {args.prompts} prompts x {args.generations} answers, judge: Qwen3 0.6B width, {args.layers} layers, fp32")
+    import torch
+
+    device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cpu"
+    print(f"\nhh-rlhf, {args.prompts} prompts x {args.generations} answers, judge: Qwen3 0.6B width, {args.layers} "
+          f"layers, {args.precision}; device {device}; {args.repeats} timed calls after 1 warm-up\n")
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")

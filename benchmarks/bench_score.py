@@ -4,6 +4,8 @@
     python benchmarks/bench_score.py --long                   # one group of G=8 behind 4k and 16k prompts, wide model
     python benchmarks/bench_score.py --data hh --model wide --layers 8   # 4 hh-rlhf contexts x 8 answers, 0.6B width
     python benchmarks/bench_score.py --prompts 8 --budget 16384 --repeats 5 --cases 1024x64
+    python benchmarks/bench_score.py --data hh --model wide --layers 28 --precision bf16 --budget auto \
+        --methods "TRL GRPO model reward,ours: hf,ours: packed"       # on a GPU
 
 "TRL" is the exact code of `GRPOTrainer._calculate_rewards` for a reward *model* (trl 1.16): render every
 prompt+completion with the chat template, tokenize all B*G texts in one right-padded batch, one forward. Ours runs the
@@ -11,7 +13,8 @@ same model (saved once, loaded by every method) on the same conversations throug
 `defaults` (nothing set but the token budget: `engine="auto"`, which is vLLM where it is installed, and
 `prefix_sharing="auto"`), `hf` (`engine="hf"`: transformers here, KV-cache prompt sharing where it pays), `plain`
 (`engine="hf", prefix_sharing=False`: token-budget micro-batches, each prompt repeated), `shared` (`engine="hf",
-prefix_sharing=True`) and `vllm` (`engine="vllm"`). `vLLM offline` is vLLM alone, `LLM(runner="pooling",
+prefix_sharing=True`), `packed` (`engine="hf", prefix_sharing="packed"`, opt-in through `--methods`) and `vllm`
+(`engine="vllm"`). A method that fails prints its error in its row. `vLLM offline` is vLLM alone, `LLM(runner="pooling",
 convert="classify").classify` on the token ids ours sends it (encoded before the clock starts), with vLLM's own
 defaults; `vLLM offline (every core)` with none of the CPU's cores kept for vLLM's scheduler, as our engine sets on
 a CPU of few cores (`trl_rm_env.scoring.vllm.cpu_thread_env`). Every call of every method scores a batch it has not
@@ -25,19 +28,23 @@ configuration runs in a fresh child process; peak memory is the peak RSS of that
 Models (offline Qwen3, random init, fp32, SDPA): `small` = 4 layers, hidden 256, 4 heads x 64 (2 KV heads), MLP 512;
 `wide` = Qwen3-0.6B's width (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072) with `--layers` layers (default 1,
 so a 16k-token case runs in minutes on 2 CPU cores; every method's cost scales with the layer count alike).
-`--data hh`: B contexts of Anthropic hh-rlhf's harmless-base test (`../shared/data/hh-rlhf`, multi-turn, 200-850
-tokens) and G answers each, taken from the responses of the following records.
+`--precision bf16`: every method's model in torch.bfloat16 (TRL's `from_pretrained(dtype=...)`, ours
+`precision="bf16"`, vLLM's `dtype`). `--data hh`: B contexts of Anthropic hh-rlhf's harmless-base test (`--hh-path`,
+default `../shared/data/hh-rlhf`, multi-turn, 200-850 tokens) and G answers each, taken from the responses of the
+following records. `--budget auto` (or 0): ours get no `max_tokens_per_batch` (their defaults size the passes).
 
 The FLOP floor of a case is the work on its unique tokens: each prompt once, each completion once, each completion's
 attention over its prompt and itself (causal). `floor %` = (floor FLOPs / this machine's fp32 matmul rate, the best
 of the rates measured at the start and right after the method's own runs) / measured time: how close a method gets
-to doing only the necessary work at matmul speed (on a shared machine the rate moves with the load).
+to doing only the necessary work at matmul speed (on a shared machine the rate moves with the load). On CUDA the
+column is `MFU %`, the same ratio at the device's dense matmul rate in the run's dtype (8192^3 products).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gzip
 import importlib.util
 import json
@@ -54,7 +61,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from floor import group_floor, matmul_gflops  # benchmarks/floor.py (the script's folder is on sys.path)
+from floor import group_floor, load_line, matmul_gflops, rate_column  # benchmarks/floor.py (on sys.path)
 
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
 MODELS = {
@@ -63,9 +70,12 @@ MODELS = {
     "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
 }
 METHODS = [
-    "TRL GRPO model reward", "ours: defaults", "ours: hf", "ours: plain", "ours: shared", "ours: vllm", "vLLM offline",
-    "vLLM offline (every core)", "served: vLLM server", "served: serve --engine vllm", "served: serve --engine hf",
+    "TRL GRPO model reward", "ours: defaults", "ours: hf", "ours: plain", "ours: shared", "ours: packed", "ours: vllm",
+    "vLLM offline", "vLLM offline (every core)", "served: vLLM server", "served: serve --engine vllm",
+    "served: serve --engine hf", "fp32 one at a time",
 ]  # fmt: skip
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}  # --precision: the dtype, by torch's (and vLLM's) name
+OPT_IN = {"ours: packed", "fp32 one at a time"}  # left out of the default methods: only through --methods
 NEEDS_VLLM = {
     "ours: vllm", "vLLM offline", "vLLM offline (every core)", "served: vLLM server", "served: serve --engine vllm",
 }  # fmt: skip
@@ -100,16 +110,24 @@ def make_batch(tokenizer, prompts: int, generations: int, prompt_len: int, compl
     return p_list, c_list
 
 
-def hh_batch(tokenizer, prompts: int, generations: int, index: int = 0):
-    """Batch `index`: `prompts` hh-rlhf contexts of 200-850 tokens (the `index`-th such run of them, so batches never
-    share a context), each with `generations` answers: the final responses of the records that follow it."""
+@functools.cache
+def hh_records(path: str) -> list[dict]:
+    """The first 2,000 records of the hh-rlhf file `path`, read once per process."""
     from trl_rm_env.data.loaders import load_rank_records
 
-    if not HH_PATH.exists():
-        raise SystemExit(f"--data hh needs {HH_PATH}")
-    with gzip.open(HH_PATH, "rt") as f:
+    with gzip.open(path, "rt") as f:
         rows = [json.loads(line) for line in f][:2000]
-    records, _ = load_rank_records(rows, data_format="hh", on_invalid="skip", name="hh-rlhf", log=False)
+    return load_rank_records(rows, data_format="hh", on_invalid="skip", name="hh-rlhf", log=False)[0]
+
+
+def hh_batch(tokenizer, prompts: int, generations: int, index: int = 0, path: Path | str = HH_PATH):
+    """Batch `index`: `prompts` hh-rlhf contexts of 200-850 tokens (the `index`-th such run of them, so batches never
+    share a context), each with `generations` answers: the final responses of the records that follow it; read from
+    `path` (hh-rlhf's harmless-base test, .jsonl.gz)."""
+    path = Path(path)
+    if not path.exists():
+        raise SystemExit(f"--data hh needs {path}")
+    records = hh_records(str(path.resolve()))
     answers = [c["completion"] for r in records for c in r["completions"]]
     p_list, c_list, used, skip = [], [], 0, index * prompts
     for i, record in enumerate(records):
@@ -124,7 +142,7 @@ def hh_batch(tokenizer, prompts: int, generations: int, index: int = 0):
                 c_list.append(answers[(2 * i + 2 + used + k) % len(answers)])
             used += generations
     if len(p_list) < prompts * generations:
-        raise SystemExit(f"--data hh: fewer than {prompts} contexts of 200-850 tokens in {HH_PATH}")
+        raise SystemExit(f"--data hh: fewer than {prompts} contexts of 200-850 tokens in {path}")
     return p_list, c_list
 
 
@@ -133,19 +151,19 @@ def batch_for(tokenizer, case: dict, opts: dict, index: int = 0):
     prefix cache keeps whole sequences across calls, and a repeated batch would be read from it, a case GRPO, whose
     completions are new at every step, never meets (measured: 3-4x faster than a fresh batch)."""
     if opts["data"] == "hh":
-        return hh_batch(tokenizer, case["prompts"], opts["generations"], index)
+        return hh_batch(tokenizer, case["prompts"], opts["generations"], index, opts["hh_path"])
     return make_batch(tokenizer, case["prompts"], opts["generations"], case["prompt"], case["completion"], seed=index)
 
 
 def budget_for(tokenizer, case: dict, opts: dict, prompts, completions) -> int:
-    """Our token budget for a case: `--budget`, raised so that one whole sequence fits one pass."""
+    """Our token budget for a case: `--budget` (8192 when `auto`), raised so that one whole sequence fits one pass."""
     from trl_rm_env.tokenization import encode_conversation
 
     if opts["data"] == "hh":
         longest = max(len(encode_conversation(tokenizer, p, c)) for p, c in zip(prompts, completions))
     else:
         longest = case["prompt"] + case["completion"]
-    return max(opts["budget"], longest + 256)
+    return max(opts["budget"] or 8192, longest + 256)
 
 
 def floor_flops(tokenizer, prompts, completions, config: dict) -> tuple[int, float]:
@@ -180,7 +198,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(method: str, model_dir: str, budget: int) -> tuple[subprocess.Popen, str]:
+def start_server(method: str, model_dir: str, budget: int, precision: str = "fp32") -> tuple[subprocess.Popen, str]:
     """One of the served configurations, started and ready: (process, URL). vLLM's server gets the KV cache ours
     gives it (`trl-rm-env serve --engine vllm` on CPU): one step plus one sequence."""
     from transformers import AutoConfig
@@ -189,16 +207,17 @@ def start_server(method: str, model_dir: str, budget: int) -> tuple[subprocess.P
 
     port = free_port()
     if method == "served: vLLM server":
-        kv = kv_cache_bytes(AutoConfig.from_pretrained(model_dir), "float32", 2 * budget)
+        dtype = PRECISIONS[precision]
+        kv = kv_cache_bytes(AutoConfig.from_pretrained(model_dir), dtype, 2 * budget)
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
                    "--runner", "pooling", "--convert", "classify", "--served-model-name", "rm", "--port", str(port),
-                   "--dtype", "float32", "--enable-prefix-caching", "--max-model-len", str(budget),
+                   "--dtype", dtype, "--enable-prefix-caching", "--max-model-len", str(budget),
                    "--max-num-batched-tokens", str(budget), "--kv-cache-memory-bytes", str(kv)]  # fmt: skip
     else:
         engine = method.rsplit(" ", 1)[1]
         command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "serve", "--model", model_dir, "--engine", engine,
                    "--served-model-name", "rm", "--port", str(port), "--max-length", str(budget),
-                   "--max-tokens-per-batch", str(budget)]  # fmt: skip
+                   "--max-tokens-per-batch", str(budget), "--precision", precision]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     return proc, wait_until_healthy(proc, f"http://127.0.0.1:{port}", method)
 
@@ -220,6 +239,17 @@ def wait_until_healthy(proc: subprocess.Popen, url: str, what: str, timeout: flo
 
 
 def run_one(method: str, case: dict, opts: dict, queue) -> None:
+    """Score one configuration; put its measurements on `queue` (or `{"error"}` if it fails)."""
+    try:
+        score_one(method, case, opts, queue)
+    except BaseException as err:  # the row shows the error; the other methods still run
+        import traceback
+
+        traceback.print_exc()
+        queue.put({"error": f"{type(err).__name__}: {err}"})
+
+
+def score_one(method: str, case: dict, opts: dict, queue) -> None:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from trl.data_utils import apply_chat_template
@@ -241,8 +271,20 @@ def run_one(method: str, case: dict, opts: dict, queue) -> None:
     budget = max(budget_for(tokenizer, case, opts, *batch) for batch in batches)
     server, measured = None, None  # a served configuration's process (peak memory: its tree)
 
-    if method == "TRL GRPO model reward":
-        model = AutoModelForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").to(device)
+    if method == "fp32 one at a time":  # the exactness reference: fp32 weights, each sequence alone, no padding
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, attn_implementation="sdpa", dtype=torch.float32
+        ).to(device)
+
+        def score(prompts, completions):
+            with torch.inference_mode():
+                out = [model(input_ids=torch.tensor([encode_conversation(tokenizer, p, c)], device=device)).logits[0, 0]
+                       for p, c in zip(prompts, completions)]
+            return torch.stack(out).float().cpu(), None
+    elif method == "TRL GRPO model reward":
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, attn_implementation="sdpa", dtype=getattr(torch, PRECISIONS[opts["precision"]])
+        ).to(device)
 
         def score(prompts, completions):
             texts = [apply_chat_template({"messages": p + c}, tokenizer)["text"] for p, c in zip(prompts, completions)]
@@ -259,9 +301,10 @@ def run_one(method: str, case: dict, opts: dict, queue) -> None:
         config = AutoModelForSequenceClassification.from_pretrained(model_dir).config
         if "every core" in method:  # what our engine sets on a CPU of few cores (`cpu_thread_env`)
             os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-        llm = LLM(model=model_dir, runner="pooling", convert="classify", dtype="float32", enable_prefix_caching=True,
+        dtype = PRECISIONS[opts["precision"]]
+        llm = LLM(model=model_dir, runner="pooling", convert="classify", dtype=dtype, enable_prefix_caching=True,
                   max_model_len=budget, max_num_batched_tokens=budget,
-                  kv_cache_memory_bytes=kv_cache_bytes(config, "float32", 2 * budget), seed=0)  # fmt: skip
+                  kv_cache_memory_bytes=kv_cache_bytes(config, dtype, 2 * budget), seed=0)  # fmt: skip
         encoded = {  # encoded before the clock starts
             id(batch[0]): [TokensPrompt(prompt_token_ids=encode_conversation(tokenizer, p, c)) for p, c in zip(*batch)]
             for batch in batches
@@ -272,21 +315,25 @@ def run_one(method: str, case: dict, opts: dict, queue) -> None:
             out = llm.classify(ids, pooling_params=PoolingParams(use_activation=False), use_tqdm=False)
             return torch.tensor([o.outputs.probs[0] for o in out]), None
     elif method.startswith("served: "):
-        server, url = start_server(method, model_dir, budget)
+        server, url = start_server(method, model_dir, budget, opts["precision"])
         measured = [server.pid]
         env = RewardModelEnvironment("rm", remote_url=url, tokenizer=model_dir, max_concurrency=256)
 
         def score(prompts, completions):
             return torch.tensor(asyncio.run(env(prompts, completions))), None
     else:
-        kwargs = {
+        kwargs = {"engine": "hf", "max_tokens_per_batch": int(method.rsplit(" ", 1)[1])} if method.startswith(
+            "ours: budget ") else {
             "ours: defaults": {},
             "ours: hf": {"engine": "hf"},
             "ours: plain": {"engine": "hf", "prefix_sharing": False},
             "ours: shared": {"engine": "hf", "prefix_sharing": True},
+            "ours: packed": {"engine": "hf", "prefix_sharing": "packed"},
             "ours: vllm": {"engine": "vllm"},
         }[method]
-        env = RewardModelEnvironment(model_dir, device=device, max_tokens_per_batch=budget, **kwargs)
+        if opts["budget"] and "max_tokens_per_batch" not in kwargs:  # `--budget auto`: our defaults size the passes
+            kwargs["max_tokens_per_batch"] = budget
+        env = RewardModelEnvironment(model_dir, device=device, precision=opts["precision"], **kwargs)
 
         def score(prompts, completions):
             rewards = torch.tensor(env(prompts, completions))
@@ -310,7 +357,7 @@ def run_one(method: str, case: dict, opts: dict, queue) -> None:
                 batch_positions = sum(len(encode_conversation(tokenizer, p, c)) for p, c in zip(prompts, completions))
             positions += batch_positions
         queue.put({"scores": scores, "seconds": sum(times) / len(times), "positions": positions // len(times),
-                   "peak_mb": peak_memory_mb(measured), "gflops": matmul_gflops(opts["threads"])})
+                   "peak_mb": peak_memory_mb(measured), "gflops": matmul_gflops(opts["threads"], opts["precision"])})
     finally:
         if server is not None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -334,7 +381,38 @@ def save_model(opts: dict) -> str:
     return path
 
 
-def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[str]]:
+def run_child(ctx, method: str, case: dict, opts: dict) -> dict:
+    """Run one method on one case in a fresh child process: its result, or `{"error"}` when it fails, dies or takes
+    longer than `opts["timeout"]` seconds."""
+    queue = ctx.Queue()
+    proc = ctx.Process(target=run_one, args=(method, case, opts, queue))
+    proc.start()
+    deadline = time.monotonic() + opts["timeout"]
+    while True:  # a child that died without a result is an error, not a wait forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                result = {"error": f"the benchmark process ended with status {proc.exitcode}"}
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                result = {"error": f"not done in {opts['timeout']:.0f} s"}
+                break
+    proc.join()
+    return result
+
+
+def short_error(message: str, limit: int = 100) -> str:
+    """An error's first line, at most `limit` characters, without Markdown's column separator."""
+    line = (message.strip().splitlines() or [""])[0].replace("|", "/")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[list[str]], str]:
+    """The table's rows, and the name of the method the speed-ups and score differences are against (`TRL`,
+    `plain`, or both when the cases differ)."""
     from transformers import AutoTokenizer
 
     from trl_rm_env.testing import tiny_qwen3_config
@@ -344,47 +422,49 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> list[list[st
     config = tiny_qwen3_config(tokenizer, **opts["model_kwargs"]).to_dict()
     rate = opts["gflops"] * 1e9
     ctx = mp.get_context("spawn")
-    rows = []
+    rows, bases = [], set()
     for case in cases:
         results = {}
         for method in methods:
             if method == METHODS[0] and case["prompt"] > opts["trl_max_prompt"]:
                 continue
-            queue = ctx.Queue()
-            proc = ctx.Process(target=run_one, args=(method, case, opts, queue))
-            proc.start()
-            while True:  # a child that died without a result is an error, not a wait forever
-                try:
-                    results[method] = queue.get(timeout=5)
-                    break
-                except Exception:
-                    if not proc.is_alive():
-                        raise SystemExit(f"{method}: the benchmark process ended with status {proc.exitcode}") from None
-            proc.join()
+            results[method] = r = run_child(ctx, method, case, opts)
             time.sleep(opts["settle"])  # let the previous child's memory go back before the next one starts
-            print(f"  done: {case['prompt']}x{case['completion']} {method} ({results[method]['seconds']:.2f} s)",
-                  file=sys.stderr)
+            print(f"  done: {case_name(case, opts)} {method} " + (f"(error: {r['error']})" if "error" in r else
+                  f"({r['seconds']:.3f} s a call, peak {r['peak_mb']:.0f} MB)"), file=sys.stderr)
         timed = [batch_for(tokenizer, case, opts, i) for i in range(case["warmup"], case["warmup"] + case["repeats"])]
         floors = [floor_flops(tokenizer, *batch, config) for batch in timed]  # per batch, averaged like the times
         unique, flops = sum(u for u, _ in floors) // len(floors), sum(f for _, f in floors) / len(floors)
-        base_name = METHODS[0] if METHODS[0] in results else "ours: plain"
-        base = results[base_name]
+        ok = {m: r for m, r in results.items() if "error" not in r}
+        base_name = METHODS[0] if METHODS[0] in ok else "ours: plain"
+        bases.add("TRL" if base_name == METHODS[0] else "plain")
+        base, plain, vllm = ok.get(base_name), ok.get("ours: plain"), ok.get("vLLM offline")
+        reference = ok.get("fp32 one at a time")
         n = case["prompts"] * opts["generations"]
         for method in methods:
             if method not in results:
                 continue
             r = results[method]
-            diff = max(abs(a - b) for a, b in zip(r["scores"], base["scores"]))
-            vllm = results.get("vLLM offline")
+            if "error" in r:
+                rows.append([case_name(case, opts), method, "error: " + short_error(r["error"])] + ["-"] * 10)
+                continue
+            diff = max(abs(a - b) for a, b in zip(r["scores"], base["scores"])) if base else float("nan")
             rows.append([
                 case_name(case, opts), method, f"{n / r['seconds']:.2f}",
-                f"{base['seconds'] / r['seconds']:.2f}x", f"{results['ours: plain']['seconds'] / r['seconds']:.2f}x",
+                f"{base['seconds'] / r['seconds']:.2f}x" if base else "-",
+                f"{plain['seconds'] / r['seconds']:.2f}x" if plain else "-",
                 f"{vllm['seconds'] / r['seconds']:.2f}x" if vllm else "-",
                 str(r["positions"]), str(unique), f"{flops / 1e9:.0f}",
                 f"{100 * flops / (max(rate, r['gflops'] * 1e9)) / r['seconds']:.0f}%",
                 f"{r['peak_mb']:.0f}", "-" if method == base_name else f"{diff:.1e}",
+                f"{max(abs(a - b) for a, b in zip(r['scores'], reference['scores'])):.1e}" if reference else "-",
             ])
-    return rows
+    return rows, " or ".join(sorted(bases, reverse=True))
+
+
+def budget_arg(value: str) -> int:
+    """`--budget`: a token count, or `auto` / 0 (none passed: 0)."""
+    return 0 if value.strip().lower() == "auto" else int(value)
 
 
 def case_name(case: dict, opts: dict) -> str:
@@ -393,7 +473,8 @@ def case_name(case: dict, opts: dict) -> str:
 
 def print_table(rows: list[list[str]], base: str) -> None:
     header = ["prompt/compl", "method", "compl/s", f"vs {base}", "vs plain", "vs vLLM", "token positions", "unique tokens",
-              "floor GFLOP", "floor %", "peak MB", f"max \\|score - {base}\\|"]  # pipes escaped for Markdown
+              "floor GFLOP", rate_column(), "peak MB", f"max \\|score - {base}\\|",
+              "max \\|score - fp32 ref\\|"]  # pipes escaped for Markdown
     if all(row[5] == "-" for row in rows):  # vLLM not run
         header, rows = header[:5] + header[6:], [row[:5] + row[6:] for row in rows]
     if base == "plain":  # TRL not run: "vs plain" would be there twice
@@ -409,8 +490,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=None, help="B: prompts per batch (default 4; --long: 1)")
     parser.add_argument("--generations", type=int, default=8, help="G: completions per prompt")
-    parser.add_argument("--budget", type=int, default=8192,
-                        help="our max_tokens_per_batch (raised to fit one whole sequence of a case)")
+    parser.add_argument("--budget", type=budget_arg, default=8192,
+                        help="our max_tokens_per_batch (raised to fit one whole sequence of a case); auto or 0: "
+                        "none passed, our defaults size the passes")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed calls, each on a new batch of the case; the mean (default 3; --long: 1)")
     parser.add_argument("--warmup", type=int, default=1,
@@ -431,6 +513,9 @@ def main() -> None:
                         help="synthetic prompts of the --cases lengths, or hh-rlhf contexts and answers (one case)")
     parser.add_argument("--settle", type=float, default=5.0,
                         help="seconds between child processes (the run after TRL's large one was measured slower)")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="every method's model dtype")
+    parser.add_argument("--hh-path", type=Path, default=HH_PATH, help="hh-rlhf harmless-base test .jsonl.gz (--data hh)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds a method may take before it fails")
     args = parser.parse_args()
     long = args.long
     model = args.model or ("wide" if long else "small")
@@ -438,7 +523,7 @@ def main() -> None:
         "generations": args.generations, "budget": args.budget, "threads": args.threads,
         "model_kwargs": model_kwargs(model, args.layers),
         "trl_max_prompt": args.trl_max_prompt or (4096 if long else 10**9), "settle": args.settle,
-        "data": args.data,
+        "data": args.data, "precision": args.precision, "hh_path": str(args.hh_path), "timeout": args.timeout,
     }
     spec = args.cases or ("4096x200,16384x200" if long else "64x64,256x64,256x256,1024x64,1024x256")
     if args.data == "hh":
@@ -452,27 +537,29 @@ def main() -> None:
                       "warmup": args.warmup})
     if args.methods is None:
         have_vllm = importlib.util.find_spec("vllm") is not None
-        methods = [m for m in METHODS if have_vllm or m not in NEEDS_VLLM]
+        methods = [m for m in METHODS if (have_vllm or m not in NEEDS_VLLM) and m not in OPT_IN]
     else:
-        methods = [m.strip() for m in args.methods.split(",") if m.strip() in METHODS]  # in the order given
+        methods = [m.strip() for m in args.methods.split(",") if m.strip()]  # in the order given
+        if unknown := [m for m in methods if m not in METHODS and not m.startswith("ours: budget ")]:
+            raise SystemExit(f"unknown method(s) {unknown}; choose from {METHODS}")
     if "ours: plain" not in methods:
         methods.append("ours: plain")  # the "vs plain" column
-    opts["gflops"] = matmul_gflops(args.threads)
-    rows = run_table(cases, opts, methods)
+    opts["gflops"] = matmul_gflops(args.threads, args.precision)
+    rows, base = run_table(cases, opts, methods)
     import torch
 
-    device = "cuda" if torch.cuda.is_available() else f"cpu x{args.threads} threads"
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else f"cpu x{args.threads} threads"
+    budget = f"our token budget {args.budget} (or one whole sequence)" if args.budget else "our token budget: defaults"
+    load = load_line()
     layers = opts["model_kwargs"]["num_hidden_layers"]
     data = "hh-rlhf contexts and answers" if args.data == "hh" else "synthetic"
-    print(f"\nModel: {model} ({layers} layers, hidden {opts['model_kwargs']['hidden_size']}); data: {data}; "
-          f"B={cases[0]['prompts']} "
-          f"prompt(s) x G={args.generations}; our token budget {args.budget} (or one whole sequence); mean of "
-          f"{cases[0]['repeats']} calls after {cases[0]['warmup']} warm-up, each on a new batch; device {device}; matmul {opts['gflops']:.0f} "
-          f"GFLOP/s; peak MB is the process's peak (CPU: RSS, model included)\n"
+    print(f"\nModel: {model} ({layers} layers, hidden {opts['model_kwargs']['hidden_size']}, {args.precision}); "
+          f"data: {data}; B={cases[0]['prompts']} prompt(s) x G={args.generations}; {budget}; mean of "
+          f"{cases[0]['repeats']} calls after {cases[0]['warmup']} warm-up, each on a new batch; device {device}; "
+          f"matmul {opts['gflops']:.0f} GFLOP/s ({args.precision if torch.cuda.is_available() else 'fp32'}); peak MB "
+          f"is the process's peak (CPU: RSS, model included; CUDA: max allocated)\n"
           f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")
-    print_table(rows, "TRL" if METHODS[0] in methods and all(c["prompt"] <= opts["trl_max_prompt"] for c in cases)
-                else "plain")
+    print_table(rows, base)
 
 
 if __name__ == "__main__":

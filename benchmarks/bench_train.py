@@ -3,18 +3,22 @@
     python benchmarks/bench_train.py                      # hh-rlhf harmless-base test from ../shared/data if present
     python benchmarks/bench_train.py --steps 30 --batch-size 8 --max-length 1024 --data generated
     python benchmarks/bench_train.py --long --context 4096    # long shared contexts, Qwen3-0.6B width, 1 layer
+    python benchmarks/bench_train.py --model wide --layers 28 --precision bf16 --methods "TRL RewardTrainer,ours: packed"
 
 Every run trains the same offline Qwen3 (random init from one seed) on the same records in the same order (sequential
 sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process (so peak memory
 is its own). `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
-against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`. The table shows
+against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`, `packed`
+(opt-in through `--methods`) `prefix_sharing="packed"`. A method that fails prints its error in its row. The table shows
 pairs/s over the timed steps (after one warm-up step), tokens through the model (padded positions and real tokens)
 against the unique tokens of the data, the FLOP floor of the timed steps (forward + backward, 3x the forward FLOPs of
 the unique tokens: context once, each completion once, each completion's causal attention over its context and itself)
 and `floor %` (floor FLOPs at this machine's measured matmul rate, the best of the rates measured at the start and
 right after the run's own steps / measured time), peak memory (CUDA: max allocated; CPU: peak RSS of the process), and
-the largest per-step loss difference from TRL. Data: Anthropic hh-rlhf harmless-base test (real multi-turn
-conversations, long shared context) when `../shared/data/hh-rlhf/` exists, else generated conversations with a similar
+the largest per-step loss difference from TRL. On CUDA the `floor %` column is `MFU %`: the same ratio at the
+device's dense matmul rate in the run's dtype (8192^3 products, `floor.cuda_matmul_gflops`). `--precision bf16`:
+every method's model in torch.bfloat16 and `bf16=True` in its training arguments. Data: Anthropic hh-rlhf harmless-base test (real multi-turn
+conversations, long shared context) when `--hh-path` (default `../shared/data/hh-rlhf/...`) exists, else generated conversations with a similar
 length profile; `--long`: generated records with a `--context`-token context and two answers of about 200 tokens.
 Models: `small` (4 layers, hidden 256) or `wide` (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072; `--layers`,
 default 1).
@@ -33,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from floor import group_floor, matmul_gflops  # benchmarks/floor.py (the script's folder is on sys.path)
+from floor import group_floor, load_line, matmul_gflops, rate_column  # benchmarks/floor.py (on sys.path)
 
 HH_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
@@ -83,19 +87,20 @@ MODELS = {
                   num_key_value_heads=2, head_dim=64),
     "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
 }
-METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared"]
+METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared", "ours: packed"]
+DEFAULT_METHODS = METHODS[:4]  # `ours: packed` is opt-in (--methods)
 
 
-def load_records(kind: str, limit: int) -> tuple[list[dict], str]:
+def load_records(kind: str, limit: int, hh_path: Path = HH_PATH) -> tuple[list[dict], str]:
     from trl_rm_env.data.loaders import load_rank_records
 
-    if kind in ("auto", "hh") and HH_PATH.exists():
-        with gzip.open(HH_PATH, "rt") as f:
+    if kind in ("auto", "hh") and hh_path.exists():
+        with gzip.open(hh_path, "rt") as f:
             rows = [json.loads(line) for line in f][:limit]
         records, _ = load_rank_records(rows, data_format="hh", on_invalid="skip", name="hh-rlhf harmless-base test")
         return records, f"hh-rlhf harmless-base test ({len(records)} records)"
     if kind == "hh":
-        raise SystemExit(f"{HH_PATH} not found")
+        raise SystemExit(f"{hh_path} not found")
     return generated_records(limit), f"generated hh-like conversations ({limit} records)"
 
 
@@ -108,8 +113,18 @@ def peak_memory_mb() -> float:
 
 
 def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
-    """Train one configuration; put its measurements on `queue`."""
+    """Train one configuration; put its measurements on `queue` (or `{"name", "error"}` if it fails)."""
     os.dup2(2, 1)  # the child's prints (e.g. DeepSpeed's accelerator warning) to stderr: the table alone on stdout
+    try:
+        train_one(name, records, opts, queue)
+    except BaseException as err:  # the row shows the error; the other methods still run
+        import traceback
+
+        traceback.print_exc()
+        queue.put({"name": name, "error": f"{type(err).__name__}: {err}"})
+
+
+def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -124,11 +139,14 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
     model = build_tiny_reward_model(
         tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536, **opts["model_kwargs"]
     ).train()
+    bf16 = opts["precision"] == "bf16"
+    if bf16:
+        model = model.to(torch.bfloat16)
     common = dict(
         output_dir=os.path.join(opts["tmp"], name), max_steps=opts["steps"] + 1,
         per_device_train_batch_size=opts["batch_size"], learning_rate=1e-4, lr_scheduler_type="constant",
         logging_steps=1, save_strategy="no", report_to="none", seed=0, use_cpu=not torch.cuda.is_available(),
-        bf16=False, max_length=opts["max_length"], disable_tqdm=True, dataloader_num_workers=0,
+        bf16=bf16, max_length=opts["max_length"], disable_tqdm=True, dataloader_num_workers=0,
         gradient_checkpointing=False, train_sampling_strategy="sequential",  # dataset order: the timed records known
     )
 
@@ -146,7 +164,10 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
 
     def count(batch):
         """Tokens through the model per batch, from the collated batch: padded positions and real tokens."""
-        if "prefix_ids" in batch:  # contexts once, completions against their cache (in passes of similar length)
+        if "packed" in batch:  # one padding-free row of every sequence of the micro-batch
+            padded = batch["input_ids"].numel()
+            real = int(batch["packed_tokens"]) if "packed_tokens" in batch else padded
+        elif "prefix_ids" in batch:  # contexts once, completions against their cache (in passes of similar length)
             passes = batch.get("prefix_chunks", []) + batch.get("completion_chunks", [])
             padded = (sum(len(rows) * length for rows, length in passes) if passes
                       else batch["prefix_ids"].numel() + batch["completion_ids"].numel())
@@ -167,7 +188,8 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
         trainer = RewardTrainer(model=model, args=RewardConfig(**common), train_dataset=Dataset.from_list(rows),
                                 processing_class=tokenizer, callbacks=[timer])
     else:
-        extra = {"defaults": {}, "plain": {"prefix_sharing": False}, "shared": {"prefix_sharing": True}}
+        extra = {"defaults": {}, "plain": {"prefix_sharing": False}, "shared": {"prefix_sharing": True},
+                 "packed": {"prefix_sharing": "packed"}}
         trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra[name.split(": ")[1]]),
                                       train_dataset=Dataset.from_list(records), processing_class=tokenizer,
                                       callbacks=[timer])
@@ -186,7 +208,7 @@ def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
     queue.put({
         "name": name, "pairs_per_s": steps * opts["batch_size"] / seconds, "seconds": seconds,
         "padded": sum(c[0] for c in timed), "real": sum(c[1] for c in timed), "peak_mb": peak_memory_mb(), "losses": losses,
-        "records": n_records, "gflops": matmul_gflops(opts["threads"]),  # the rate right after the run, too
+        "records": n_records, "gflops": matmul_gflops(opts["threads"], opts["precision"]),  # the rate after the run
     })
 
 
@@ -225,10 +247,14 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4096, help="context tokens of --data long")
     parser.add_argument("--model", choices=sorted(MODELS), default=None, help="default: small (--long: wide)")
     parser.add_argument("--layers", type=int, default=None, help="layers of the model (wide default: 1)")
-    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of the methods")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help="comma-separated subset of: " + ", ".join(METHODS) + " (default: all but packed)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="every method's model dtype (bf16: also bf16=True in the training arguments)")
+    parser.add_argument("--hh-path", type=Path, default=HH_PATH, help="hh-rlhf harmless-base test .jsonl.gz")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds a method may take before it fails")
     args = parser.parse_args()
 
-    import subprocess
     import tempfile
 
     long = args.long
@@ -244,36 +270,45 @@ def main() -> None:
         n = batch_size * (steps + 1)
         records, description = long_records(n, args.context), f"generated, {args.context}-token contexts ({n} records)"
     else:
-        records, description = load_records(data, args.records)
+        records, description = load_records(data, args.records, args.hh_path)
     opts = {"steps": steps, "batch_size": batch_size, "max_length": max_length, "threads": args.threads,
-            "tmp": tempfile.mkdtemp(), "model_kwargs": model_kwargs}
-    names = [m for m in METHODS if m in args.methods.split(",")]
-    gflops = matmul_gflops(args.threads)
+            "tmp": tempfile.mkdtemp(), "model_kwargs": model_kwargs, "precision": args.precision}
+    wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if unknown := [m for m in wanted if m not in METHODS]:
+        raise SystemExit(f"unknown method(s) {unknown}; choose from {METHODS}")
+    names = [m for m in METHODS if m in wanted]
+    gflops = matmul_gflops(args.threads, args.precision)
     ctx = mp.get_context("spawn")
     results = []
     for name in names:
-        queue = ctx.Queue()
-        proc = ctx.Process(target=run_one, args=(name, records, opts, queue))
-        proc.start()
-        results.append(queue.get())
-        proc.join()
-        print(f"  done: {name} ({results[-1]['seconds']:.1f} s timed)", file=sys.stderr)
+        results.append(run_child(ctx, name, records, opts, args.timeout))
+        r = results[-1]
+        print(f"  done: {name} " + (f"(error: {r['error']})" if "error" in r else
+              f"({r['seconds']:.1f} s timed, {r['pairs_per_s']:.2f} pairs/s, peak {r['peak_mb']:.0f} MB)"),
+              file=sys.stderr)
 
     unique, floor = timed_floor(records, max_length, steps, batch_size, model_kwargs)
-    base = results[0]
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    ok = [r for r in results if "error" not in r]
+    base = ok[0] if ok else None
+    load = load_line()
     print(f"\nData: {description}; {steps} timed steps of {batch_size} pairs; max_length {max_length}")
+    import torch
+
+    device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else f"cpu x{args.threads} threads"
     print(f"Model: {model}, {model_kwargs['num_hidden_layers']} layers, hidden {model_kwargs['hidden_size']} (random "
-          f"init, fp32, SDPA); device: {'cuda' if __import__('torch').cuda.is_available() else f'cpu x{args.threads} threads'}"
-          f"; matmul {gflops:.0f} GFLOP/s")
+          f"init, {args.precision}, SDPA); device: {device}; matmul {gflops:.0f} GFLOP/s "
+          f"({args.precision if torch.cuda.is_available() else 'fp32'})")
     print(f"Unique tokens in the timed batches (context once + completions): {unique}; FLOP floor of the "
           f"timed steps (forward + backward): {floor:.0f} GFLOP")
     print(f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")
-    short = "TRL" if base["name"].startswith("TRL") else base["name"]
-    header = ["run", "pairs/s", f"vs {short}", "padded tokens", "real tokens", "floor %", "peak MB",
+    short = "TRL" if base is None or base["name"].startswith("TRL") else base["name"]
+    header = ["run", "pairs/s", f"vs {short}", "padded tokens", "real tokens", rate_column(), "peak MB",
               f"max \\|loss - {short}\\|"]  # pipes escaped for Markdown
     rows = []
     for r in results:
+        if "error" in r:
+            rows.append([r["name"], "error: " + short_error(r["error"])] + ["-"] * (len(header) - 2))
+            continue
         diff = max((abs(a - b) for a, b in zip(r["losses"], base["losses"])), default=float("nan"))
         rows.append([r["name"], f"{r['pairs_per_s']:.2f}", f"{r['pairs_per_s'] / base['pairs_per_s']:.2f}x",
                      str(r["padded"]), str(r["real"]), f"{100 * floor / max(gflops, r['gflops']) / r['seconds']:.0f}%",
@@ -283,6 +318,35 @@ def main() -> None:
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+
+
+def run_child(ctx, name: str, records: list[dict], opts: dict, timeout: float) -> dict:
+    """Run one method in a fresh child process: its result, or `{"name", "error"}` when it fails, dies or takes
+    longer than `timeout` seconds."""
+    queue = ctx.Queue()
+    proc = ctx.Process(target=run_one, args=(name, records, opts, queue))
+    proc.start()
+    deadline = time.monotonic() + timeout
+    while True:  # a child that died without a result is an error, not a wait forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                result = {"name": name, "error": f"the benchmark process ended with status {proc.exitcode}"}
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                result = {"name": name, "error": f"not done in {timeout:.0f} s"}
+                break
+    proc.join()
+    return result
+
+
+def short_error(message: str, limit: int = 100) -> str:
+    """An error's first line, at most `limit` characters, without Markdown's column separator."""
+    line = (message.strip().splitlines() or [""])[0].replace("|", "/")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""What both benchmarks share: the FLOP floor of a set of groups that share a prefix, and the machine's matmul rate.
+"""What the benchmarks share: the FLOP floor of a set of groups that share a prefix, and the machine's matmul rate.
 
 Imported by `bench_score.py` and `bench_train.py` (run from the repository root: `python benchmarks/bench_*.py`).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Iterable, Sequence
 
@@ -27,11 +29,15 @@ def group_floor(groups: Iterable[tuple[Sequence[Sequence[int]], int]], config: d
     return tokens, config["num_hidden_layers"] * (tokens * linear + pairs * 4 * q)
 
 
-def matmul_gflops(threads: int) -> float:
-    """This machine's fp32 matmul rate (GFLOP/s, best of 10), for the floor column."""
+def matmul_gflops(threads: int, precision: str = "fp32") -> float:
+    """This machine's dense matmul rate (GFLOP/s, best of 10), for the floor / MFU column. CPU: fp32, an MLP
+    projection of 2,048 tokens at hidden 1,024 (whatever `precision`). CUDA: 8192 x 8192 x 8192 in the run's dtype
+    (`precision`: fp32 or bf16; fp32 without TF32, as torch's default), timed with CUDA events after warm-ups."""
     import torch
 
     torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        return cuda_matmul_gflops(precision)
     a, b = torch.randn(2048, 1024), torch.randn(1024, 3072)  # an MLP projection of 2,048 tokens at hidden 1,024
     best = float("inf")
     for _ in range(10):
@@ -39,3 +45,43 @@ def matmul_gflops(threads: int) -> float:
         a @ b
         best = min(best, time.perf_counter() - start)
     return 2 * 2048 * 1024 * 3072 / best / 1e9
+
+
+def cuda_matmul_gflops(precision: str = "fp32", n: int = 8192, warmup: int = 3, repeats: int = 10) -> float:
+    """The current CUDA device's dense matmul rate in `precision`'s dtype (GFLOP/s, the best of `repeats` timed
+    `n x n x n` products after `warmup` untimed ones); its buffers are freed before it returns."""
+    import torch
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    for _ in range(warmup):
+        a @ b
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n**3 / best / 1e9
+
+
+def rate_column() -> str:
+    """The name of the column of floor FLOPs at the measured matmul rate over the measured time: `MFU %` on CUDA
+    (the rate of the run's dtype), `floor %` on CPU (fp32)."""
+    import torch
+
+    return "MFU %" if torch.cuda.is_available() else "floor %"
+
+
+def load_line() -> str:
+    """`uptime`'s line (the load averages), or the load averages alone where `uptime` is not installed."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
