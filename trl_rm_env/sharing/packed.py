@@ -240,10 +240,15 @@ def packed_attention_forward(
     if query.shape[0] != 1:
         raise ValueError(f"A packed forward takes one row; got a batch of {query.shape[0]}.")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if dropout == 0.0 and varlen_usable(query.device, query.dtype):
-        q = query[0].transpose(0, 1).contiguous()  # (T, heads, dim)
-        k = key[0].transpose(0, 1).index_select(0, packed.key_index)  # (keys, kv_heads, dim), contexts gathered
-        v = value[0].transpose(0, 1).index_select(0, packed.key_index)
+    dtype = query.dtype
+    if query.is_cuda and torch.is_autocast_enabled("cuda"):  # as SDPA does under autocast
+        dtype = torch.get_autocast_dtype("cuda")
+    scale_ok = "scale" in _varlen_parameters() if _varlen_kernel() else False
+    scale_ok = scale_ok or abs(scale - query.shape[-1] ** -0.5) < 1e-12
+    if dropout == 0.0 and scale_ok and varlen_usable(query.device, dtype):
+        q = query[0].transpose(0, 1).to(dtype).contiguous()  # (T, heads, dim)
+        k = key[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)  # (keys, kv_heads, dim): gathered
+        v = value[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)
         out = _run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
         return out[None], None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
