@@ -346,12 +346,20 @@ def encode_conversation(
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Number of leading tokens `a` and `b` share."""
+    """Number of leading tokens `a` and `b` share (list comparisons, a binary search on the first difference)."""
+    if not (isinstance(a, list) and isinstance(b, list)):
+        a, b = list(a), list(b)
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    low, high = 0, n - 1  # a[:low] == b[:low]; they differ within the first high + 1
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def context_token_ids(
@@ -381,6 +389,35 @@ def encode_pair(
     if context_ids is None:
         context_ids = context_token_ids(tokenizer, context, **template_kwargs)
     return ids, common_prefix_length(ids, context_ids)
+
+
+def encode_pairs(
+    tokenizer: PreTrainedTokenizerBase,
+    contexts: Sequence[str | Sequence[Message]],
+    completions: Sequence[str | Sequence[Message]],
+    **template_kwargs,
+) -> list[tuple[list[int], int]]:
+    """`encode_pair` of every `(context, completion)`, the same ids: conversations whose messages spell no special
+    token (the model card's rule: render, then encode the text) are encoded in ONE tokenizer call; the others, and
+    plain text, one by one. Each distinct context object is encoded once (GRPO repeats each prompt)."""
+    out: list[tuple[list[int], int] | None] = [None] * len(contexts)
+    context_ids: dict[int, list[int]] = {}
+    batched: list[int] = []
+    special: dict[int, bool] = {}  # per context object: plain text, or messages that spell a special token
+    for i, (context, completion) in enumerate(zip(contexts, completions)):
+        if id(context) not in context_ids:
+            context_ids[id(context)] = context_token_ids(tokenizer, context, **template_kwargs)
+            special[id(context)] = isinstance(context, str) or has_special_text(tokenizer, context)
+        if special[id(context)] or isinstance(completion, str) or has_special_text(tokenizer, completion):
+            out[i] = encode_pair(tokenizer, context, completion, context_ids=context_ids[id(context)], **template_kwargs)
+        else:
+            batched.append(i)
+    if batched:
+        texts = [render_conversation(tokenizer, [*contexts[i], *completions[i]], **template_kwargs) for i in batched]
+        for i, ids in zip(batched, tokenizer(texts)["input_ids"]):
+            ids = list(ids)
+            out[i] = ids, common_prefix_length(ids, context_ids[id(contexts[i])])
+    return out  # type: ignore[return-value]
 
 
 def left_truncate(ids: list[int], context_length: int, max_length: int, bos_token_id: int | None) -> list[int] | None:

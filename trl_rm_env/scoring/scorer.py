@@ -22,7 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..heads import RewardHead, reward_head
 from ..sharing import shared_prefixes_in
-from ..tokenization import Message, context_token_ids, encode_pair, left_truncate
+from ..tokenization import Message, encode_pairs, left_truncate
 from .hf import HFEngine
 from .options import ScoringOptions
 
@@ -158,16 +158,10 @@ class RewardScorer:
         ids: list[list[int] | None] = []
         context_lengths: list[int] = []
         out = EncodedBatch(ids, context_lengths)
-        cache: dict[int, list[int]] = {}  # context ids, keyed by the context object (GRPO repeats each prompt)
-        for i, (context, completion) in enumerate(zip(contexts, completions)):
-            if self.strip_reasoning:
-                completion = strip_completion_reasoning(completion)
-            key = id(context)
-            if key not in cache:
-                cache[key] = context_token_ids(self.tokenizer, context, **self.template_kwargs)
-            seq, context_length = encode_pair(
-                self.tokenizer, context, completion, context_ids=cache[key], **self.template_kwargs
-            )
+        if self.strip_reasoning:
+            completions = [strip_completion_reasoning(completion) for completion in completions]
+        pairs = encode_pairs(self.tokenizer, contexts, completions, **self.template_kwargs)
+        for i, (seq, context_length) in enumerate(pairs):
             if self.max_length is not None and len(seq) > self.max_length:
                 cut = left_truncate(seq, context_length, self.max_length, self.tokenizer.bos_token_id)
                 if self.truncation == "left" and cut is not None:

@@ -122,18 +122,19 @@ def pack_groups(
     `pad_to_multiple_of`, `T` is rounded up with padding that is a segment of its own (attending to itself only).
     """
     tokens: list[int] = []
-    positions: list[int] = []
-    cu_q, cu_k, keys, contexts, last = [0], [0], [], [], []
+    # Per segment: its first row position, its length, its first position id, its context's (start, end).
+    starts: list[int] = []
+    lengths: list[int] = []
+    first_positions: list[int] = []
+    contexts: list[tuple[int, int]] = []
+    last: list[int] = []
 
     def segment(ids: Sequence[int], first_position: int, context: tuple[int, int]) -> None:
-        start = len(tokens)
-        tokens.extend(ids)
-        positions.extend(range(first_position, first_position + len(ids)))
-        keys.extend(range(*context))
-        keys.extend(range(start, len(tokens)))
-        cu_q.append(len(tokens))
-        cu_k.append(len(keys))
+        starts.append(len(tokens))
+        lengths.append(len(ids))
+        first_positions.append(first_position)
         contexts.append(context)
+        tokens.extend(ids)
 
     for group, p in zip(groups, prefix_lengths):
         if p < 0 or any(len(seq) <= p for seq in group):
@@ -148,20 +149,35 @@ def pack_groups(
     extra = -num_tokens % pad_to_multiple_of if pad_to_multiple_of else 0
     if extra:
         segment([pad_token_id] * extra, 0, (0, 0))
-    lengths_q = [b - a for a, b in zip(cu_q, cu_q[1:])]
-    lengths_k = [b - a for a, b in zip(cu_k, cu_k[1:])]
+    # Vectorized: each segment's keys are two ranges of the row (its context's, then its own tokens).
+    length_q = torch.tensor(lengths, dtype=torch.long)
+    start_q = torch.tensor(starts, dtype=torch.long)
+    context = torch.tensor(contexts, dtype=torch.long).reshape(-1, 2)
+    length_k = context[:, 1] - context[:, 0] + length_q
+    range_starts = torch.stack([context[:, 0], start_q], 1).reshape(-1)
+    range_lengths = torch.stack([context[:, 1] - context[:, 0], length_q], 1).reshape(-1)
     packed = PackedAttention(
-        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32), cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32),
-        key_index=torch.tensor(keys, dtype=torch.long), max_q=max(lengths_q), max_k=max(lengths_k),
+        cu_seqlens_q=torch.cat([length_q.new_zeros(1), length_q.cumsum(0)]).to(torch.int32),
+        cu_seqlens_k=torch.cat([length_k.new_zeros(1), length_k.cumsum(0)]).to(torch.int32),
+        key_index=_ranges(range_starts, range_lengths), max_q=max(lengths), max_k=int(length_k.max()),
         contexts=contexts, num_tokens=num_tokens,
     )
+    positions = _ranges(torch.tensor(first_positions, dtype=torch.long), length_q)
     return {
         "input_ids": torch.tensor([tokens], dtype=torch.long),
-        "position_ids": torch.tensor([positions], dtype=torch.long),
+        "position_ids": positions[None],
         "packed": packed,
         "last_index": torch.tensor(last, dtype=torch.long),
         "num_tokens": num_tokens,
     }
+
+
+def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The concatenation of `range(start, start + length)` for each pair (long)."""
+    total = int(lengths.sum())
+    offsets = lengths.cumsum(0) - lengths
+    within = torch.arange(total) - offsets.repeat_interleave(lengths, output_size=total)
+    return starts.repeat_interleave(lengths, output_size=total) + within
 
 
 # ---------------------------------------------------------------------------------------------------- the kernels
