@@ -15,11 +15,12 @@
 # Environment: PYTHON (default python3); GPU_SH_SMOKE=1: tiny settings (a CPU check of the script, minutes on one
 # thread); GPU_SH_THREADS (torch's CPU threads; default all cores); GPU_SH_NO_INSTALL=1: use the installed packages;
 # GPU_SH_PIP_ARGS: more pip arguments for the wheels (e.g. "--python-version 3.12" to check them on another Python);
-# GPU_SH_STEPS: timed training steps (default 30).
+# GPU_SH_STEPS: timed training steps (default 30); GPU_SH_REPEATS: timed scoring calls (default 5); GPU_SH_TOTAL_S:
+# the script's time budget (default 455 s); GPU_SH_PROFILE=0 / GPU_SH_JUDGE=0: skip the profile / the judge;
+# GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS: the rows (comma-separated, as the scripts' --methods).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-export TOKENIZERS_PARALLELISM=false
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 
 PY=${PYTHON:-python3}
@@ -91,7 +92,7 @@ if [[ $SMOKE == 1 ]]; then
     LIMITS=(240 240 120)
 else
     TRAIN=(--model wide --layers 28 --batch-size 8 --max-length 1024 --steps "${GPU_SH_STEPS:-30}" --records 400)
-    SCORE=(--model wide --layers 28 --prompts 16 --generations 8 --repeats 5)
+    SCORE=(--model wide --layers 28 --prompts 16 --generations 8 --repeats "${GPU_SH_REPEATS:-5}")
     JUDGE=(--layers 28 --prompts 4 --generations 8 --repeats 2)
     LIMITS=(170 230 60)
 fi
@@ -128,12 +129,20 @@ bench() {
     say "$name: exit $rc"
 }
 
+# The packed scoring call profiled first (GPU_SH_PROFILE=0 skips it): the CPU side, the forward, the kernels.
+if [[ ${GPU_SH_PROFILE:-1} == 1 ]]; then
+    PROFILE=(--layers 28 --prompts 16)
+    [[ $SMOKE == 1 ]] && PROFILE=(--layers 1 --prompts 2)
+    bench profile 60 benchmarks/profile_packed.py --hh-path "$HH" --precision bf16 "${PROFILE[@]}"
+fi
+TRAIN_METHODS=${GPU_SH_TRAIN_METHODS:-"TRL RewardTrainer,ours: defaults,ours: plain"}
+SCORE_METHODS=${GPU_SH_SCORE_METHODS:-"TRL GRPO model reward,fp32 one at a time,ours: defaults,ours: plain,ours: budget 16384,ours: budget 65536,ours: budget 131072"}
 bench train "${LIMITS[0]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \
-    --timeout $((LIMITS[0] / 3)) --methods "TRL RewardTrainer,ours: defaults,ours: plain" "${TRAIN[@]}"
+    --timeout $((LIMITS[0] / 3)) --methods "$TRAIN_METHODS" "${TRAIN[@]}"
 bench score "${LIMITS[1]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \
     --budget auto --settle 1 --timeout $((LIMITS[1] / 4)) \
-    --methods "TRL GRPO model reward,fp32 one at a time,ours: defaults,ours: plain,ours: budget 16384,ours: budget 65536,ours: budget 131072" "${SCORE[@]}"
-bench judge "${LIMITS[2]}" benchmarks/bench_judge.py --hh-path "$HH" --precision bf16 --threads "$THREADS" \
+    --methods "$SCORE_METHODS" "${SCORE[@]}"
+[[ ${GPU_SH_JUDGE:-1} == 1 ]] && bench judge "${LIMITS[2]}" benchmarks/bench_judge.py --hh-path "$HH" --precision bf16 --threads "$THREADS" \
     --timeout $((LIMITS[2] - 10)) --methods "ours: pointwise" "${JUDGE[@]}"
 
 echo

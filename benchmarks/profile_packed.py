@@ -1,0 +1,91 @@
+"""Where one packed scoring call spends its time: the CPU side (encode, plan, pack) and the GPU's kernels.
+
+    python benchmarks/profile_packed.py --layers 28 --precision bf16        # on a GPU (hh-rlhf, 16 prompts x 8)
+    python benchmarks/profile_packed.py --layers 1 --prompts 4              # a CPU check of the script
+
+Scores hh-rlhf batches (`bench_score.py --data hh`) with `RewardModelEnvironment(..., prefix_sharing="packed")` at
+Qwen3-0.6B's width, then prints the seconds of a whole call, of `encode` alone and of the packed forward alone (the
+same batch, packed before the clock starts), and the profiler's table of one call sorted by device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from bench_score import HH_PATH, MODELS, hh_batch  # benchmarks/ is on sys.path when run as a script
+
+
+def timed(fn, device: str, repeats: int = 5) -> float:
+    """The best of `repeats` runs of `fn()`, in seconds (synchronized on CUDA)."""
+    best = float("inf")
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=28)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--generations", type=int, default=8)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    parser.add_argument("--hh-path", default=str(HH_PATH))
+    parser.add_argument("--rows", type=int, default=15, help="rows of the profiler's table")
+    args = parser.parse_args()
+
+    from trl_rm_env import RewardModelEnvironment
+    from trl_rm_env.sharing import pack_groups, packed_scores, share_plan
+    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.model_max_length = 10**6
+    model = build_tiny_reward_model(
+        tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536,
+        num_hidden_layers=args.layers, **MODELS["wide"],
+    ).to(device, torch.bfloat16 if args.precision == "bf16" else torch.float32)
+    env = RewardModelEnvironment(model, tokenizer=tokenizer, prefix_sharing="packed")
+    batches = [hh_batch(tokenizer, args.prompts, args.generations, index, args.hh_path) for index in range(8)]
+    for batch in batches[:2]:
+        env(*batch)
+    calls = iter(batches[2:])
+    whole = timed(lambda: env(*next(calls)), device)
+    scorer = env.scorer
+    encode = timed(lambda: scorer.encode(*batches[2]), device)
+    encoded = scorer.encode(*batches[2])
+    groups, plain = share_plan(encoded.ids, encoded.context_lengths, True, scorer.engine.cost_ratio)
+    packed = pack_groups([[encoded.ids[i] for i in items] for _, items in groups] + [[encoded.ids[i]] for i in plain],
+                         [p for p, _ in groups] + [0] * len(plain), tokenizer.pad_token_id)
+    packed = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in packed.items()}
+
+    def forward():
+        with torch.inference_mode():
+            packed_scores(model, packed)
+
+    forward_s = timed(forward, device)
+    tokens = packed["num_tokens"]
+    print(f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; {args.layers} layers, "
+          f"{args.precision}; {args.prompts} x {args.generations}; {tokens} packed tokens")
+    print(f"whole call {whole * 1e3:.1f} ms | encode {encode * 1e3:.1f} ms | packed forward {forward_s * 1e3:.1f} ms "
+          f"({tokens / forward_s:.0f} tokens/s)")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        env(*next(calls))
+        if device == "cuda":
+            torch.cuda.synchronize()
+    sort = "device_time_total" if device == "cuda" else "cpu_time_total"
+    print(profile.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
