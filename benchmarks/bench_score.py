@@ -263,6 +263,9 @@ def score_one(method: str, case: dict, opts: dict, queue) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     # Warm-up batches first, then the timed ones; the same sequence of batches for every method.
     batches = [batch_for(tokenizer, case, opts, index) for index in range(case["warmup"] + case["repeats"])]
+    if method == "fp32 one at a time":  # a reference, not a contender: its timed batches alone, no warm-up
+        case = {**case, "warmup": 0}
+        batches = batches[-case["repeats"]:]
     if case["warmup"] and case["prompt"] > 2048 and opts["data"] != "hh":  # long case: warm up on short batches
         batches[: case["warmup"]] = [
             make_batch(tokenizer, case["prompts"], opts["generations"], 256, 64, seed=1000 + index)

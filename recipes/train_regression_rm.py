@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 
 
 def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
-    from trl import get_peft_config
     from trl_rm_env.recipes import steps
 
     from trl_rm_env.data.regression import dataset_attributes, mean_baseline_rmse
@@ -39,7 +38,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         training_args.eval_strategy = "no"
 
     # --- model: one output per attribute (built at .../regression_model or in a new folder when asked) ---------
-    quantization_config = steps.quantization(model_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    quantization_config = steps.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
     model_path = steps.prepare_model(
         model_args,
         training_args,
@@ -56,7 +55,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         train_dataset=train_dataset,
         eval_dataset=eval_datasets or None,
         quantization_config=quantization_config,
-        peft_config=get_peft_config(model_args),
+        peft_config=steps.peft_config(model_args),  # LoRA's task: SEQ_CLS
     )
     steps.train(trainer, resume)
 

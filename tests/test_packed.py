@@ -10,6 +10,8 @@ per-segment emulation of the varlen kernel in plain PyTorch (the kernel itself n
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from helpers import _one_thread  # noqa: F401
@@ -400,3 +402,31 @@ def test_gpu_proxies_of_packed_scoring(tiny_tokenizer):
     unique = sum(shared_prefix_length(g) + sum(len(s) - shared_prefix_length(g) for s in g) for g in groups)
     assert scorer.last_batch_shapes[0][1] == unique
     assert not {"item", "_local_scalar_dense", "nonzero"} & set(counter.in_layers)
+
+
+def test_a_user_collator_under_packed_trains_plainly(tmp_path, tiny_tokenizer):
+    """`prefix_sharing="packed"` with a collator the user passes (TRL's): its plain batches train as in TRL, and the
+    packed attention is never entered for them."""
+    from datasets import Dataset
+    from trl.trainer.reward_trainer import DataCollatorForPreference
+
+    records = hh_like_records(8)
+    rows = [{"prompt": r["context"], "chosen": r["completions"][0]["completion"],
+             "rejected": r["completions"][1]["completion"]} for r in records]
+    args = RankedRewardConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, use_cpu=True,
+                              report_to="none", save_strategy="no", disable_tqdm=True, prefix_sharing="packed",
+                              logging_steps=1)
+    trainer = RankedRewardTrainer(
+        model=build_tiny_reward_model(tiny_tokenizer, seed=0).train(), args=args, train_dataset=Dataset.from_list(rows),
+        processing_class=tiny_tokenizer, data_collator=DataCollatorForPreference(tiny_tokenizer.pad_token_id),
+    )
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
+
+
+def test_a_regression_config_refuses_packed(tmp_path):
+    from trl_rm_env import RegressionRewardConfig
+
+    with pytest.raises(ValueError, match="nothing to share"):
+        RegressionRewardConfig(output_dir=str(tmp_path), prefix_sharing="packed")

@@ -45,6 +45,28 @@ def test_quantization_flags_become_trls_bitsandbytes_config_or_refuse(monkeypatc
         assert config.bnb_4bit_compute_dtype == torch.bfloat16  # TRL's rule: the compute dtype is `--dtype`
 
 
+def test_a_quantized_base_without_mixed_precision_is_refused_naming_the_flag(tmp_path):
+    """TRL keeps QLoRA's trainable weights (the score head's copy too) in bf16: an fp32 run would stop at its first
+    forward with a dtype mismatch, so the recipe refuses it in one line."""
+    from trl_rm_env import RankedRewardConfig
+
+    quantized = ModelConfig(load_in_4bit=True, use_peft=True)
+    fp32 = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match=r"^--load_in_4bit trains QLoRA adapters .*add --bf16 true"):
+        steps.quantization(quantized, fp32)
+
+
+def test_reward_model_lora_is_sequence_classification():
+    """TRL's default LoRA task (CAUSAL_LM) becomes SEQ_CLS in the reward-model recipes (PEFT's causal-LM wrapper
+    fails on a classifier); another task is refused naming the flag; no PEFT stays no PEFT."""
+    pytest.importorskip("peft")
+    config = steps.peft_config(ModelConfig(use_peft=True))
+    assert str(config.task_type) in ("SEQ_CLS", "TaskType.SEQ_CLS")
+    with pytest.raises(ValueError, match="^--lora_task_type TOKEN_CLS: a reward model is a sequence classifier"):
+        steps.peft_config(ModelConfig(use_peft=True, lora_task_type="TOKEN_CLS"))
+    assert steps.peft_config(ModelConfig()) is None
+
+
 def accuracy(model, tokenizer) -> float:
     correct = pairs = 0
     with torch.no_grad():

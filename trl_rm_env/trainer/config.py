@@ -193,7 +193,7 @@ class RegressionRewardConfig(RankedRewardConfig):
                 f"center_rewards_coefficient={self.center_rewards_coefficient} is a Bradley-Terry term with no "
                 "meaning for a regression reward model; leave it unset."
             )
-        if str(getattr(self, "prefix_sharing", None)).lower() == "true":
+        if str(getattr(self, "prefix_sharing", None)).lower() in ("true", "packed"):
             raise ValueError(
                 "prefix_sharing shares a context between the completions of a ranked record; a regression record has "
                 "one completion, so there is nothing to share: leave it off."

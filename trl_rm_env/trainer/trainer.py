@@ -156,13 +156,13 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             accelerator=self.args.device.type == "cuda",
         )
 
-    def training_step(self, model, *args, **kwargs):
+    def training_step(self, model, inputs, *args, **kwargs):
         """TRL's step; a packed batch's forward AND backward run under the packed attention (activation
         checkpointing recomputes layers in backward)."""
-        if self._prefix_sharing != "packed":
-            return super().training_step(model, *args, **kwargs)
+        if "packed" not in inputs:
+            return super().training_step(model, inputs, *args, **kwargs)
         with packed_attention(model):
-            return super().training_step(model, *args, **kwargs)
+            return super().training_step(model, inputs, *args, **kwargs)
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         return self._examples.prepare(dataset, processing_class, args, dataset_name)
