@@ -79,10 +79,10 @@ EOF
     exit 1
 fi
 
-"$PY" -c "import torch; from trl_rm_env.sharing.packed import varlen_usable, _varlen_kernel, _varlen_parameters as p
+"$PY" -c "import torch; from trl_rm_env.sharing.kernels import varlen_usable, varlen_kernel, varlen_parameters as p
 ok = torch.cuda.is_available() and varlen_usable(torch.device('cuda'), torch.bfloat16)
 print('packed attention kernel on this device (bf16):', 'varlen' if ok else 'block mask',
-      sorted(p()) if _varlen_kernel() else '(no torch varlen_attn)')" 2>&1 | tee -a "$OUTDIR/versions.txt"
+      sorted(p()) if varlen_kernel() else '(no torch varlen_attn)')" 2>&1 | tee -a "$OUTDIR/versions.txt"
 
 # --- the benchmarks --------------------------------------------------------------------------------------------------
 if [[ $SMOKE == 1 ]]; then

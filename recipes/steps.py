@@ -105,12 +105,13 @@ def peft_config(model_args: Any) -> Any:
     """
     from trl import get_peft_config
 
-    task = getattr(model_args, "lora_task_type", "SEQ_CLS")
+    task = str(getattr(model_args, "lora_task_type", "SEQ_CLS")).upper()
     if model_args.use_peft and task != "SEQ_CLS":
         if task != "CAUSAL_LM":
             raise ValueError(f"--lora_task_type {task}: a reward model is a sequence classifier; use SEQ_CLS")
         logger.info("--lora_task_type: a reward model's LoRA task is SEQ_CLS (TRL's default CAUSAL_LM is for language "
                     "models); using SEQ_CLS.")
+    if model_args.use_peft:
         model_args.lora_task_type = "SEQ_CLS"
     return get_peft_config(model_args)
 

@@ -430,3 +430,75 @@ def test_a_regression_config_refuses_packed(tmp_path):
 
     with pytest.raises(ValueError, match="nothing to share"):
         RegressionRewardConfig(output_dir=str(tmp_path), prefix_sharing="packed")
+
+
+def test_scores_are_read_where_the_model_pools_a_trailing_padding_id(tiny_tokenizer):
+    """transformers' classifiers read a sequence's score at its last token that is not the padding id (a trailing
+    EOS that is also the padding id is skipped); the packed layout reads the same position."""
+    model = build_tiny_reward_model(tiny_tokenizer, seed=4).eval()
+    groups = random_groups(5, [(9, [4, 6]), (0, [5]), (3, [2, 7])], model.config.vocab_size)
+    eos = 7
+    for group in groups:
+        for seq in group:
+            seq.append(eos)  # every sequence ends with the padding id
+    groups[1][0][-2] = eos  # ... one with two of them
+    model.config.pad_token_id = eos
+    prefixes = [9, 0, 3]
+    batch = pack_groups(groups, prefixes, eos)
+    with torch.no_grad():
+        scores, _ = packed_scores(model, batch, label_index=None)
+    torch.testing.assert_close(scores, one_at_a_time(model, groups), atol=1e-5, rtol=0)
+    from trl_rm_env.sharing.packed import pooled_index
+
+    assert pooled_index([3, 4, eos, eos], eos) == 1 and pooled_index([eos, eos], eos) == 0
+
+
+def test_a_model_with_its_own_attention_code_is_not_packed(tiny_tokenizer):
+    """The packed layout replaces attention through transformers' AttentionInterface; a model whose attention code
+    does not go through it (older or remote-code classes) is never packed, and `auto` keeps its other layouts."""
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    own = type("OwnAttentionForSequenceClassification", (type(model),), {"_supports_attention_backend": False})
+    model.__class__ = own
+    from trl_rm_env.sharing import packed_unsupported
+
+    assert "AttentionInterface" in packed_unsupported(model)
+    common = dict(activation_checkpointing=False, fsdp=False, plain_reason=None)
+    assert training_layout(model, "auto", accelerator=True, **common) == "kv"
+    assert training_layout(model, "packed", accelerator=False, **common) is False
+
+
+def test_encoding_a_sequence_type_that_builds_new_objects_on_access(tiny_tokenizer):
+    """`RewardScorer.encode` over sequences whose items are new objects at every access (a `datasets` column) gives
+    the ids of plain lists."""
+    from trl_rm_env import RewardScorer
+
+    prompts, completions = chat_groups(2, 3, seed=1)
+
+    class Fresh(list):
+        def __getitem__(self, i):
+            import copy
+
+            return copy.deepcopy(super().__getitem__(i))
+
+        def __iter__(self):
+            return (self[i] for i in range(len(self)))
+
+    scorer = RewardScorer(build_tiny_reward_model(tiny_tokenizer, seed=0), tiny_tokenizer, prefix_sharing=False)
+    expected = scorer.encode(prompts, completions)
+    got = scorer.encode(Fresh(prompts), Fresh(completions))
+    assert got.ids == expected.ids and got.context_lengths == expected.context_lengths
+
+
+def test_common_prefix_length_matches_a_scan():
+    import random
+
+    from trl_rm_env.tokenization import common_prefix_length
+
+    rng = random.Random(0)
+    for _ in range(300):
+        a = [rng.randint(0, 3) for _ in range(rng.randint(0, 12))]
+        b = a[: rng.randint(0, len(a))] + [rng.randint(0, 3) for _ in range(rng.randint(0, 6))]
+        scan = 0
+        while scan < min(len(a), len(b)) and a[scan] == b[scan]:
+            scan += 1
+        assert common_prefix_length(a, b) == scan == common_prefix_length(tuple(b), a)

@@ -350,6 +350,8 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     if not (isinstance(a, list) and isinstance(b, list)):
         a, b = list(a), list(b)
     n = min(len(a), len(b))
+    if n == 0 or a[0] != b[0]:
+        return 0
     if a[:n] == b[:n]:
         return n
     low, high = 0, n - 1  # a[:low] == b[:low]; they differ within the first high + 1
@@ -400,6 +402,7 @@ def encode_pairs(
     """`encode_pair` of every `(context, completion)`, the same ids: conversations whose messages spell no special
     token (the model card's rule: render, then encode the text) are encoded in ONE tokenizer call; the others, and
     plain text, one by one. Each distinct context object is encoded once (GRPO repeats each prompt)."""
+    contexts, completions = list(contexts), list(completions)  # held here: an `id()` stays one object's
     out: list[tuple[list[int], int] | None] = [None] * len(contexts)
     context_ids: dict[int, list[int]] = {}
     batched: list[int] = []

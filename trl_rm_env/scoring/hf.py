@@ -30,10 +30,12 @@ from ..sharing import (
     share_plan,
     shared_context_scores,
 )
+from ..sharing.mode import packs_fast
 from ..sharing.planning import greedy_batches, linear_to_attention_cost
 
 PACKED_CPU_TOKENS = 8192
-"""Tokens per packed row on the CPU when no `max_tokens_per_batch` is set (its block mask grows with the square)."""
+"""Tokens per packed row under the block-mask kernel (the CPU's, or fp32) when no `max_tokens_per_batch` is set: its
+mask grows with the square of the row."""
 MIN_DEVICE_TOKENS, MAX_DEVICE_TOKENS = 16384, 131072
 """The bounds of a packed row's default token budget on an accelerator (`device_token_budget`)."""
 
@@ -41,10 +43,11 @@ MIN_DEVICE_TOKENS, MAX_DEVICE_TOKENS = 16384, 131072
 def device_token_budget(model: torch.nn.Module, share: float = 0.5) -> int:
     """Tokens per packed forward on the model's accelerator, from its free memory, as vLLM sizes its cache: `share`
     of the free bytes over one token's transient activations in a decoder layer (hidden states, q/k/v with the
-    gathered context keys, the MLP), within [`MIN_DEVICE_TOKENS`, `MAX_DEVICE_TOKENS`], a multiple of 1,024. On the
-    CPU, `PACKED_CPU_TOKENS`."""
+    gathered context keys, the MLP), within [`MIN_DEVICE_TOKENS`, `MAX_DEVICE_TOKENS`], a multiple of 1,024. Where
+    the packed layout runs under its block mask (the CPU, fp32), `PACKED_CPU_TOKENS`. Measured at each call (the
+    policy, its optimizer and vLLM may have taken memory since the reward model loaded)."""
     parameter = next(model.parameters())
-    if parameter.device.type != "cuda":
+    if not packs_fast(parameter.device, parameter.dtype):
         return PACKED_CPU_TOKENS
     config = model.config
     hidden = getattr(config, "hidden_size", 4096)
@@ -124,9 +127,6 @@ class HFEngine:
         self.show_progress = show_progress
         self.prefix_sharing = scoring_mode(model, prefix_sharing)
         self.max_sequences = max_sequences
-        self.packed_budget = max_tokens_per_batch or (
-            device_token_budget(model) if self.prefix_sharing == "packed" else None
-        )
         self.cost_ratio = linear_to_attention_cost(getattr(model, "config", None))
         self.last_batch_shapes: list[tuple[int, int]] = []  # (rows, length) of each forward pass of the last call
         self.last_key_shapes: list[tuple[int, int]] = []  # (rows, keys) of each shared completion pass
@@ -239,7 +239,8 @@ class HFEngine:
         self.last_shared = sorted(i for _, members in groups for i in members)
         lengths = [len(s) for s in sequences]
         units = [(p, members) for p, members in groups] + [(0, [i]) for i in plain]
-        rows = plan_packed_rows(units, lengths, self.packed_budget, self.max_sequences)
+        budget = self.max_tokens_per_batch or device_token_budget(self.model)
+        rows = plan_packed_rows(units, lengths, budget, self.max_sequences)
         with torch.inference_mode(), self._in_eval_mode(rows, progress) as iterator:
             for row in iterator:
                 batch = pack_groups([[sequences[i] for i in items] for _, items in row], [p for p, _ in row],

@@ -69,8 +69,12 @@ def engine_arguments(
     """
     options = options or ScoringOptions()
     dtype = PRECISIONS[options.precision]
-    if dtype == "auto" and vllm_installed() and vllm_device() == "cpu":
-        dtype = "float32"  # `auto` is fp32 on the CPU, the checkpoint's dtype on an accelerator (vLLM's own `auto`)
+    if dtype == "auto":  # fp32 on the CPU; on an accelerator the checkpoint's own dtype, named (vLLM's `auto` would
+        # load an fp32 checkpoint in fp16)
+        own = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        own = str(own).removeprefix("torch.") if own is not None else None
+        on_cpu = vllm_installed() and vllm_device() == "cpu"
+        dtype = "float32" if on_cpu or own not in ("bfloat16", "float16") else own
     longest = options.longest_sequence(config)
     batched = max(options.max_tokens_per_batch or DEFAULT_MAX_BATCHED_TOKENS, longest or 0)
     arguments: dict[str, Any] = dict(

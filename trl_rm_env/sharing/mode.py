@@ -1,9 +1,9 @@
 """Whether prefix sharing runs, and which layout: the one decision, for training and for scoring.
 
 `prefix_sharing` is `"auto"` (the default), `True`, `False` or `"packed"` everywhere (`RankedRewardConfig`,
-`RewardScorer`, `RewardModelEnvironment`, `--prefix_sharing`, `reward_prefix_sharing`). On an accelerator (CUDA),
-`"auto"` and `True` run the packed layout (`packed.py`: one padding-free forward per micro-batch), which runs under
-activation checkpointing and FSDP too. On the CPU they run the KV-cache layout (`kv.py`) where the model allows it
+`RewardScorer`, `RewardModelEnvironment`, `--prefix_sharing`, `reward_prefix_sharing`). Where the packed layout's
+fast kernel runs (CUDA, bf16/fp16: `packs_fast`), `"auto"` and `True` run it (`packed.py`: one padding-free forward
+per micro-batch), under activation checkpointing and FSDP too. On the CPU they run the KV-cache layout (`kv.py`) where the model allows it
 (`kv_sharing_unsupported`); in training, `True` falls back to block-mask rows (`mask.py`) where it cannot (activation
 checkpointing, FSDP), and `"auto"` to the plain path. `"packed"` runs the packed layout on any device (the CPU tests
 and proxies of the GPU's work). Every fallback is logged once.
@@ -16,6 +16,8 @@ import logging
 
 import torch
 from transformers import PreTrainedModel
+
+from .kernels import varlen_usable
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +69,27 @@ def full_attention_unsupported(hf: torch.nn.Module) -> str | None:
 
 def packed_unsupported(model: torch.nn.Module) -> str | None:
     """Why the packed layout (`trl_rm_env.sharing.packed`) cannot run `model`, or None when it can: it needs a
-    `*ForSequenceClassification` with a `score` head and full attention in every layer (any attention kernel, any
-    wrapper, activation checkpointing included)."""
+    `*ForSequenceClassification` with a `score` head whose attention goes through transformers' `AttentionInterface`
+    (`_supports_attention_backend`: the packed attention replaces it) and full attention in every layer (any wrapper,
+    activation checkpointing included)."""
     hf = classifier(model)
     if hf is None:
         return "it needs a *ForSequenceClassification model with a `score` head"
+    if not getattr(type(hf), "_supports_attention_backend", False):
+        return f"{type(hf).__name__}'s attention does not go through transformers' AttentionInterface"
     return full_attention_unsupported(hf)
 
 
+def packs_fast(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the packed layout runs its fast kernel on `device` in `dtype` (`kernels.varlen_usable`: CUDA, bf16 or
+    fp16, PyTorch's varlen kernel with the right causal mask): where `"auto"` and `True` choose it."""
+    return varlen_usable(torch.device(device), dtype)
+
+
 def on_accelerator(model: torch.nn.Module) -> bool:
-    """Whether `model`'s weights are on an accelerator (CUDA), where `"auto"` runs the packed layout."""
+    """Whether `model`'s weights are where the packed layout runs fast (`packs_fast`), so `"auto"` runs it."""
     for parameter in model.parameters():
-        return parameter.device.type == "cuda"
+        return packs_fast(parameter.device, parameter.dtype)
     return False
 
 
@@ -147,7 +158,8 @@ def training_layout(
     on an accelerator), `"kv"` (the contexts once with a KV cache, the completions against it), `"mask"` (block-mask
     rows: eager/SDPA, only with `mode=True` where the KV path cannot run) or False (the plain path).
     `plain_reason`: why `"auto"` must keep TRL's batch layout (a subclass's `compute_loss` reads it), or None.
-    `accelerator`: whether training runs on an accelerator (None: where the model's weights are). Logged once."""
+    `accelerator`: whether training runs where the packed layout is fast (`packs_fast` of the training device and
+    compute dtype; None: where the model's weights are). Logged once."""
     if not mode:
         return False
     if mode == "auto" and plain_reason:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .kernels import run_varlen, varlen_kernel, varlen_parameters, varlen_usable
 from .mode import classifier, find_score_head
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class PackedAttention:
         max_k: The longest segment's keys.
         contexts: Per segment, the `(start, end)` of its context in the row (`(0, 0)`: none).
         num_tokens: The real tokens of the row (padding excluded).
+        length: The row's length `T` (queries of every segment, padding included).
     """
 
     cu_seqlens_q: torch.Tensor
@@ -66,7 +67,9 @@ class PackedAttention:
     max_k: int
     contexts: list[tuple[int, int]]
     num_tokens: int
+    length: int
     mask: torch.Tensor | None = field(default=None, repr=False)
+    calls: int = 0  # layers that ran under this layout (`packed_scores` checks the model's attention used it)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedAttention:
         """A copy with its tensors on `device` (Accelerate's `send_to_device` calls this)."""
@@ -83,11 +86,6 @@ class PackedAttention:
             key_index=self.key_index.pin_memory(), mask=None if self.mask is None else self.mask.pin_memory(),
         )
 
-    @property
-    def length(self) -> int:
-        """The row's length `T` (queries of every segment, padding included)."""
-        return int(self.cu_seqlens_q[-1])
-
     def block_mask(self) -> torch.Tensor:
         """The `(1, 1, T, T)` boolean mask (True = attend) of the layout, on the device of `cu_seqlens_q`: query q
         sees its segment's context and its own segment's tokens up to itself (a few vectorized ops)."""
@@ -103,10 +101,6 @@ class PackedAttention:
         allowed = ((keys >= context[:, :1]) & (keys < context[:, 1:])) | ((keys >= own_start) & (keys <= queries))
         return allowed[None, None]
 
-    def with_mask(self) -> PackedAttention:
-        """This layout with its block mask built (the `mask` kernel's input)."""
-        return self if self.mask is not None else replace(self, mask=self.block_mask())
-
 
 def pack_groups(
     groups: Sequence[Sequence[Sequence[int]]],
@@ -118,8 +112,9 @@ def pack_groups(
     context, each sequence runs whole); every sequence keeps at least one token after its prefix.
 
     Returns `input_ids`, `position_ids` `(1, T)`, `packed` (the `PackedAttention`), `last_index` `(M,)` (the row
-    position of each sequence's last token, sequences in group order) and `num_tokens` (real tokens). With
-    `pad_to_multiple_of`, `T` is rounded up with padding that is a segment of its own (attending to itself only).
+    position each sequence's score is read at, `pooled_index`; sequences in group order) and `num_tokens` (real
+    tokens). With `pad_to_multiple_of`, `T` is rounded up with padding that is a segment of its own (attending to
+    itself only).
     """
     tokens: list[int] = []
     # Per segment: its first row position, its length, its first position id, its context's (start, end).
@@ -144,7 +139,8 @@ def pack_groups(
             segment(group[0][:p], 0, (0, 0))
         for seq in group:
             segment(seq[p:], p, context if p else (0, 0))
-            last.append(len(tokens) - 1)
+            at = pooled_index(seq, pad_token_id)
+            last.append(starts[-1] + at - p if at >= p else context[0] + at)
     num_tokens = len(tokens)
     extra = -num_tokens % pad_to_multiple_of if pad_to_multiple_of else 0
     if extra:
@@ -160,7 +156,7 @@ def pack_groups(
         cu_seqlens_q=torch.cat([length_q.new_zeros(1), length_q.cumsum(0)]).to(torch.int32),
         cu_seqlens_k=torch.cat([length_k.new_zeros(1), length_k.cumsum(0)]).to(torch.int32),
         key_index=_ranges(range_starts, range_lengths), max_q=max(lengths), max_k=int(length_k.max()),
-        contexts=contexts, num_tokens=num_tokens,
+        contexts=contexts, num_tokens=num_tokens, length=len(tokens),
     )
     positions = _ranges(torch.tensor(first_positions, dtype=torch.long), length_q)
     return {
@@ -172,6 +168,15 @@ def pack_groups(
     }
 
 
+def pooled_index(sequence: Sequence[int], pad_token_id: int | None) -> int:
+    """Where transformers' `*ForSequenceClassification` reads a sequence's score: its last token that is not the
+    padding id (so a trailing EOS that is also the padding id is skipped), the first token when every one is."""
+    for j in range(len(sequence) - 1, -1, -1):
+        if sequence[j] != pad_token_id:
+            return j
+    return 0
+
+
 def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """The concatenation of `range(start, start + length)` for each pair (long)."""
     total = int(lengths.sum())
@@ -181,58 +186,6 @@ def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- the kernels
-
-
-@functools.cache
-def _varlen_kernel() -> Any:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
-
-
-@functools.cache
-def _varlen_parameters() -> frozenset[str]:
-    return frozenset(inspect.signature(_varlen_kernel()).parameters)
-
-
-def _run_varlen(query, key, value, cu_q, cu_k, max_q, max_k, scale):
-    """`varlen_attn` with a causal mask, across the PyTorch releases that spell its arguments differently."""
-    params = _varlen_parameters()
-    kwargs: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    if query.shape[1] != key.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            repeat = query.shape[1] // key.shape[1]
-            key, value = key.repeat_interleave(repeat, dim=1), value.repeat_interleave(repeat, dim=1)
-    if "scale" in params:
-        kwargs["scale"] = scale
-    return _varlen_kernel()(query, key, value, cu_q, cu_k, max_q, max_k, **kwargs)
-
-
-@functools.cache
-def varlen_usable(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the `varlen` kernel runs on `device` in `dtype` with the mask this layout needs: a causal mask aligned
-    to the END of the keys (a single query against two keys sees both), checked once per device and dtype."""
-    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16) or _varlen_kernel() is None:
-        return False
-    try:
-        query = torch.ones(1, 1, 64, device=device, dtype=dtype)
-        key = torch.zeros(2, 1, 64, device=device, dtype=dtype)
-        value = torch.tensor([0.0, 1.0], device=device, dtype=dtype)[:, None, None].expand(2, 1, 64).contiguous()
-        cu_q = torch.tensor([0, 1], device=device, dtype=torch.int32)
-        cu_k = torch.tensor([0, 2], device=device, dtype=torch.int32)
-        out = _run_varlen(query, key, value, cu_q, cu_k, 1, 2, 1.0)
-        aligned = abs(float(out.float().mean()) - 0.5) < 1e-2  # both keys, equal weights: 0.5
-    except Exception as err:  # an old GPU, a build without the kernel
-        logger.info("Packed attention: torch's varlen kernel does not run here (%s); using the block mask.", err)
-        return False
-    if not aligned:
-        logger.warning("Packed attention: torch's varlen kernel aligns its causal mask to the start of the keys; "
-                       "using the block mask instead (exact, slower).")
-    return aligned
 
 
 def packed_attention_forward(
@@ -255,21 +208,22 @@ def packed_attention_forward(
         )
     if query.shape[0] != 1:
         raise ValueError(f"A packed forward takes one row; got a batch of {query.shape[0]}.")
+    packed.calls += 1
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     dtype = query.dtype
     if query.is_cuda and torch.is_autocast_enabled("cuda"):  # as SDPA does under autocast
         dtype = torch.get_autocast_dtype("cuda")
-    scale_ok = "scale" in _varlen_parameters() if _varlen_kernel() else False
+    scale_ok = "scale" in varlen_parameters() if varlen_kernel() else False
     scale_ok = scale_ok or abs(scale - query.shape[-1] ** -0.5) < 1e-12
     if dropout == 0.0 and scale_ok and varlen_usable(query.device, dtype):
         q = query[0].transpose(0, 1).to(dtype).contiguous()  # (T, heads, dim)
         k = key[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)  # (keys, kv_heads, dim): gathered
         v = value[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)
-        out = _run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
+        out = run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
         return out[None], None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if packed.mask is None:  # built once per forward, by the first layer (`packed_scores` builds it before)
+    if packed.mask is None:  # built once per forward, by the first layer that needs it (no host sync)
         packed.mask = packed.block_mask()
     return sdpa_attention_forward(module, query, key, value, packed.mask, dropout=dropout, scaling=scale,
                                   is_causal=False)
@@ -314,8 +268,6 @@ def packed_scores(
         raise ValueError("Packed scoring needs a model with a `score` head (a `*ForSequenceClassification`).")
     input_ids = inputs["input_ids"]
     packed: PackedAttention = inputs["packed"].to(input_ids.device, non_blocking=True)
-    if not varlen_usable(input_ids.device, _compute_dtype(model, input_ids.device)):
-        packed = packed.with_mask()  # built before the forward, not inside a layer
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
     try:
@@ -326,19 +278,14 @@ def packed_scores(
             )
     finally:
         handle.remove()
+    if packed.calls == 0:  # the model's attention does not go through transformers' AttentionInterface
+        raise RuntimeError(
+            f"{type(classifier(model)).__name__} ran its own attention, not the packed layout's: its scores would mix "
+            "completions. Use prefix_sharing=False (or True / 'auto', which do not pack this model)."
+        )
     logits = captured[-1][0]  # (T, num_labels)
     if "score_index" in inputs:  # (row, column) per score, in the caller's order; one row
         at_last = logits[inputs["score_index"][:, 1]]
     else:
         at_last = logits[inputs["last_index"]]
     return (at_last if label_index is None else at_last[:, label_index]), outputs
-
-
-def _compute_dtype(model: torch.nn.Module, device: torch.device) -> torch.dtype:
-    """The dtype the attention will see: autocast's on `device` when it is on, else the weights'."""
-    if device.type == "cuda" and torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda")
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32

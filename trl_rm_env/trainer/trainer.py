@@ -42,6 +42,7 @@ from trl import RewardTrainer
 from ..compat import checkpointing_enabled
 from ..metrics import record_statistics, summarize_statistics
 from ..sharing import packed_attention, packed_scores, shared_context_scores, shared_prefix_scores, training_layout
+from ..sharing.mode import packs_fast
 from .checkpoints import AtomicCheckpointMixin
 from .collator import (
     DataCollatorForPackedContextPairs,
@@ -153,8 +154,17 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             activation_checkpointing=checkpointing_enabled(self.args),
             fsdp=bool(getattr(self, "is_fsdp_enabled", False)),
             plain_reason=plain_reason,
-            accelerator=self.args.device.type == "cuda",
+            accelerator=packs_fast(self.args.device, self._compute_dtype()),
         )
+
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype the attention computes in: bf16/fp16 under mixed precision, else the weights'."""
+        if self.args.bf16:
+            return torch.bfloat16
+        if self.args.fp16:
+            return torch.float16
+        parameter = next((p for p in self.model.parameters() if p.is_floating_point()), None)
+        return parameter.dtype if parameter is not None else torch.float32
 
     def training_step(self, model, inputs, *args, **kwargs):
         """TRL's step; a packed batch's forward AND backward run under the packed attention (activation
