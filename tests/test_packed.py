@@ -442,13 +442,29 @@ def test_scores_are_read_where_the_model_pools_a_trailing_padding_id(tiny_tokeni
         for seq in group:
             seq.append(eos)  # every sequence ends with the padding id
     groups[1][0][-2] = eos  # ... one with two of them
-    model.config.pad_token_id = eos
-    prefixes = [9, 0, 3]
+    context = [11, 12, 13, 14, 15]
+    groups.append([context + [eos], context + [20, 21, eos]])  # a completion that is only the padding id: the
+    model.config.pad_token_id = eos  # score is read at the context's last token (KV cuts its context before it)
+    prefixes = [9, 0, 3, 5]
     batch = pack_groups(groups, prefixes, eos)
+    from trl_rm_env.sharing import collate_shared_context, record_row, shared_context_scores, shared_prefix_mask
+
+    reference = one_at_a_time(model, groups)
     with torch.no_grad():
         scores, _ = packed_scores(model, batch, label_index=None)
-    torch.testing.assert_close(scores, one_at_a_time(model, groups), atol=1e-5, rtol=0)
-    from trl_rm_env.sharing.packed import pooled_index
+        kv, _ = shared_context_scores(model, collate_shared_context(groups, prefixes, eos), label_index=None)
+        masked = []
+        for group in groups:  # block-mask rows, one record each
+            tokens, positions, segments, offsets = record_row(group, pad_token_id=eos)
+            mask = shared_prefix_mask(torch.zeros(1, len(tokens), dtype=torch.long), torch.tensor([segments]),
+                                      torch.bool)
+            hidden = model.model(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]),
+                                 attention_mask=mask).last_hidden_state
+            masked.append(model.score(hidden)[0, offsets])
+    torch.testing.assert_close(scores, reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(kv, reference, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(masked), reference, atol=1e-5, rtol=0)
+    from trl_rm_env.sharing.planning import pooled_index
 
     assert pooled_index([3, 4, eos, eos], eos) == 1 and pooled_index([eos, eos], eos) == 0
 

@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from .mode import cache_argument, classifier, find_score_head, kv_sharing_unsupported
+from .planning import pooled_index
 
 
 def collate_shared_context(
@@ -33,14 +34,21 @@ def collate_shared_context(
 
     Returns `prefix_ids`, `prefix_mask` `(B, P)` (right-padded contexts), `completion_ids`, `completion_mask`,
     `completion_positions` `(M, C)` (right-padded completion tokens, positions continuing after their context),
-    `group_index` `(M,)` (the context of each completion) and `last_index` `(M,)` (column of its last token),
-    completions in group order.
+    `group_index` `(M,)` (the context of each completion) and `last_index` `(M,)` (the column its score is read at:
+    its last token that is not the padding id, as the model pools), completions in group order.
     """
     if any(p < 0 for p in prefix_lengths):
         raise ValueError("collate_shared_context needs prefix lengths >= 0.")
     suffixes = [list(seq[p:]) for group, p in zip(groups, prefix_lengths) for seq in group]
     if any(not s for s in suffixes):
         raise ValueError("every sequence needs at least one token after its group's shared prefix.")
+    # A score is read where the model pools it (its last token that is not the padding id): that token must be a
+    # completion's own, so a context is cut before it (a shorter shared prefix is as exact).
+    prefix_lengths = [min(p, *(pooled_index(seq, pad_token_id) for seq in group))
+                      for group, p in zip(groups, prefix_lengths)]
+    suffixes = [list(seq[p:]) for group, p in zip(groups, prefix_lengths) for seq in group]
+    last_index = torch.tensor([pooled_index(seq, pad_token_id) - p for group, p in zip(groups, prefix_lengths)
+                               for seq in group], dtype=torch.long)
     num_groups, prefix_len = len(groups), max(1, *prefix_lengths)  # an empty context still has one (masked) slot
     prefix_ids = torch.full((num_groups, prefix_len), pad_token_id, dtype=torch.long)
     prefix_mask = torch.zeros((num_groups, prefix_len), dtype=torch.long)
@@ -63,7 +71,7 @@ def collate_shared_context(
         "completion_mask": completion_mask,
         "completion_positions": offsets[:, None] + torch.arange(completion_len)[None, :],
         "group_index": group_index,
-        "last_index": completion_mask.sum(1) - 1,
+        "last_index": last_index,
     }
 
 

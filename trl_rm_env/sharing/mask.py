@@ -16,24 +16,27 @@ from collections.abc import Sequence
 import torch
 
 from .mode import find_score_head
-from .planning import shared_prefix_length
+from .planning import pooled_index, shared_prefix_length
 
 
 def record_row(
-    completion_ids: Sequence[Sequence[int]], prefix_length: int | None = None
+    completion_ids: Sequence[Sequence[int]], prefix_length: int | None = None, pad_token_id: int | None = None
 ) -> tuple[list[int], list[int], list[int], list[int]]:
     """One record as `(tokens, positions, segments, score_offsets)`: segment 0 is the shared prefix, k the k-th
-    completion (1-based); `score_offsets[k-1]` is the row offset of completion k's last token. `prefix_length`
-    defaults to `shared_prefix_length(completion_ids)`."""
+    completion (1-based); `score_offsets[k-1]` is the row offset where completion k's score is read: where the
+    model pools it (`pooled_index`: its last token that is not `pad_token_id`). `prefix_length` defaults to
+    `shared_prefix_length(completion_ids)`."""
     p = shared_prefix_length(completion_ids) if prefix_length is None else prefix_length
     prefix = list(completion_ids[0][:p])
     tokens, positions, segments, offsets = prefix[:], list(range(p)), [0] * p, []
     for k, seq in enumerate(completion_ids, start=1):
         suffix = list(seq[p:])
+        start = len(tokens)
         tokens += suffix
         positions += range(p, p + len(suffix))
         segments += [k] * len(suffix)
-        offsets.append(len(tokens) - 1)
+        at = pooled_index(seq, pad_token_id)
+        offsets.append(start + at - p if at >= p else at)
     return tokens, positions, segments, offsets
 
 

@@ -34,6 +34,7 @@ import torch
 
 from .kernels import run_varlen, varlen_kernel, varlen_parameters, varlen_usable
 from .mode import classifier, find_score_head
+from .planning import pooled_index
 
 logger = logging.getLogger(__name__)
 
@@ -166,15 +167,6 @@ def pack_groups(
         "last_index": torch.tensor(last, dtype=torch.long),
         "num_tokens": num_tokens,
     }
-
-
-def pooled_index(sequence: Sequence[int], pad_token_id: int | None) -> int:
-    """Where transformers' `*ForSequenceClassification` reads a sequence's score: its last token that is not the
-    padding id (so a trailing EOS that is also the padding id is skipped), the first token when every one is."""
-    for j in range(len(sequence) - 1, -1, -1):
-        if sequence[j] != pad_token_id:
-            return j
-    return 0
 
 
 def _ranges(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

@@ -33,6 +33,15 @@ def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+def pooled_index(sequence: Sequence[int], pad_token_id: int | None) -> int:
+    """Where transformers' `*ForSequenceClassification` reads a sequence's score: its last token that is not the
+    padding id (so a trailing EOS that is also the padding id is skipped), the first token when every one is."""
+    for j in range(len(sequence) - 1, -1, -1):
+        if sequence[j] != pad_token_id:
+            return j
+    return 0
+
+
 def plan_passes(
     lengths: Sequence[int], max_rows: int | None = None, max_tokens: int | None = None,
     extra: Sequence[int] | None = None, slack: float = 0.25,

@@ -148,7 +148,7 @@ class DataCollatorForSharedPrefix(DataCollatorMixin):
     return_tensors: str = "pt"
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        built = [record_row(example["completion_ids"]) for example in examples]
+        built = [record_row(example["completion_ids"], pad_token_id=self.pad_token_id) for example in examples]
         rows = plan_rows([len(b[0]) for b in built], self.pack_max_tokens)
         row_len = max(sum(len(built[i][0]) for i in row) for row in rows)
         if self.pad_to_multiple_of:
