@@ -518,3 +518,24 @@ def test_common_prefix_length_matches_a_scan():
         while scan < min(len(a), len(b)) and a[scan] == b[scan]:
             scan += 1
         assert common_prefix_length(a, b) == scan == common_prefix_length(tuple(b), a)
+
+
+def test_a_forward_that_never_ran_the_packed_attention_raises(tiny_tokenizer, monkeypatch):
+    """A model whose layers do not call the packed attention (their own attention code) would mix completions: the
+    call raises instead of returning those scores."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from trl_rm_env.sharing import packed as packed_module
+
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    batch = pack_groups(random_groups(1, [(4, [2, 3])], model.config.vocab_size), [4], tiny_tokenizer.pad_token_id)
+    packed_module._register()
+
+    def own_attention(module, query, key, value, attention_mask, packed=None, **kwargs):
+        return sdpa_attention_forward(module, query, key, value, None, **kwargs)
+
+    monkeypatch.setitem(AttentionInterface._global_mapping, PACKED_ATTENTION, own_attention)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="ran its own attention"):
+        packed_scores(model, batch)
+    assert model.config._attn_implementation == "sdpa"

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 PACKED_ATTENTION = "trl_rm_env_packed"
 """The attention implementation name the packed forward runs under (registered with transformers on first use)."""
+_LAYER_CALLS = [0]
+"""Calls of the packed attention in this process: `packed_scores` checks that its forward made some (a counter kept
+outside the layout, which wrappers may copy: FSDP2 rebuilds dataclass inputs to cast them)."""
 
 
 @dataclass
@@ -70,7 +73,6 @@ class PackedAttention:
     num_tokens: int
     length: int
     mask: torch.Tensor | None = field(default=None, repr=False)
-    calls: int = 0  # layers that ran under this layout (`packed_scores` checks the model's attention used it)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedAttention:
         """A copy with its tensors on `device` (Accelerate's `send_to_device` calls this)."""
@@ -200,7 +202,7 @@ def packed_attention_forward(
         )
     if query.shape[0] != 1:
         raise ValueError(f"A packed forward takes one row; got a batch of {query.shape[0]}.")
-    packed.calls += 1
+    _LAYER_CALLS[0] += 1
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     dtype = query.dtype
     if query.is_cuda and torch.is_autocast_enabled("cuda"):  # as SDPA does under autocast
@@ -262,6 +264,7 @@ def packed_scores(
     packed: PackedAttention = inputs["packed"].to(input_ids.device, non_blocking=True)
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
+    calls_before = _LAYER_CALLS[0]
     try:
         with packed_attention(model):
             outputs = model(
@@ -270,7 +273,7 @@ def packed_scores(
             )
     finally:
         handle.remove()
-    if packed.calls == 0:  # the model's attention does not go through transformers' AttentionInterface
+    if _LAYER_CALLS[0] == calls_before:  # the model's attention does not go through transformers' AttentionInterface
         raise RuntimeError(
             f"{type(classifier(model)).__name__} ran its own attention, not the packed layout's: its scores would mix "
             "completions. Use prefix_sharing=False (or True / 'auto', which do not pack this model)."
