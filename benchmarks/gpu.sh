@@ -6,6 +6,17 @@
 #
 #     bash benchmarks/gpu.sh
 #
+# Making them (here, with network; `/.whl/` and `/.gpudata/` in .git/info/exclude):
+#
+#     for w in trl==1.16.0 transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 accelerate==1.15.0 \
+#              peft==0.21.2; do python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#              --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+#              --platform manylinux2014_x86_64 -d .whl "$w"; done
+#     mkdir -p .gpudata && cp ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz .gpudata/
+#
+# (an image whose pyarrow is older than 24 also needs datasets 4.8.5 and requests' wheels in .whl/fallback/). Then
+# call the device with `carry: [".whl", ".gpudata"]` and a timeout of about 540 s.
+#
 # The wheels (trl, transformers, datasets and what they need beyond the machine's own packages) go into $GPU_SH_SITE
 # (default /tmp/site), this checkout's package comes from PYTHONPATH. Each benchmark's table goes to $OUT/<name>.md,
 # its log to $OUT/<name>.log, all tables together to $OUT/tables.md (printed at the end); $OUT defaults to
