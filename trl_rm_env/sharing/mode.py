@@ -125,20 +125,31 @@ def kv_sharing_unsupported(model: torch.nn.Module, training: bool = False) -> st
 
 
 
+def packed_choice(model: torch.nn.Module, mode: bool | str, fast: bool, otherwise: str) -> str | bool | None:
+    """The packed layout's part of the decision, for training and scoring alike: `"packed"` when it is asked for
+    (`mode="packed"`, or any sharing mode where it runs `fast`) and the model can run it; False when it was forced
+    and the model cannot (a warning ending in `otherwise`); None when the other layouts decide. Logged once."""
+    if mode is False or not (mode == "packed" or fast):
+        return None
+    reason = packed_unsupported(model)
+    if reason is None:
+        logger.info("prefix_sharing=%r: each micro-batch is one packed, padding-free forward, each shared context "
+                    "once.", mode)
+        return "packed"
+    if mode == "packed":
+        logger.warning("prefix_sharing='packed': %s; %s.", reason, otherwise)
+        return False
+    return None
+
+
 def scoring_mode(model: torch.nn.Module, mode: bool | str) -> bool | str:
     """The mode a scorer runs: `"packed"` (`"packed"`, or `"auto"`/`True` on an accelerator), `False` where the
     model cannot share (logged once), else `mode` (the KV-cache layout, `"auto"` by its cost model)."""
     if mode is False:
         return False
-    if mode == "packed" or on_accelerator(model):
-        reason = packed_unsupported(model)
-        if reason is None:
-            logger.info("prefix_sharing=%r: each micro-batch is one packed, padding-free forward, every prompt of it "
-                        "once.", mode)
-            return "packed"
-        if mode == "packed":
-            logger.warning("prefix_sharing='packed': %s; scoring each sequence separately.", reason)
-            return False
+    packed = packed_choice(model, mode, on_accelerator(model), "scoring each sequence separately")
+    if packed is not None:
+        return packed
     reason = kv_sharing_unsupported(model)
     if reason is None:
         if mode == "auto":
@@ -165,17 +176,10 @@ def training_layout(
     if mode == "auto" and plain_reason:
         logger.info("prefix_sharing='auto': %s; using the plain batch layout.", plain_reason)
         return False
-    if accelerator is None:
-        accelerator = on_accelerator(model)
-    if mode == "packed" or accelerator:
-        reason = packed_unsupported(model)
-        if reason is None:
-            logger.info("prefix_sharing=%r: each micro-batch is one packed, padding-free forward (each record's "
-                        "context once).", mode)
-            return "packed"
-        if mode == "packed":
-            logger.warning("prefix_sharing='packed': %s; using the plain path.", reason)
-            return False
+    fast = on_accelerator(model) if accelerator is None else accelerator
+    packed = packed_choice(model, mode, fast, "using the plain path")
+    if packed is not None:
+        return packed
     reason = kv_sharing_unsupported(model, training=True)
     if reason is None and activation_checkpointing:
         reason = "activation checkpointing drops the KV cache"

@@ -54,6 +54,20 @@ def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
     return torch.tensor([float(example.get("margin") or 0.0) for example in examples], dtype=torch.float)
 
 
+def _record_fields(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """What the shared layouts' batches carry beside their tokens: `ranks` and `record_index` `(C,)` (completions in
+    record order), and `margin` `(B,)` when the examples have one (`_TakesPairs` puts one in every example)."""
+    fields = {
+        "ranks": torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long),
+        "record_index": torch.tensor(
+            [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
+        ),
+    }
+    if "margin" in examples[0]:
+        fields["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
+    return fields
+
+
 def is_pair_example(example: dict[str, Any]) -> bool:
     """Whether `example` is in TRL's pair form (`chosen_ids`/`rejected_ids`) rather than the ranked form."""
     return "chosen_ids" in example and "completion_ids" not in example
@@ -177,13 +191,8 @@ class DataCollatorForSharedPrefix(DataCollatorMixin):
             "record_ids": record_ids,
             "segment_ids": segment_ids,
             "score_index": torch.tensor(score_index, dtype=torch.long),
-            "ranks": torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long),
-            "record_index": torch.tensor(
-                [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
-            ),
+            **_record_fields(examples),
         }
-        if "margin" in examples[0]:
-            output["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
         return output
 
 
@@ -228,13 +237,7 @@ class DataCollatorForSharedContext(DataCollatorForSharedPrefix):
             output["completion_chunks"] = plan_passes(output["completion_mask"].sum(1).tolist())
         rows = torch.arange(output["completion_ids"].shape[0])
         output["score_index"] = torch.stack([rows, output.pop("last_index")], dim=1)
-        output["ranks"] = torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long)
-        output["record_index"] = torch.tensor(
-            [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
-        )
-        if "margin" in examples[0]:
-            output["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
-        return output
+        return output | _record_fields(examples)
 
 
 @dataclass
@@ -262,13 +265,7 @@ class DataCollatorForPackedContext(DataCollatorMixin):
                              self.pad_to_multiple_of)
         last = output.pop("last_index")
         output["score_index"] = torch.stack([torch.zeros_like(last), last], dim=1)
-        output["ranks"] = torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long)
-        output["record_index"] = torch.tensor(
-            [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
-        )
-        if "margin" in examples[0]:
-            output["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
-        return output
+        return output | _record_fields(examples)
 
 
 class _TakesPairs:
