@@ -47,9 +47,9 @@ from bench_score import (  # benchmarks/ is on sys.path
     free_port,
     hh_batch,
     peak_memory_mb,
-    short_error,
     wait_until_healthy,
 )
+from floor import run_in_child, short_error
 
 METHODS = [
     "vLLM offline",
@@ -205,24 +205,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     results = {}
     for method in methods:
-        queue = ctx.Queue()
-        proc = ctx.Process(target=run_one, args=(method, opts, queue))
-        proc.start()
-        deadline = time.monotonic() + args.timeout
-        while True:
-            try:
-                results[method] = queue.get(timeout=5)
-                break
-            except Exception:
-                if not proc.is_alive():
-                    results[method] = {"error": f"the benchmark process ended with status {proc.exitcode}"}
-                    break
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    results[method] = {"error": f"not done in {args.timeout:.0f} s"}
-                    break
-        proc.join()
-        r = results[method]
+        results[method] = r = run_in_child(ctx, run_one, (method, opts), args.timeout)
         print(f"  done: {method} " + (f"(error: {r['error']})" if "error" in r else f"({r['seconds']:.2f} s a call)"),
               file=sys.stderr)
         time.sleep(3)

@@ -61,7 +61,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-from floor import group_floor, load_line, matmul_gflops, rate_column  # benchmarks/floor.py (on sys.path)
+from floor import (  # benchmarks/floor.py (on sys.path)
+    group_floor,
+    load_line,
+    matmul_gflops,
+    rate_column,
+    run_in_child,
+    short_error,
+)
 
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
 MODELS = {
@@ -385,32 +392,9 @@ def save_model(opts: dict) -> str:
 
 
 def run_child(ctx, method: str, case: dict, opts: dict) -> dict:
-    """Run one method on one case in a fresh child process: its result, or `{"error"}` when it fails, dies or takes
-    longer than `opts["timeout"]` seconds."""
-    queue = ctx.Queue()
-    proc = ctx.Process(target=run_one, args=(method, case, opts, queue))
-    proc.start()
-    deadline = time.monotonic() + opts["timeout"]
-    while True:  # a child that died without a result is an error, not a wait forever
-        try:
-            result = queue.get(timeout=5)
-            break
-        except Exception:
-            if not proc.is_alive():
-                result = {"error": f"the benchmark process ended with status {proc.exitcode}"}
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                result = {"error": f"not done in {opts['timeout']:.0f} s"}
-                break
-    proc.join()
-    return result
-
-
-def short_error(message: str, limit: int = 100) -> str:
-    """An error's first line, at most `limit` characters, without Markdown's column separator."""
-    line = (message.strip().splitlines() or [""])[0].replace("|", "/")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    """Run one method on one case in a fresh child process (`floor.run_in_child`: an error when it fails, dies or
+    takes longer than `opts["timeout"]` seconds)."""
+    return run_in_child(ctx, run_one, (method, case, opts), opts["timeout"])
 
 
 def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[list[str]], str]:

@@ -37,7 +37,14 @@ import sys
 import time
 from pathlib import Path
 
-from floor import group_floor, load_line, matmul_gflops, rate_column  # benchmarks/floor.py (on sys.path)
+from floor import (  # benchmarks/floor.py (on sys.path)
+    group_floor,
+    load_line,
+    matmul_gflops,
+    rate_column,
+    run_in_child,
+    short_error,
+)
 
 HH_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
@@ -322,31 +329,8 @@ def main() -> None:
 
 def run_child(ctx, name: str, records: list[dict], opts: dict, timeout: float) -> dict:
     """Run one method in a fresh child process: its result, or `{"name", "error"}` when it fails, dies or takes
-    longer than `timeout` seconds."""
-    queue = ctx.Queue()
-    proc = ctx.Process(target=run_one, args=(name, records, opts, queue))
-    proc.start()
-    deadline = time.monotonic() + timeout
-    while True:  # a child that died without a result is an error, not a wait forever
-        try:
-            result = queue.get(timeout=5)
-            break
-        except Exception:
-            if not proc.is_alive():
-                result = {"name": name, "error": f"the benchmark process ended with status {proc.exitcode}"}
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                result = {"name": name, "error": f"not done in {timeout:.0f} s"}
-                break
-    proc.join()
-    return result
-
-
-def short_error(message: str, limit: int = 100) -> str:
-    """An error's first line, at most `limit` characters, without Markdown's column separator."""
-    line = (message.strip().splitlines() or [""])[0].replace("|", "/")
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    longer than `timeout` seconds (`floor.run_in_child`)."""
+    return {"name": name} | run_in_child(ctx, run_one, (name, records, opts), timeout)
 
 
 if __name__ == "__main__":

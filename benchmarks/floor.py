@@ -85,3 +85,33 @@ def load_line() -> str:
         return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     except OSError:
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_in_child(ctx, target, args: tuple, timeout: float) -> dict:
+    """Run `target(*args, queue)` in a fresh child process of `ctx` and return what it puts on the queue, or
+    `{"error"}` when the child dies without a result or takes longer than `timeout` seconds (it is killed): a
+    child that died is an error, not a wait forever."""
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:
+            if not proc.is_alive():
+                result = {"error": f"the benchmark process ended with status {proc.exitcode}"}
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                result = {"error": f"not done in {timeout:.0f} s"}
+                break
+    proc.join()
+    return result
+
+
+def short_error(message: str, limit: int = 100) -> str:
+    """An error's first line, at most `limit` characters, without Markdown's column separator."""
+    line = (message.strip().splitlines() or [""])[0].replace("|", "/")
+    return line if len(line) <= limit else line[: limit - 3] + "..."
