@@ -79,6 +79,22 @@ def assert_same_loss_and_gradients(model, scores, reference, batch, loss_ref, gr
         torch.testing.assert_close(g, g_ref, atol=1e-4, rtol=1e-3)
 
 
+def ranked_trainer(tmp_path, tokenizer, dataset, eval_sets=None, max_steps: int = 6, **overrides):
+    """A `RankedRewardTrainer` of the tiny model (seed 0) for a short CPU run in `tmp_path`: 8 records a step, 16 an
+    evaluation batch, a loss every step, nothing saved; `overrides` on top of those arguments."""
+    from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
+    from trl_rm_env.testing import build_tiny_reward_model
+
+    args = RankedRewardConfig(
+        output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=8, per_device_eval_batch_size=16,
+        learning_rate=3e-3, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
+        disable_tqdm=True, dataloader_num_workers=0, **overrides,
+    )
+    model = build_tiny_reward_model(tokenizer, seed=0).train()
+    return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_sets,
+                               processing_class=tokenizer)
+
+
 # ---------------------------------------------------------------------------------------------------- arguments
 def training_args(config_cls: type, tmp_path: Path, **overrides: Any):
     """`config_cls` (a `RewardConfig` or one of ours) for a short CPU run in `tmp_path/out`: no reporting, no

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from helpers import _one_thread  # noqa: F401
+from helpers import _one_thread, ranked_trainer  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
@@ -150,17 +150,6 @@ def test_pairs_keep_trls_layout(tiny_tokenizer):
     assert [tokens[c] for c in batch["score_index"][:, 1].tolist()] == [8, 2, 9, 4]
 
 
-def make_trainer(tmp_path, tokenizer, dataset, eval_sets=None, **overrides):
-    args = RankedRewardConfig(
-        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=8, per_device_eval_batch_size=16,
-        learning_rate=3e-3, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, **overrides,
-    )
-    model = build_tiny_reward_model(tokenizer, seed=0).train()
-    return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_sets,
-                               processing_class=tokenizer)
-
-
 def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
     """`prefix_sharing="packed"` trains (losses, evaluation) exactly as the plain path, with and without activation
     checkpointing (the layers recompute under the packed attention in backward)."""
@@ -172,7 +161,7 @@ def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
         "packed": {"prefix_sharing": "packed"},
         "checkpointed": {"prefix_sharing": "packed", CHECKPOINTING_FIELD: True},
     }.items():
-        trainer = make_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, **overrides)
+        trainer = ranked_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, max_steps=4, **overrides)
         assert trainer._prefix_sharing == (False if name == "plain" else "packed")
         assert isinstance(trainer.data_collator, DataCollatorForPackedContext) == (name != "plain")
         trainer.train()

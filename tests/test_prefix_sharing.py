@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_same_loss_and_gradients
+from helpers import assert_same_loss_and_gradients, ranked_trainer
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
@@ -99,17 +99,6 @@ def test_plain_text_records(tiny_tokenizer):
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
 
 
-def make_trainer(tmp_path, tokenizer, dataset, eval_sets=None, **overrides):
-    args = RankedRewardConfig(
-        output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=8, per_device_eval_batch_size=16,
-        learning_rate=3e-3, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, **overrides,
-    )
-    model = build_tiny_reward_model(tokenizer, seed=0).train()
-    return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_sets,
-                               processing_class=tokenizer)
-
-
 def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_tokenizer):
     """Default ("auto": KV path), forced KV, and the block-mask fallback (forced under activation checkpointing,
     packed) all train exactly like the plain path."""
@@ -126,7 +115,7 @@ def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_token
                    DataCollatorForSharedPrefix),
     }
     for name, (overrides, collator) in layouts.items():
-        trainer = make_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, **overrides)
+        trainer = ranked_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, **overrides)
         assert isinstance(trainer.data_collator, collator)
         assert isinstance(trainer.data_collator, DataCollatorForSharedContext) == (name in ("auto", "shared"))
         trainer.train()
