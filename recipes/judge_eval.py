@@ -65,8 +65,6 @@ def judge_arguments(args: argparse.Namespace) -> dict | None:
     kwargs = {"show_progress": False, **more, **options}
     if args.judge_tokenizer is not None:
         kwargs["tokenizer"] = args.judge_tokenizer
-    if kwargs.get("mode") == "listwise":
-        raise SystemExit("--judge-mode listwise ranks a GRPO group; on preference pairs evaluate pointwise or pairwise")
     if args.judge_url:
         kwargs["remote_url"] = list(args.judge_url)
         kwargs.pop("show_progress", None)

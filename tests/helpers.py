@@ -305,7 +305,7 @@ def judge_conversations():
     return prompts, completions
 
 
-def _judge_prompt_text(prompt):
+def judge_prompt_text(prompt):
     if len(prompt) == 1:
         return prompt[0]["content"]
     return "\n\n".join(f"{m['role'].capitalize()}: {m['content']}" for m in prompt)
@@ -317,7 +317,7 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
     rendered here with the judge's chat template (the model card's rule): pointwise, the expected rating over the
     tokens `1..max_score`; pairwise (`pairs="all"`, `swap=True`), each completion's mean preference over its
     comparisons in both orders."""
-    from trl_rm_env.judges.templates import ANSWER_FORMATS, TEMPLATES
+    from trl_rm_env.judges.modes import MODES
 
     def distribution(text, labels):
         rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)
@@ -327,14 +327,14 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
         return p / p.sum()
 
     def fill(mode, **values):
-        answer = ANSWER_FORMATS[(mode, "logprobs")].format(max_score=max_score, count=0)
-        return TEMPLATES[mode].format(answer_format=answer, max_score=max_score, **values)
+        answer = MODES[mode].answer_formats["logprobs"].format(max_score=max_score, count=0)
+        return MODES[mode].template.format(answer_format=answer, max_score=max_score, **values)
 
     texts = [c[0]["content"] for c in completions]
     if mode == "pointwise":
         out = []
         for prompt, text in zip(prompts, texts):
-            p = distribution(fill("pointwise", prompt=_judge_prompt_text(prompt), completion=text), [str(k) for k in range(1, max_score + 1)])
+            p = distribution(fill("pointwise", prompt=judge_prompt_text(prompt), completion=text), [str(k) for k in range(1, max_score + 1)])
             out.append(float((p * torch.arange(1, max_score + 1, dtype=torch.double)).sum()))
         return torch.tensor(out)
     groups = {}
@@ -345,7 +345,7 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
         for a in members:
             for b in members:
                 if a != b:  # every ordered pair: both orders of every pair
-                    p_a = float(distribution(fill("pairwise", prompt=_judge_prompt_text(prompts[a]), completion_a=texts[a], completion_b=texts[b]), ["A", "B"])[0])
+                    p_a = float(distribution(fill("pairwise", prompt=judge_prompt_text(prompts[a]), completion_a=texts[a], completion_b=texts[b]), ["A", "B"])[0])
                     shares[a].append(p_a)
                     shares[b].append(1 - p_a)
     return torch.tensor([sum(v) / len(v) for _, v in sorted(shares.items())])

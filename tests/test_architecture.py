@@ -150,6 +150,40 @@ def test_no_module_over_450_lines():
     assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
 
 
+def mode_name_tests(path: Path) -> list[int]:
+    """The lines of `path` that compare something with a built-in judge mode's name (`==`, `!=`, `in`), or index a
+    mapping by one."""
+    names = {"pointwise", "pairwise", "listwise"}
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(named(e) for e in node.elts)
+
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Compare) and any(named(n) for n in [node.left, *node.comparators]):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and named(node.slice):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Dict) and any(k is not None and named(k) for k in node.keys):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_only_the_modes_module_tests_a_judge_modes_name(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('if mode == "pairwise":\n    x = {"listwise": 1}\ny = T["pointwise"]\nz = mode in ("a", "pointwise")\n')
+    assert mode_name_tests(probe) == [1, 2, 3, 4]  # the reader sees each way of testing a name
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in [*package_modules().values(), *RECIPES.rglob("*.py")]
+        if path != PACKAGE / "judges" / "modes.py"
+        for line in mode_name_tests(path)
+    ]
+    assert not offenders, f"a judge mode's name tested outside judges/modes.py (ask the mode instead): {offenders}"
+
+
 def _importable(module, name: str) -> bool:
     """`from <module> import <name>` works: an attribute, or a submodule."""
     import importlib

@@ -12,7 +12,8 @@ from trl_rm_env.recipes.cli import main as cli_main
 
 from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.schema import iter_pairs
-from trl_rm_env.judges.templates import ANSWER_FORMATS, PAIRWISE, POINTWISE
+from trl_rm_env.judges.modes import MODES
+from trl_rm_env.judges.templates import PAIRWISE, POINTWISE
 
 LLMBAR = [
     {"input": "What is 2+2?", "output_1": "4", "output_2": "5", "label": 1},
@@ -55,7 +56,7 @@ def reference(plain, records, mode):
         for i, j in iter_pairs([c["rank"] for c in record["completions"]]):
             pairs += 1
             if mode == "pointwise":
-                fmt = ANSWER_FORMATS[("pointwise", "logprobs")].format(max_score=9)
+                fmt = MODES["pointwise"].answer_formats["logprobs"].format(max_score=9)
                 rating = [
                     float((next_token(model, tok, POINTWISE.format(prompt=prompt, completion=t, max_score=9,
                                                                     answer_format=fmt), [str(k) for k in range(1, 10)])
@@ -64,7 +65,7 @@ def reference(plain, records, mode):
                 ]  # fmt: skip
                 correct += rating[0] > rating[1]
                 continue
-            fmt = ANSWER_FORMATS[("pairwise", "logprobs")]
+            fmt = MODES["pairwise"].answer_formats["logprobs"]
             first = float(next_token(model, tok, PAIRWISE.format(prompt=prompt, completion_a=texts[i],
                                                                  completion_b=texts[j], answer_format=fmt), "AB")[0])
             second = 1 - float(next_token(model, tok, PAIRWISE.format(prompt=prompt, completion_a=texts[j],
@@ -93,6 +94,7 @@ def test_judge_accuracy_and_consistency_equal_one_at_a_time_reference(tiny_dir, 
     assert results["cost"]["tokens"] > 0 and 0 < results["cost"]["rating_mass"] <= 1
 
 
+@pytest.mark.slow
 def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(tiny_dir, capsys, tmp_path):
     out = tmp_path / "results.json"
     code = cli_main(["eval", "--model", str(tiny_dir / "reward_model"), "--judge", str(tiny_dir / "policy"),
@@ -129,6 +131,7 @@ def test_judge_flags_fail_in_one_line(tiny_dir, capsys):
             cli_main(argv)
 
 
+@pytest.mark.slow
 def test_reward_model_rows_are_todays_eval_and_report_has_the_figure(tiny_dir, llmbar_file, tmp_path):
     base = ["eval", "--model", str(tiny_dir / "reward_model"), "--data", str(llmbar_file), "--format", "llmbar",
             "--no-progress"]  # fmt: skip
@@ -183,20 +186,26 @@ class FakeJudge:
     def __init__(self, mode, swap=True, prefer=None, rate=None):
         from types import SimpleNamespace
 
-        self.options = SimpleNamespace(mode=mode, swap=swap, scoring="logprobs")
+        from trl_rm_env.judges.modes import MODES
+
+        self.mode = MODES[mode]
+        self.options = SimpleNamespace(mode=mode, swap=swap, scoring="logprobs", pairs="all")
         self.prefer, self.rate, self.asked = prefer, rate, []
 
-    def verdicts(self, contexts, completions, others=None):
+    def judge_items(self, contexts, shown):
         from trl_rm_env.judges.judging import JudgeVerdicts
 
-        texts = [c[0]["content"] for c in completions]
-        if others is None:
-            values = [self.rate(t) for t in texts]
+        texts = [[c[0]["content"] for c in item] for item in shown]
+        if all(len(item) == 1 for item in texts):
+            values = [self.rate(t) for (t,) in texts]
         else:
-            values = [self.prefer(a, b[0]["content"]) for a, b in zip(texts, others)]
-            self.asked += list(zip(texts, [b[0]["content"] for b in others]))
+            values = [self.prefer(a, b) for a, b in texts]
+            self.asked += [tuple(item) for item in texts]
         n = len(values)
         return JudgeVerdicts(values, {"num_judgements": n, "num_unparsed": 0, "num_overlength": 0}, [0.5] * n, 10 * n)
+
+    def judge_pairs(self, pairs):
+        return self.mode.judge_pairs(self.judge_items, pairs, self.options)
 
 
 def fake_sets():

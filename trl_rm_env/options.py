@@ -58,10 +58,11 @@ def option(
     default_factory: Callable[[], Any] | Any = MISSING,
     **spelling: Any,
 ) -> Any:
-    """A dataclass field declaring an option: its default, `help`, `choices` and `Spelling` (keyword arguments)."""
+    """A dataclass field declaring an option: its default, `help`, `choices` and `Spelling` (keyword arguments).
+    `choices` given as a mapping (a registry, such as the judge modes) stays live: its names at the time of use."""
     metadata: dict[str, Any] = {"help": help, SPELLING: Spelling(**spelling)}
     if choices is not None:
-        metadata["choices"] = list(choices)
+        metadata["choices"] = choices if isinstance(choices, Mapping) else list(choices)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 

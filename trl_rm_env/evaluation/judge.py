@@ -9,7 +9,11 @@ in GRPO:
 - pairwise: the pair is shown with the better answer first and, with `swap`, again with it second; the preference for
   the better one is the mean over the orders, `(p_ij + 1 - p_ji) / 2`, and it wins above 0.5 (0.5 exactly is a tie).
   Without `swap` the better answer is first in every other pair, so position bias cannot pass for accuracy.
-  Position consistency (pairwise with `swap`) is the share of pairs whose winner survives the swap.
+  Position consistency (pairwise with `swap`) is the share of pairs whose winner survives the swap;
+- listwise, and any mode registered later without its own rule: the pair is a GRPO group of two (the better answer
+  first in every other pair), judged as GRPO judges a group, and it goes to the completion with the higher reward.
+
+Each mode says how (`trl_rm_env.judges.modes.JudgeMode.judge_pairs`).
 
 A pair without a verdict (unparseable, or over-length) is counted as such and as wrong. Costs are measured: judgements,
 prompt tokens and seconds per 1,000 pairs, and the peak memory during each source's run (CUDA's peak allocation, or
@@ -22,7 +26,6 @@ equals the pairs asked).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -103,68 +106,41 @@ def pairs_of_sets(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[t
     ]
 
 
-def _run(result: Any) -> Any:
-    return asyncio.run(result) if asyncio.iscoroutine(result) else result
-
-
 def judge_pair_verdicts(
     judge: Any,
     datasets: Mapping[str, Sequence[Mapping[str, Any]]],
     pairs: Sequence[tuple[str, int, int, int]],
     indices: Sequence[int] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Judge `pairs`: one row per pair, `{"preference": for the better one (pointwise: its rating minus the worse one's;
-    None: no verdict), "orders": [p with the better first, p with it second] (pairwise)}`, and the cost
-    (`judgements`, `tokens`, `seconds`, `rating_mass`, `unparsed`, `overlength`). `indices`: each pair's position in
-    `pairs_of_sets` (default: its position here), which decides its order without `swap` (better first at even ones),
-    so a pair is shown the same way whoever asks."""
-    mode, swap = judge.options.mode, judge.options.swap
+    """Judge `pairs` as the judge's mode judges a preference pair (`JudgeMode.judge_pairs`): one row per pair,
+    `{"preference": for the better one (None: no verdict; the mode's `neutral` is a tie), "orders": its preference in
+    each order shown (modes that show both)}`, and the cost (`judgements`, `tokens`, `seconds`, `rating_mass`,
+    `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`).
+    `indices`: each pair's position in `pairs_of_sets` (default: its position here), which decides its order when the
+    mode shows one (better first at even ones), so a pair is shown the same way whoever asks."""
+    from ..judges.modes import EvalPair
+
     reset_peak_memory()
     start = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    ratings: dict[tuple[str, int, int], Any] = {}
-    if mode == "pointwise":
-        items = sorted({(name, r, k) for name, r, i, j in pairs for k in (i, j)})
-        position = {item: n for n, item in enumerate(items)}
-        found = _run(
-            judge.verdicts(
-                [datasets[name][r]["context"] for name, r, _ in items],
-                [datasets[name][r]["completions"][k]["completion"] for name, r, k in items],
+    asked = []
+    for n, (name, r, i, j) in enumerate(pairs):
+        record = datasets[name][r]
+        asked.append(
+            EvalPair(
+                context=record["context"],
+                better=record["completions"][i]["completion"],
+                worse=record["completions"][j]["completion"],
+                better_key=(name, r, i),
+                worse_key=(name, r, j),
+                index=n if indices is None else indices[n],
             )
         )
-        ratings = {item: found.values[n] for item, n in position.items()}
-        for name, r, i, j in pairs:
-            better, worse = found.values[position[(name, r, i)]], found.values[position[(name, r, j)]]
-            rows.append({"preference": None if better is None or worse is None else better - worse})
-    elif mode == "pairwise":
-        shown = []  # (pair, better shown first)
-        for n, pair in enumerate(pairs):
-            index = n if indices is None else indices[n]
-            shown += [(pair, True), (pair, False)] if swap else [(pair, index % 2 == 0)]
-
-        def completion(name: str, r: int, k: int) -> Any:
-            return datasets[name][r]["completions"][k]["completion"]
-
-        found = _run(
-            judge.verdicts(
-                [datasets[name][r]["context"] for (name, r, _, _), _ in shown],
-                [completion(name, r, i if first else j) for (name, r, i, j), first in shown],
-                [completion(name, r, j if first else i) for (name, r, i, j), first in shown],
-            )
-        )
-        per_pair = 2 if swap else 1
-        for n in range(len(pairs)):
-            orders = []
-            for k in range(per_pair):
-                value = found.values[n * per_pair + k]
-                first = shown[n * per_pair + k][1]
-                orders.append(None if value is None else value if first else 1.0 - value)
-            known = [p for p in orders if p is not None]
-            rows.append({"preference": sum(known) / len(known) if known else None, "orders": orders})
-    else:
-        raise ValueError(
-            "a listwise judge ranks a GRPO group; evaluate it as pointwise or pairwise on preference pairs"
-        )
+    verdicts = judge.judge_pairs(asked)
+    found = verdicts.found
+    rows = [
+        {"preference": p, **({} if verdicts.orders is None else {"orders": verdicts.orders[n]})}
+        for n, p in enumerate(verdicts.preferences)
+    ]
     cost = {
         "judgements": int(found.counts["num_judgements"]),
         "tokens": found.tokens,
@@ -172,7 +148,7 @@ def judge_pair_verdicts(
         "rating_mass": sum(found.masses) / len(found.masses) if found.masses else None,
         "unparsed": int(found.counts["num_unparsed"]),
         "overlength": int(found.counts["num_overlength"]),
-        "ratings": ratings,
+        "ratings": verdicts.ratings,
     }
     return rows, cost
 
@@ -221,7 +197,7 @@ def per_1k(cost: Mapping[str, Any], pairs: int) -> dict[str, Any]:
 
 
 def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[dict[str, Any], list]:
-    """A `JudgeEnvironment` (pointwise or pairwise) on preference sets (see the module docstring).
+    """A `JudgeEnvironment` on preference sets, each pair judged as its mode judges one (see the module docstring).
 
     Returns:
         `({"sets": {name: {"pairs", "correct", "verdict_ties", "no_verdict", "accuracy", "position_consistency"}},
@@ -230,9 +206,9 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
     """
     pairs = pairs_of_sets(datasets)
     rows, cost = judge_pair_verdicts(judge, datasets, pairs)
-    neutral = 0.0 if judge.options.mode == "pointwise" else 0.5
+    neutral = judge.mode.neutral
     picks = [_pick(row["preference"], neutral) for row in rows]
-    orders = [row["orders"] for row in rows] if judge.options.mode == "pairwise" else None
+    orders = [row["orders"] for row in rows] if all("orders" in row for row in rows) and rows else None
     sets = verdict_metrics(pairs, picks, orders)
     ratings = cost.pop("ratings")
     cost["memory_mb"] = peak_mb()
@@ -245,7 +221,7 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
         "per_1k_pairs": per_1k(cost, len(pairs)),
     }
     rewardbench2 = [records for records in datasets.values() if any("num_correct" in r for r in records)]
-    if rewardbench2 and judge.options.mode == "pointwise":  # best-of-N from ratings (no rating: below every other)
+    if rewardbench2 and ratings:  # best-of-N from each completion's own rating (no rating: below every other)
         by_set = {
             name: [
                 ratings.get((name, r, k)) if ratings.get((name, r, k)) is not None else float("-inf")
@@ -295,9 +271,8 @@ def evaluate_cascade(
     picks, margins = rm_picks(rm_rows, datasets)
     sent = [n for n, m in enumerate(margins) if abs(m) < margin]
     rows, cost = judge_pair_verdicts(judge, datasets, [pairs[n] for n in sent], sent) if sent else ([], None)
-    neutral = 0.0 if judge.options.mode == "pointwise" else 0.5
     for n, row in zip(sent, rows):
-        picks[n] = _pick(row["preference"], neutral)
+        picks[n] = _pick(row["preference"], judge.mode.neutral)
     sets = verdict_metrics(pairs, picks, None)
     judged = cost or {"judgements": 0, "tokens": 0, "seconds": 0.0}
     tokens = None if judged["tokens"] is None or rm_tokens is None else judged["tokens"] + rm_tokens

@@ -9,7 +9,9 @@ vLLM or transformers in this process or on OpenAI-compatible servers; and `Casca
     trainer = GRPOTrainer(model=..., reward_funcs=[judge], ...)
 
 - `options.py`: `JudgeOptions` (mode, scoring, pairs, swap, template, ...);
-- `templates.py`: the built-in prompts and how prompts and completions fill them;
+- `modes.py`: each mode (`pointwise`, `pairwise`, `listwise`) as an object: its template, verdicts, judgements and
+  aggregation; `register_mode` adds one;
+- `templates.py`: the built-in prompts' text and how prompts and completions fill them;
 - `verdicts.py`: verdict tokens, and parsing a written verdict;
 - `engines.py`: the judge run here (transformers, vLLM), planned once; `remote.py`: on OpenAI-compatible servers;
 - `environment.py`: `JudgeEnvironment`; `cascade.py`: `CascadeReward`.
@@ -23,7 +25,9 @@ _WHERE = {
     "CascadeReward": ".cascade",
     "JudgeEnvironment": ".environment",
     "JudgeOptions": ".options",
-    "TEMPLATES": ".templates",
+    "JudgeMode": ".modes",
+    "TEMPLATES": ".modes",
+    "register_mode": ".modes",
 }
 """Public names, imported on first use (the command line reads `JudgeOptions` without loading torch)."""
 

@@ -90,13 +90,13 @@ class CascadeReward:
         self.__name__ = name
         self.is_async = any(is_async_callable(s) for s in self.sources)  # TRL's own test
         for source, name in zip(self.sources[1:], self.source_names[1:]):
-            mode = getattr(getattr(source, "options", None), "mode", None)
-            if mode in ("pairwise", "listwise"):
+            mode = getattr(source, "mode", None)
+            if getattr(mode, "compares", False):
                 logger.warning(
                     "CascadeReward: %s is a %s judge after another source: it compares only the completions of a "
                     "group that the sources before it left undecided (a pointwise judge judges each on its own).",
                     name,
-                    mode,
+                    mode.name,
                 )
         self.last_calls: list[int] = []  # samples each source was called with, in the last call
 

@@ -29,13 +29,13 @@ from .judging import (
     build_judgements,
     failure_message,
     from_logprobs,
-    from_text,
     group_samples,
     template_columns,
 )
+from .modes import EvalPair, JudgeMode, PairVerdicts, mode_of
 from .options import JudgeOptions
 from .remote import RemoteJudgeEngine, remote_judge_tokenizer
-from .verdicts import label_token_ids, verdict_labels
+from .verdicts import label_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -179,14 +179,16 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self._configure(judge, reward)
 
     def _check_template(self, judge: JudgeOptions) -> None:
-        T.check_template(judge.template if judge.template is not None else T.TEMPLATES[judge.mode], judge.mode)
+        mode = mode_of(judge.mode)
+        T.check_template(judge.template if judge.template is not None else mode.template, mode)
 
     def _configure(self, judge: JudgeOptions, reward: RewardOptions) -> None:
         """Everything that follows from the options once the judge runs: template, verdict tokens, the pipeline."""
         scoring = self.scoring_options
         self.options = judge
-        self.template = judge.template if judge.template is not None else T.TEMPLATES[judge.mode]
-        self.columns = sorted(T.check_template(self.template, judge.mode))
+        self.mode: JudgeMode = mode_of(judge.mode)
+        self.template = judge.template if judge.template is not None else self.mode.template
+        self.columns = sorted(T.check_template(self.template, self.mode))
         self.template_kwargs = scoring.template_kwargs
         self.overlength_reward = scoring.overlength_reward
         self.labels, self.label_ids = self._labels_of(judge, reward.name)
@@ -223,7 +225,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         Raises:
             ValueError: a verdict that is not one token of the judge's tokenizer.
         """
-        labels = verdict_labels(judge.mode, judge.max_score)
+        labels = mode_of(judge.mode).labels(judge)
         if judge.scoring != "logprobs" or self.tokenizer is None:
             return labels, None
         return labels, label_token_ids(self.tokenizer, labels, name)
@@ -300,7 +302,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             for i in to_score
         }
         groups = group_samples(prompts, to_score, columns)
-        if self.options.mode != "pointwise" and len({len(g) for g in groups}) > 1 and not self._warned_groups:
+        if self.mode.compares and len({len(g) for g in groups}) > 1 and not self._warned_groups:
             self._warned_groups = True  # TRL split a group across processes, or a cascade left part of one
             logger.warning(
                 "%s: the groups of this call have %s completions: a %s judge compares the completions of one call "
@@ -310,14 +312,14 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
                 sorted({len(g) for g in groups}),
                 self.options.mode,
             )
-        judgements, alone = build_judgements(self.options, prompts, texts, groups, columns, self._prompt, self.name)
+        judgements, alone = build_judgements(
+            self.mode, self.options, prompts, texts, groups, columns, self._prompt, self.name
+        )
         self.last_judgements = judgements
         counts: dict[str, float] = {}
         masses: list[float] = []
         verdicts = yield from self._verdicts(judgements, counts, masses)
-        values, missing = aggregate(
-            self.options.mode, judgements, verdicts, to_score, alone, self.options.single_reward
-        )
+        values, missing = aggregate(self.mode, judgements, verdicts, to_score, alone, self.options.single_reward)
         for reason, samples in missing.items():
             fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
             if samples and fallback is None:
@@ -340,7 +342,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
     ) -> Generator[tuple, Any, list[Any]]:
         """Each judgement's verdict (None: over-length, or no verdict), yielding engine requests; fills `counts`
         (`num_judgements`, `num_overlength`, `num_retried`, `num_unparsed`) and `masses` (`logprobs`)."""
-        mode, judge = self.options.mode, self.options
+        mode, judge = self.mode, self.options
         verdicts: list[Any] = [None] * len(judgements)
         sendable = [k for k, j in enumerate(judgements) if not j.overlength]
         counts.update(num_judgements=float(len(judgements)), num_overlength=float(len(judgements) - len(sendable)))
@@ -360,38 +362,36 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
                     temperature = judge.temperature if judge.temperature > 0 else 1.0
                 answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, attempt)
                 for k, text in zip(pending, answers):
-                    verdicts[k] = from_text(mode, judgements[k], text, judge.max_score)
+                    verdicts[k] = mode.from_text(judgements[k].samples, text, judge)
                 last_texts.update(zip(pending, answers))
                 pending = [k for k in pending if verdicts[k] is None]
             self._unparsed_text = last_texts[pending[0]] if pending else ""
         counts["num_unparsed"] = float(sum(1 for k in sendable if verdicts[k] is None))
         return verdicts
 
-    def verdicts(
-        self, contexts: Sequence[Any], completions: Sequence[Any], others: Sequence[Any] | None = None, **columns: Any
-    ) -> Any:
-        """Verdicts on given items, for evaluation (`trl_rm_env.evaluation.judge`): a pointwise judge's rating of each
-        `(context, completion)`, or a pairwise judge's preference for `completion` over `other`, shown in that order
-        (one judgement each: `swap` is the caller's). `columns`: the template's dataset columns, one value per item.
+    def judge_items(
+        self, contexts: Sequence[Any], shown: Sequence[Sequence[Any]], **columns: Any
+    ) -> JudgeVerdicts | Any:
+        """Verdicts on given items, for evaluation: one judgement per item, showing the completions `shown[k]` in
+        that order for `contexts[k]`, as the mode fills its template (one completion for a pointwise judge, two for a
+        pairwise one; `swap` is the caller's). `columns`: the template's dataset columns, one value per item.
 
         Returns:
-            `JudgeVerdicts` (a coroutine of one when servers judge): `values` (None where no verdict was read) and
-            the costs.
-
-        Raises:
-            ValueError: a listwise judge, `others` missing for a pairwise judge or given for a pointwise one.
+            `JudgeVerdicts` (a coroutine of one when servers judge): `values` in the mode's verdict format (None
+            where none was read) and the costs.
         """
-        mode = self.options.mode
-        if mode == "listwise" or (others is None) != (mode == "pointwise"):
-            raise ValueError(
-                f"verdicts() takes a pointwise judge with completions, or a pairwise one with others; got {mode}"
-            )
-        steps = self._verdicts_of(contexts, completions, others, columns)
+        steps = self._items(contexts, shown, columns)
         return self._drive_async(steps) if self.engine.is_async else self._drive(steps)
 
-    def _verdicts_of(self, contexts, completions, others, columns) -> Generator[tuple, Any, JudgeVerdicts]:
+    def _items(self, contexts, shown, columns) -> Generator[tuple, Any, JudgeVerdicts]:
         values = template_columns(self.columns, columns, len(contexts), self.name)
         strip = self.strip_reasoning
+        wrong = [i for i, item in enumerate(shown) if self.mode.shows is not None and len(item) != self.mode.shows]
+        if len(shown) != len(contexts) or wrong:
+            raise ValueError(
+                f"{self.name}: a {self.options.mode} judge shows {self.mode.shows} completion(s) per judgement, one "
+                f"list per context; got {len(shown)} lists for {len(contexts)} contexts, wrong lengths at {wrong[:10]}"
+            )
 
         def text(completion: Any) -> str:
             return T.completion_text(strip_completion_reasoning(completion) if strip else completion)
@@ -399,21 +399,40 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         judgements = []
         for i, context in enumerate(contexts):
             fields = {"prompt": T.prompt_text(context), **{c: values[c][i] for c in values}}
-            if others is None:
-                fields.update(completion=text(completions[i]), max_score=self.options.max_score)
-            else:
-                fields.update(completion_a=text(completions[i]), completion_b=text(others[i]))
-            judgements.append(Judgement((i,) if others is None else (i, i), *self._prompt(fields)))
+            fields.update(self.mode.fill([text(c) for c in shown[i]], self.options))
+            judgements.append(Judgement(tuple(range(len(shown[i]))), *self._prompt(fields)))
         counts: dict[str, float] = {}
         masses: list[float] = []
         found = yield from self._verdicts(judgements, counts, masses)
         tokens = sum(len(j.prompt) for j in judgements) if self.tokens else None
         return JudgeVerdicts(found, counts, masses, tokens)
 
+    def verdicts(
+        self, contexts: Sequence[Any], completions: Sequence[Any], others: Sequence[Any] | None = None, **columns: Any
+    ) -> JudgeVerdicts | Any:
+        """`judge_items` with one completion per item, or `completion` shown before `other` (a pairwise judge's
+        preference for the first).
+
+        Raises:
+            ValueError: a number of completions per item that the mode does not show.
+        """
+        shown = [(c,) for c in completions] if others is None else list(zip(completions, others))
+        return self.judge_items(contexts, shown, **columns)
+
+    def judge_pairs(self, pairs: Sequence[EvalPair]) -> PairVerdicts:
+        """Preference pairs judged as the mode judges them (`JudgeMode.judge_pairs`), for `trl-rm-env eval`."""
+        import asyncio
+
+        def ask(contexts: Sequence[Any], shown: Sequence[Sequence[Any]]) -> JudgeVerdicts:
+            found = self.judge_items(contexts, shown)
+            return asyncio.run(found) if asyncio.iscoroutine(found) else found
+
+        return self.mode.judge_pairs(ask, pairs, self.options)
+
     def _prompt(self, values: dict[str, Any]) -> tuple[Any, bool]:
         """A judgement's prompt (token ids, or the message list for a chat server) and whether it is over-length."""
-        mode, scoring = self.options.mode, self.options.scoring
-        values["answer_format"] = T.answer_format(mode, scoring, **values)
+        scoring = self.options.scoring
+        values["answer_format"] = self.mode.answer_format(scoring, **values)
         chat = T.judge_chat(T.fill(self.template, values))
         if not self.tokens:
             return chat, False

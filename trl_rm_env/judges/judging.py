@@ -1,6 +1,6 @@
-"""From a batch to judgements and back, without a model: GRPO groups, the pairs judged, a verdict from log-probabilities
-or text, and each sample's reward as the mean of its share of the verdicts (`JudgeEnvironment` renders the prompts and
-runs the engine around these)."""
+"""From a batch to judgements and back, without a model: GRPO groups, the judgements of each (as its mode lists them),
+a verdict from log-probabilities, and each sample's reward as the mean of its share of the verdicts
+(`JudgeEnvironment` renders the prompts and runs the engine around these; `modes.py` says what differs by mode)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import templates as T
-from .options import MAX_LIST
-from .verdicts import distribution, parse_ranking, parse_score, parse_winner
+from .modes import JudgeMode
+from .verdicts import distribution
 
 
 @dataclass
@@ -49,49 +49,17 @@ def group_samples(
     return list(groups.values())
 
 
-def pairs_of(n: int, pairs: str) -> list[tuple[int, int]]:
-    """The positions compared in a group of `n`: `all` (each unordered pair once) or `circular` (i against i+1, the
-    last against the first; for `n == 2` the one pair)."""
-    if pairs == "all" or n == 2:
-        return [(a, b) for a in range(n) for b in range(a + 1, n)]
-    return [(a, (a + 1) % n) for a in range(n)]
-
-
-def from_logprobs(mode: str, judgement: Judgement, logprobs: Sequence[float]) -> tuple[Any, float]:
-    """A judgement's verdict from the verdict tokens' log-probabilities, and the mass they held; the verdict is None
-    when they held none (nothing to read, never a 0). Pointwise: the expected rating (the labels are `1..max_score`);
-    pairwise: the preference for the first; listwise: each position's probability of being the best."""
-    if mode == "listwise":
-        logprobs = logprobs[: len(judgement.samples)]
-    probs, mass = distribution(logprobs)
+def from_logprobs(mode: JudgeMode, judgement: Judgement, logprobs: Sequence[float]) -> tuple[Any, float]:
+    """A judgement's verdict from the verdict tokens' log-probabilities, renormalized over the labels that apply to
+    it, and the mass they held; the verdict is None when they held none (nothing to read, never a 0)."""
+    probs, mass = distribution(mode.labels_shown(judgement.samples, logprobs))
     if mass <= 0:
         return None, 0.0
-    if mode == "pointwise":
-        return sum((k + 1) * p for k, p in enumerate(probs)), mass
-    if mode == "pairwise":
-        return probs[0], mass
-    return probs, mass
-
-
-def from_text(mode: str, judgement: Judgement, text: str, max_score: int) -> Any:
-    """A judgement's verdict parsed from the judge's text (`trl_rm_env.judges.verdicts`), or None. Listwise: each
-    position's `(N - 1 - rank) / (N - 1)`."""
-    if mode == "pointwise":
-        return parse_score(text, max_score)
-    if mode == "pairwise":
-        return parse_winner(text)
-    n = len(judgement.samples)
-    ranking = parse_ranking(text, n)
-    if ranking is None:
-        return None
-    values = [0.0] * n
-    for rank, position in enumerate(ranking):
-        values[position] = (n - 1 - rank) / (n - 1)
-    return values
+    return mode.from_probabilities(judgement.samples, probs), mass
 
 
 def aggregate(
-    mode: str,
+    mode: JudgeMode,
     judgements: Sequence[Judgement],
     verdicts: Sequence[Any],
     to_score: Sequence[int],
@@ -103,18 +71,12 @@ def aggregate(
     shares: dict[int, list[float]] = {i: [] for i in to_score}
     failed: dict[int, str] = {}
     for judgement, verdict in zip(judgements, verdicts):
-        samples = judgement.samples
         if verdict is None:
-            for i in samples:
+            for i in judgement.samples:
                 failed.setdefault(i, "overlength" if judgement.overlength else "unparsed")
-        elif mode == "pointwise":
-            shares[samples[0]].append(verdict)
-        elif mode == "pairwise":
-            shares[samples[0]].append(verdict)
-            shares[samples[1]].append(1.0 - verdict)
-        else:
-            for i, value in zip(samples, verdict):
-                shares[i].append(value)
+            continue
+        for i, value in mode.shares(judgement.samples, verdict):
+            shares[i].append(value)
     values: dict[int, float] = {}
     missing: dict[str, list[int]] = {"overlength": [], "unparsed": []}
     lone = set(alone)
@@ -177,6 +139,7 @@ def failure_message(judge: Any, reason: str, samples: list[int]) -> str:
 
 
 def build_judgements(
+    mode: JudgeMode,
     judge: Any,
     prompts: Sequence[Any],
     texts: Mapping[int, str],
@@ -186,39 +149,20 @@ def build_judgements(
     what: str,
 ) -> tuple[list[Judgement], list[int]]:
     """Every judgement of a call (`judge`: the `JudgeOptions`; `texts`: each sample's completion text; `render`:
-    template values -> `(prompt, overlength)`), and the samples alone in their group (pairwise, listwise).
+    template values -> `(prompt, overlength)`), and the samples alone in a group of a mode that compares them.
 
     Raises:
-        ValueError: a listwise `logprobs` group of more than `MAX_LIST` completions.
+        ValueError: a group the mode cannot judge (a listwise `logprobs` group of more than 9 completions).
     """
     out: list[Judgement] = []
     alone: list[int] = []
-
-    def add(samples: tuple[int, ...], **fields: Any) -> None:
-        first = samples[0]
-        values = {"prompt": T.prompt_text(prompts[first]), **{c: columns[c][first] for c in columns}, **fields}
-        out.append(Judgement(samples, *render(values)))
-
     for members in groups:
-        if judge.mode == "pointwise":
-            for i in members:
-                add((i,), completion=texts[i], max_score=judge.max_score)
-            continue
-        if len(members) == 1:
+        if mode.compares and len(members) == 1:
             alone.append(members[0])
             continue
-        if judge.mode == "pairwise":
-            for a, b in pairs_of(len(members), judge.pairs):
-                orders = [(members[a], members[b])] + ([(members[b], members[a])] if judge.swap else [])
-                for x, y in orders:
-                    add((x, y), completion_a=texts[x], completion_b=texts[y])
-            continue
-        if judge.scoring == "logprobs" and len(members) > MAX_LIST:
-            raise ValueError(
-                f"{what}: a listwise judgement by logprobs ranks at most {MAX_LIST} answers (one verdict token each); "
-                f"this group has {len(members)}. Use mode='pairwise' or scoring='generate'."
-            )
-        orders = [list(members)] + ([list(reversed(members))] if judge.swap else [])
-        for order in orders:
-            add(tuple(order), completions=T.numbered([texts[i] for i in order]), count=len(order))
+        for shown in mode.judgements(members, judge, what):
+            first = shown[0]
+            values = {"prompt": T.prompt_text(prompts[first]), **{c: columns[c][first] for c in columns}}
+            values.update(mode.fill([texts[i] for i in shown], judge))
+            out.append(Judgement(tuple(shown), *render(values)))
     return out, alone

@@ -10,12 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..options import check_choices, document, option
+from .modes import MAX_LIST, MODES  # noqa: F401 - MAX_LIST: where it was read before
 
-MODES = ("pointwise", "pairwise", "listwise")
 SCORINGS = ("logprobs", "generate")
 PAIRINGS = ("all", "circular")
-MAX_LIST = 9
-"""Most completions a listwise judgement can rank by log-probabilities: one single-token label each (1..9)."""
 
 
 def _judge(name: str) -> dict[str, str]:
@@ -38,7 +36,8 @@ class JudgeOptions:
         "pointwise",
         choices=MODES,
         help="`pointwise`: one judgement per completion; `pairwise`: the completions of a GRPO group compared in "
-        "pairs; `listwise`: one judgement over the whole group.",
+        "pairs; `listwise`: one judgement over the whole group; or a mode registered with "
+        "`trl_rm_env.judges.modes.register_mode`.",
         **_judge("mode"),
     )
     scoring: str = option(

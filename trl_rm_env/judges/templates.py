@@ -1,4 +1,4 @@
-"""The judge's prompt: built-in templates for each mode, a user's template with named fields, and how TRL's prompts
+"""The judge's prompt: the built-in templates' text (each mode's, `modes.py`, says which it uses), a user's template with named fields, and how TRL's prompts
 and completions become the text of those fields.
 
 The judge reads exactly one user message, the filled template, rendered with the judge tokenizer's chat template and
@@ -41,33 +41,6 @@ PAIRWISE = (
     "Which answer is better, A or B? {answer_format}"
 )
 LISTWISE = _GUIDE + "\n\n[User request]\n{prompt}\n\n{completions}\n\nCompare the {count} answers. {answer_format}"
-TEMPLATES = {"pointwise": POINTWISE, "pairwise": PAIRWISE, "listwise": LISTWISE}
-"""The built-in template of each mode."""
-
-ANSWER_FORMATS = {
-    ("pointwise", "logprobs"): "Reply with the rating alone: a single number from 1 to {max_score}.",
-    ("pointwise", "generate"): "Explain your reasoning briefly, then end with a line `Score: <rating>`.",
-    ("pairwise", "logprobs"): "Reply with the letter of the better answer alone: A or B.",
-    ("pairwise", "generate"): "Explain your reasoning briefly, then end with your verdict: [[A]] or [[B]].",
-    ("listwise", "logprobs"): "Reply with the number of the best answer alone (1 to {count}).",
-    ("listwise", "generate"): (
-        "Explain your reasoning briefly, then end with a line ranking every answer from best to worst by number, "
-        "e.g. `Ranking: 2 > 1 > 3`."
-    ),
-}
-"""`{answer_format}`: what the judge is told to answer, by mode and scoring."""
-
-OWN_FIELDS = {
-    "pointwise": {"prompt", "completion", "max_score", "answer_format"},
-    "pairwise": {"prompt", "completion_a", "completion_b", "answer_format"},
-    "listwise": {"prompt", "completions", "count", "answer_format"},
-}
-"""The fields each mode fills; any other field is a dataset column."""
-COMPLETION_FIELDS = {
-    "pointwise": {"completion"},
-    "pairwise": {"completion_a", "completion_b"},
-    "listwise": {"completions"},
-}
 
 
 def template_fields(template: str) -> set[str]:
@@ -90,20 +63,21 @@ def template_fields(template: str) -> set[str]:
     return fields
 
 
-def check_template(template: str, mode: str) -> set[str]:
-    """The dataset columns `template` reads (its fields that the mode does not fill).
+def check_template(template: str, mode: Any) -> set[str]:
+    """The dataset columns `template` reads (its fields that the mode, a `trl_rm_env.judges.modes.JudgeMode`, does
+    not fill).
 
     Raises:
         ValueError: a template without the mode's completion fields, or one that cannot be read.
     """
     fields = template_fields(template)
-    missing = sorted(COMPLETION_FIELDS[mode] - fields)
+    missing = sorted(mode.completion_fields - fields)
     if missing:
         raise ValueError(
-            f"a {mode} judge template must contain {', '.join('{' + m + '}' for m in missing)}: the judge would not "
-            "see what it judges"
+            f"a {mode.name} judge template must contain {', '.join('{' + m + '}' for m in missing)}: the judge would "
+            "not see what it judges"
         )
-    return fields - OWN_FIELDS[mode]
+    return fields - mode.fields
 
 
 def _tool_calls(message: Mapping[str, Any]) -> str:
@@ -141,10 +115,6 @@ def completion_text(completion: str | Sequence[Mapping[str, Any]]) -> str:
 def numbered(completions: Sequence[str]) -> str:
     """`{completions}`: `[Answer 1]\\n...` blocks."""
     return "\n\n".join(f"[Answer {i}]\n{text}" for i, text in enumerate(completions, 1))
-
-
-def answer_format(mode: str, scoring: str, **values: Any) -> str:
-    return ANSWER_FORMATS[(mode, scoring)].format(**values)
 
 
 def fill(template: str, values: Mapping[str, Any]) -> str:

@@ -16,17 +16,6 @@ import re
 from collections.abc import Sequence
 
 from ..scoring.scorer import strip_reasoning_text
-from .options import MAX_LIST
-
-
-def verdict_labels(mode: str, max_score: int) -> list[str]:
-    """The verdicts a `logprobs` judge is read on: `1..max_score` (pointwise), `A`, `B` (pairwise), `1..9`
-    (listwise: the first N of them for a group of N)."""
-    if mode == "pointwise":
-        return [str(k) for k in range(1, max_score + 1)]
-    if mode == "pairwise":
-        return ["A", "B"]
-    return [str(k) for k in range(1, MAX_LIST + 1)]
 
 
 def label_token_ids(tokenizer, labels: Sequence[str], what: str) -> list[int]:

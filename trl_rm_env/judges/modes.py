@@ -1,0 +1,380 @@
+"""Judge modes as objects: everything that differs between a pointwise, a pairwise and a listwise judge, in one class
+each. Nothing outside this module tests a mode's name: the judge, the evaluation and the cascade ask the mode.
+
+A mode owns its built-in template and the fields it fills, what the judge is told to answer (`answer_format`, by
+scoring), its verdict labels (read by log-probabilities), the judgements of a GRPO group, how a verdict is read from
+the verdict tokens' probabilities or from text, each sample's share of a verdict, and how a preference pair is
+judged for `trl-rm-env eval --judge` (with the value that is a tie).
+
+A new mode is one subclass of `JudgeMode`, registered with `register_mode`; its name is then a valid `mode=` of
+`JudgeOptions` (and `--judge-mode`, `reward_judge_mode`):
+
+    @register_mode
+    class Absolute(JudgeMode):
+        name = "absolute"
+        template = "... {prompt} ... {completion} ... {answer_format}"
+        ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from . import templates as T
+
+# The verdict parsers (`verdicts.py`) are imported where they are used: they need scoring's reasoning stripper (torch),
+# and the command line reads the modes' names (`JudgeOptions`) without loading torch.
+
+MAX_LIST = 9
+"""Most completions a listwise judgement can rank by log-probabilities: one single-token label each (1..9)."""
+
+
+@dataclass(frozen=True)
+class EvalPair:
+    """One strictly ordered preference pair to judge in evaluation: its context, the better and the worse completion,
+    a key for each completion (a completion in several pairs is the same item), and its position among all pairs
+    (which decides its order when the judge shows one order only)."""
+
+    context: Any
+    better: Any
+    worse: Any
+    better_key: Any
+    worse_key: Any
+    index: int
+
+
+@dataclass
+class PairVerdicts:
+    """A mode's verdicts on preference pairs: each pair's preference for the better completion (None: no verdict;
+    `neutral` is a tie), its preference in each order shown (for position consistency; None when the mode shows one),
+    each rated item's own value by key (modes that judge a completion alone), and the judge's `JudgeVerdicts`."""
+
+    preferences: list[float | None]
+    orders: list[list[float | None]] | None
+    ratings: dict[Any, float | None]
+    found: Any
+
+
+Ask = Callable[[Sequence[Any], Sequence[Sequence[Any]]], Any]
+"""`ask(contexts, shown)`: one judgement per item, showing `shown[k]`'s completions in that order for `contexts[k]`;
+returns the judge's `JudgeVerdicts` (one verdict per item, in the mode's verdict format)."""
+
+
+class JudgeMode:
+    """How a judge judges: subclass it for a new mode (class attributes and the methods below), and register it.
+
+    Class attributes: `name`; `template` (the built-in prompt); `fields` (the template fields the mode fills; any
+    other field is a dataset column); `completion_fields` (those a template must contain, or the judge would not see
+    what it judges); `answer_formats` (`{answer_format}` by scoring: `logprobs`, `generate`); `compares` (the mode
+    judges a group's completions together: a completion alone in its group gets `single_reward`); `neutral` (the
+    preference of a pair that is a tie in evaluation); `shows` (completions per judgement; None: any number).
+    """
+
+    name: ClassVar[str]
+    template: ClassVar[str]
+    fields: ClassVar[frozenset[str]]
+    completion_fields: ClassVar[frozenset[str]]
+    answer_formats: ClassVar[Mapping[str, str]]
+    compares: ClassVar[bool] = True
+    neutral: ClassVar[float] = 0.0
+    shows: ClassVar[int | None] = None
+
+    def labels(self, options: Any) -> list[str]:
+        """The verdicts a `logprobs` judge is read on, each one token of the judge's tokenizer."""
+        raise NotImplementedError
+
+    def fill(self, texts: Sequence[str], options: Any) -> dict[str, Any]:
+        """The template fields (of `fields`, but `prompt` and `answer_format`) of a judgement showing `texts`."""
+        raise NotImplementedError
+
+    def judgements(self, members: Sequence[int], options: Any, what: str) -> Iterator[tuple[int, ...]]:
+        """The judgements of a group of samples (more than one when `compares`), each as the samples it shows, in
+        that order."""
+        raise NotImplementedError
+
+    def from_probabilities(self, shown: Sequence[int], probabilities: Sequence[float]) -> Any:
+        """A verdict from the verdict tokens' probabilities (renormalized over `labels`)."""
+        raise NotImplementedError
+
+    def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
+        """A verdict parsed from the judge's text, or None."""
+        raise NotImplementedError
+
+    def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
+        """Each shown sample's share of a verdict: its reward from this judgement (a sample's reward is the mean of
+        its shares)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared by every mode
+    def answer_format(self, scoring: str, **values: Any) -> str:
+        """`{answer_format}`: what the judge is told to answer."""
+        return self.answer_formats[scoring].format(**values)
+
+    def labels_shown(self, shown: Sequence[int], labels: Sequence[Any]) -> Sequence[Any]:
+        """The labels that apply to a judgement showing `shown` (all of them, but for a list of fewer than 9)."""
+        return labels
+
+    def judge_pairs(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> PairVerdicts:
+        """Judge preference pairs for evaluation. By default each pair is a group of two, judged as GRPO judges a
+        group (`judgements`, with the better completion first at even positions), and its preference is the better
+        one's reward minus the worse one's (`neutral` 0)."""
+        shown = []
+        for pair in pairs:
+            members = (0, 1) if pair.index % 2 == 0 else (1, 0)
+            for order in self.judgements(members, options, "eval"):
+                shown.append((pair, order))
+        found = ask(
+            [pair.context for pair, _ in shown],
+            [[(pair.better, pair.worse)[k] for k in order] for pair, order in shown],
+        )
+        rewards: dict[int, list[list[float]]] = {}
+        for (pair, order), verdict in zip(shown, found.values):
+            shares = rewards.setdefault(pair.index, [[], []])
+            if verdict is None:
+                continue
+            for k, value in self.shares(order, verdict):
+                shares[k].append(value)
+        preferences: list[float | None] = []
+        for pair in pairs:
+            better, worse = rewards.get(pair.index, [[], []])
+            preferences.append(sum(better) / len(better) - sum(worse) / len(worse) if better and worse else None)
+        return PairVerdicts(preferences, None, {}, found)
+
+
+MODES: dict[str, JudgeMode] = {}
+"""The registered modes by name (`JudgeOptions.mode`'s choices)."""
+
+
+def register_mode(cls: type[JudgeMode]) -> type[JudgeMode]:
+    """Register a mode class (a decorator): its `name` becomes a valid `mode`.
+
+    Raises:
+        ValueError: a name already registered by another class.
+    """
+    known = MODES.get(cls.name)
+    if known is not None and type(known) is not cls:
+        raise ValueError(f"judge mode {cls.name!r} is already registered ({type(known).__name__})")
+    MODES[cls.name] = cls()
+    return cls
+
+
+def mode_of(name: str) -> JudgeMode:
+    """The registered mode called `name`.
+
+    Raises:
+        ValueError: an unknown name, listing the modes.
+    """
+    try:
+        return MODES[name]
+    except KeyError:
+        raise ValueError(f"mode must be one of {list(MODES)}, got {name!r}") from None
+
+
+class _Templates(Mapping):
+    """The built-in template of each registered mode, by name (a live view: a mode registered later is in it)."""
+
+    def __getitem__(self, name: str) -> str:
+        return mode_of(name).template
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MODES)
+
+    def __len__(self) -> int:
+        return len(MODES)
+
+
+TEMPLATES: Mapping[str, str] = _Templates()
+"""The built-in template of each mode (`trl_rm_env.judges.TEMPLATES["pairwise"]`)."""
+
+
+def pairs_of(n: int, pairs: str) -> list[tuple[int, int]]:
+    """The positions compared in a group of `n`: `all` (each unordered pair once) or `circular` (i against i+1, the
+    last against the first; for `n == 2` the one pair)."""
+    if pairs == "all" or n == 2:
+        return [(a, b) for a in range(n) for b in range(a + 1, n)]
+    return [(a, (a + 1) % n) for a in range(n)]
+
+
+@register_mode
+class Pointwise(JudgeMode):
+    """Rates each completion alone, 1..`max_score`; the reward is the rating (`logprobs`: the expected rating)."""
+
+    name = "pointwise"
+    template = T.POINTWISE
+    fields = frozenset({"prompt", "completion", "max_score", "answer_format"})
+    completion_fields = frozenset({"completion"})
+    answer_formats = {
+        "logprobs": "Reply with the rating alone: a single number from 1 to {max_score}.",
+        "generate": "Explain your reasoning briefly, then end with a line `Score: <rating>`.",
+    }
+    compares = False
+    shows = 1
+
+    def labels(self, options: Any) -> list[str]:
+        return [str(k) for k in range(1, options.max_score + 1)]
+
+    def fill(self, texts: Sequence[str], options: Any) -> dict[str, Any]:
+        (text,) = texts
+        return {"completion": text, "max_score": options.max_score}
+
+    def judgements(self, members: Sequence[int], options: Any, what: str) -> Iterator[tuple[int, ...]]:
+        for i in members:
+            yield (i,)
+
+    def from_probabilities(self, shown: Sequence[int], probabilities: Sequence[float]) -> Any:
+        return sum((k + 1) * p for k, p in enumerate(probabilities))
+
+    def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
+        from .verdicts import parse_score
+
+        return parse_score(text, options.max_score)
+
+    def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
+        return [(shown[0], verdict)]
+
+    def judge_pairs(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> PairVerdicts:
+        """Each completion is rated once, whatever the pairs it is in; a pair's preference is the better one's
+        rating minus the worse one's (equal ratings: a tie)."""
+        items: dict[Any, tuple[Any, Any]] = {}
+        for pair in pairs:
+            items.setdefault(pair.better_key, (pair.context, pair.better))
+            items.setdefault(pair.worse_key, (pair.context, pair.worse))
+        keys = sorted(items) if _sortable(items) else list(items)  # the order the judge sees them in
+        found = ask([items[k][0] for k in keys], [[items[k][1]] for k in keys])
+        ratings = dict(zip(keys, found.values))
+        preferences = [
+            None
+            if ratings[p.better_key] is None or ratings[p.worse_key] is None
+            else ratings[p.better_key] - ratings[p.worse_key]
+            for p in pairs
+        ]
+        return PairVerdicts(preferences, None, ratings, found)
+
+
+def _sortable(items: Mapping[Any, Any]) -> bool:
+    try:
+        sorted(items)
+    except TypeError:
+        return False
+    return True
+
+
+@register_mode
+class Pairwise(JudgeMode):
+    """Compares a group's completions in pairs (`pairs`: `all` or `circular`; `swap`: both orders); each gets its
+    mean preference, 0..1 (`logprobs`: `p(A) / (p(A) + p(B))`)."""
+
+    name = "pairwise"
+    template = T.PAIRWISE
+    fields = frozenset({"prompt", "completion_a", "completion_b", "answer_format"})
+    completion_fields = frozenset({"completion_a", "completion_b"})
+    answer_formats = {
+        "logprobs": "Reply with the letter of the better answer alone: A or B.",
+        "generate": "Explain your reasoning briefly, then end with your verdict: [[A]] or [[B]].",
+    }
+    neutral = 0.5
+    shows = 2
+
+    def labels(self, options: Any) -> list[str]:
+        return ["A", "B"]
+
+    def fill(self, texts: Sequence[str], options: Any) -> dict[str, Any]:
+        a, b = texts
+        return {"completion_a": a, "completion_b": b}
+
+    def judgements(self, members: Sequence[int], options: Any, what: str) -> Iterator[tuple[int, ...]]:
+        for a, b in pairs_of(len(members), options.pairs):
+            yield members[a], members[b]
+            if options.swap:
+                yield members[b], members[a]
+
+    def from_probabilities(self, shown: Sequence[int], probabilities: Sequence[float]) -> Any:
+        return probabilities[0]
+
+    def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
+        from .verdicts import parse_winner
+
+        return parse_winner(text)
+
+    def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
+        return [(shown[0], verdict), (shown[1], 1.0 - verdict)]
+
+    def judge_pairs(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> PairVerdicts:
+        """The better completion first and, with `swap`, second (without: first at even positions, so position bias
+        cannot pass for accuracy); the preference is the mean over the orders, `(p_ij + 1 - p_ji) / 2`."""
+        shown = []  # (pair, better shown first)
+        for pair in pairs:
+            shown += [(pair, True), (pair, False)] if options.swap else [(pair, pair.index % 2 == 0)]
+        found = ask(
+            [pair.context for pair, _ in shown],
+            [(p.better, p.worse) if first else (p.worse, p.better) for p, first in shown],
+        )
+        per_pair = 2 if options.swap else 1
+        preferences, orders = [], []
+        for n in range(len(pairs)):
+            order = []
+            for k in range(per_pair):
+                value = found.values[n * per_pair + k]
+                first = shown[n * per_pair + k][1]
+                order.append(None if value is None else value if first else 1.0 - value)
+            known = [p for p in order if p is not None]
+            preferences.append(sum(known) / len(known) if known else None)
+            orders.append(order)
+        return PairVerdicts(preferences, orders, {}, found)
+
+
+@register_mode
+class Listwise(JudgeMode):
+    """Shows the whole group at once (`swap`: also reversed); each completion gets its standing (`logprobs`: its
+    probability of being the best; `generate`: `(N - 1 - rank) / (N - 1)` of the ranking written)."""
+
+    name = "listwise"
+    template = T.LISTWISE
+    fields = frozenset({"prompt", "completions", "count", "answer_format"})
+    completion_fields = frozenset({"completions"})
+    answer_formats = {
+        "logprobs": "Reply with the number of the best answer alone (1 to {count}).",
+        "generate": (
+            "Explain your reasoning briefly, then end with a line ranking every answer from best to worst by number, "
+            "e.g. `Ranking: 2 > 1 > 3`."
+        ),
+    }
+
+    def labels(self, options: Any) -> list[str]:
+        return [str(k) for k in range(1, MAX_LIST + 1)]
+
+    def labels_shown(self, shown: Sequence[int], labels: Sequence[Any]) -> Sequence[Any]:
+        return labels[: len(shown)]
+
+    def fill(self, texts: Sequence[str], options: Any) -> dict[str, Any]:
+        return {"completions": T.numbered(texts), "count": len(texts)}
+
+    def judgements(self, members: Sequence[int], options: Any, what: str) -> Iterator[tuple[int, ...]]:
+        if options.scoring == "logprobs" and len(members) > MAX_LIST:
+            raise ValueError(
+                f"{what}: a listwise judgement by logprobs ranks at most {MAX_LIST} answers (one verdict token each); "
+                f"this group has {len(members)}. Use mode='pairwise' or scoring='generate'."
+            )
+        yield tuple(members)
+        if options.swap:
+            yield tuple(reversed(members))
+
+    def from_probabilities(self, shown: Sequence[int], probabilities: Sequence[float]) -> Any:
+        return list(probabilities)
+
+    def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
+        from .verdicts import parse_ranking
+
+        n = len(shown)
+        ranking = parse_ranking(text, n)
+        if ranking is None:
+            return None
+        values = [0.0] * n
+        for rank, position in enumerate(ranking):
+            values[position] = (n - 1 - rank) / (n - 1)
+        return values
+
+    def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
+        return list(zip(shown, verdict))
