@@ -22,6 +22,8 @@ from helpers import ServerProcess, score_like_async_grpo
 
 from trl_rm_env import JudgeEnvironment, RewardModelEnvironment
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 
 def local_rewards(env) -> list[list[float]]:
     return [env([prompt] * len(answers), [[{"role": "assistant", "content": a}] for a in answers])

@@ -418,6 +418,7 @@ def test_pairs_are_formed_within_records_only_in_row_order():
         assert list(zip(better.tolist(), worse.tolist())) == expected
 
 
+@pytest.mark.slow
 def test_pair_memory_grows_with_records_not_with_the_batch_squared():
     """20,000 completions in 4,000 records: ~40k index entries. A (C, C) matrix would be 400 MB (x3)."""
     loss_py = Path(ranked_pairs.__code__.co_filename)  # loaded alone: no transformers/TRL import in the child

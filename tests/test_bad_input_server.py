@@ -27,6 +27,8 @@ from helpers import ServerProcess, _one_thread, score_one  # noqa: E402,F401
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
 from trl_rm_env.tokenization import encode_text  # noqa: E402
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 KEY, VKEY, FLAG_KEY = "hostile-key", "vllm-env-key", "flag-key"
 AT = "@"  # its embedding is NaN in the hostile model
 

@@ -30,6 +30,8 @@ from helpers import ROOT, free_port, launch, needs_deepspeed
 from trl_rm_env.model_source import ensure_tiny_model
 from trl_rm_env.waiting import WaitTimeoutError, wait_for_everyone, wait_for_path
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 PROBE = ROOT / "tests" / "scripts" / "exit_probe"
 RM_TINY = str(ROOT / "recipes" / "configs" / "rm_tiny.yaml")
 GRPO_TINY = str(ROOT / "recipes" / "configs" / "grpo_rm_tiny.yaml")

@@ -45,6 +45,7 @@ def same(cell, value, digits):
     return number is not None and abs(number - value) <= 0.5 * 10**-digits + 1e-12
 
 
+@pytest.mark.slow
 def test_report_files_and_numbers_equal_the_json(tiny_dir, tmp_path, capsys):
     data = []
     for split in ("in_domain", "harder"):

@@ -118,6 +118,7 @@ def reference_score(model, tokenizer, prompt, completion, add_eos: bool) -> floa
         return model(**ids).logits[0, 0].item()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", ["standard_prompt_only", "conversational_prompt_only"])
 def test_train_dataset_format(tiny_dir, tmp_path, config):
     """Both reward sources train the policy; per sample, each scores as documented.
@@ -156,6 +157,7 @@ def test_train_dataset_format(tiny_dir, tmp_path, config):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_train_with_eval(tiny_dir, tmp_path, source):
     from trl import GRPOTrainer
@@ -176,6 +178,7 @@ def test_train_with_eval(tiny_dir, tmp_path, source):
     assert math.isfinite(evals[0][f"eval_rewards/{RM_NAME}/mean"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_train_different_reward_model(tmp_path, source, other_vocab_tokenizer, tiny_dir):
     """The reward model has its own tokenizer (another vocabulary) and is passed as a loaded model."""
@@ -201,6 +204,7 @@ def test_train_different_reward_model(tmp_path, source, other_vocab_tokenizer, t
     assert math.isfinite(row[f"rewards/{RM_NAME}/mean"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_mixed_reward_funcs(tiny_dir, tmp_path, source):
     from trl import GRPOTrainer
@@ -231,6 +235,7 @@ def test_reward_weights_logged_per_func(tiny_dir, tmp_path, source):
             assert math.isfinite(row[f"rewards/{name}/{stat}"]), f"rewards/{name}/{stat}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
 @pytest.mark.parametrize("source", SOURCES)
 def test_reward_metric_is_weighted(tiny_dir, tmp_path, source, aggregation):
@@ -297,6 +302,7 @@ def test_single_processing_class(tiny_dir, tmp_path, source):
     assert trainer.reward_processing_classes == [tokenizer]
 
 
+@pytest.mark.slow
 def test_loaded_model_rewards_equal_environment(tiny_dir, tmp_path):
     """TRL's path with a loaded model object and the environment built from that object log the same rewards."""
     from trl import GRPOTrainer

@@ -150,6 +150,7 @@ def test_pairs_keep_trls_layout(tiny_tokenizer):
     assert [tokens[c] for c in batch["score_index"][:, 1].tolist()] == [8, 2, 9, 4]
 
 
+@pytest.mark.slow
 def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
     """`prefix_sharing="packed"` trains (losses, evaluation) exactly as the plain path, with and without activation
     checkpointing (the layers recompute under the packed attention in backward)."""
@@ -330,6 +331,7 @@ def count_step(trainer, examples):
     return counter.total, counter.in_layers, len(forwards), batch
 
 
+@pytest.mark.slow
 def test_gpu_proxies_of_a_packed_training_step(tmp_path, tiny_tokenizer):
     """On an hh-rlhf-shaped micro-batch of 8 records: one decoder forward per step, padded positions within 1.05x
     the unique tokens, no host sync (`item`, `_local_scalar_dense`, `nonzero`) inside the decoder layers, and the
@@ -365,6 +367,7 @@ def test_gpu_proxies_of_a_packed_training_step(tmp_path, tiny_tokenizer):
     assert ops <= 1.25 * trl_ops, (ops, trl_ops)
 
 
+@pytest.mark.slow
 def test_gpu_proxies_of_packed_scoring(tiny_tokenizer):
     """GRPO scoring of 4 prompts x 8 completions with `prefix_sharing="packed"`: one decoder forward, each prompt
     once, no padding, no host sync inside the decoder layers."""
@@ -393,6 +396,7 @@ def test_gpu_proxies_of_packed_scoring(tiny_tokenizer):
     assert not {"item", "_local_scalar_dense", "nonzero"} & set(counter.in_layers)
 
 
+@pytest.mark.slow
 def test_a_user_collator_under_packed_trains_plainly(tmp_path, tiny_tokenizer):
     """`prefix_sharing="packed"` with a collator the user passes (TRL's): its plain batches train as in TRL, and the
     packed attention is never entered for them."""

@@ -99,6 +99,7 @@ def test_plain_text_records(tiny_tokenizer):
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_tokenizer):
     """Default ("auto": KV path), forced KV, and the block-mask fallback (forced under activation checkpointing,
     packed) all train exactly like the plain path."""
@@ -128,6 +129,7 @@ def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_token
         assert runs[name][2][-1] < runs["plain"][2][-1]  # fewer tokens through the model
 
 
+@pytest.mark.slow
 def test_a_subclass_with_its_own_compute_loss_gets_the_plain_layout_under_auto(tmp_path, tiny_tokenizer):
     """A TRL-style subclass reads `input_ids`/`attention_mask` in compute_loss: "auto" keeps that layout; forcing
     prefix sharing is the user's explicit choice."""
@@ -203,6 +205,7 @@ def grpo_groups(num_prompts, generations, seed=0):
     return prompts, completions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [None, 600, 256])
 @pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
 def test_group_shared_scoring_equals_one_at_a_time(request, tokenizer_name, budget):
@@ -250,6 +253,7 @@ def test_cost_model_of_the_tiny_config(tiny_rm, tiny_tokenizer):
 @pytest.mark.parametrize(
     "prompt_words, completion_words, shared", [(1, 80, False), (120, 1, True)], ids=["long-completions", "long-prompt"]
 )
+@pytest.mark.slow
 def test_auto_shares_where_the_cost_model_says_and_stays_exact(
     tiny_rm, tiny_tokenizer, prompt_words, completion_words, shared
 ):

@@ -92,6 +92,7 @@ def test_cli_make_tiny_writes_loadable_models(tmp_path):
     assert text.startswith("<|im_start|>user")
 
 
+@pytest.mark.slow
 def test_cli_is_installed_as_a_console_script(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "trl_rm_env.recipes.cli", "validate", "sample:in_domain"],
@@ -118,6 +119,7 @@ def test_cli_validate_names_the_bad_line(tmp_path, capsys):
     assert "line 2" in text and "completions[1].rank" in text
 
 
+@pytest.mark.slow
 def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch, capsys):
     from transformers.trainer_callback import ProgressCallback
     from trl_rm_env.recipes.steps import tty_aware_progress

@@ -125,6 +125,7 @@ def reference_metrics(model, tokenizer, records, attributes) -> dict[str, float]
     return out
 
 
+@pytest.mark.slow
 def test_metrics_per_set_and_attribute_equal_one_at_a_time_reference(tmp_path, tiny_dir):
     attributes = ["helpfulness", "verbosity"]
     sets = {"a": load_regression_dataset(SET_A), "b": load_regression_dataset(SET_B)}
@@ -154,6 +155,7 @@ def test_metric_name_collisions_are_refused():
     fake._check_metric_names(["in_domain", "harder"])
 
 
+@pytest.mark.slow
 def test_lora_run_saves_a_merged_checkpoint_with_attribute_names(tmp_path, tiny_tokenizer):
     from peft import LoraConfig
 
@@ -323,6 +325,7 @@ def test_recipe_configs_parse(config, monkeypatch):
     assert data_args.data_format == raw["data_format"] and data_args.eval_data == raw["eval_data"]
 
 
+@pytest.mark.slow
 def test_recipe_trains_saves_and_reloads_with_attribute_names(tmp_path, monkeypatch):
     # The shipped tiny config on slices of the bundled data (the full run is in docs/regression.md).
     monkeypatch.chdir(tmp_path)
@@ -496,6 +499,7 @@ def test_served_regression_rm_scores_the_weighted_sum(regression_rm_dir):
     assert any("score = 0.5 * helpfulness + 2 * verbosity" in line for line in server.lines), server.lines[-5:]
 
 
+@pytest.mark.slow
 def test_eval_command_reports_per_attribute_metrics_of_a_regression_rm(regression_rm_dir, tmp_path, capsys):
     from trl_rm_env.recipes.cli import main
 

@@ -131,6 +131,7 @@ def test_mixed_lengths_exact_per_row(tiny_rm, tiny_tokenizer):
 # ---------------------------------------------------------------------------------------------------- memory
 
 
+@pytest.mark.slow
 def test_token_budget_bounds_every_batch_at_scale(tiny_tokenizer):
     """512 completions of ~512 tokens: no forward pass is over the token budget; batches go longest first."""
     model = build_tiny_reward_model(

@@ -22,6 +22,8 @@ from trl_rm_env.scoring.scorer import RewardScorer  # noqa: E402
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
 from trl_rm_env.tokenization import encode_conversation, encode_text, render_conversation  # noqa: E402
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 # ---------------------------------------------------------------------------------------------------- servers
 
 

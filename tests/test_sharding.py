@@ -19,6 +19,8 @@ import torch
 import torch.multiprocessing as mp
 from helpers import reference_ids, score_one
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 ITEMS = [
     ("Name a primary colour.", "Red."),
     ("Name a primary colour.", "Blue is one, and so is yellow."),

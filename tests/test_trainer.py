@@ -106,6 +106,7 @@ def assert_matches_reference(metrics, prefix, ref):
 # ---------------------------------------------------------------------------------------------------- forward
 
 
+@pytest.mark.slow
 def test_one_forward_per_completion(tmp_path, tiny_tokenizer, in_domain):
     records = in_domain.select(range(6))
     # The plain path (prefix sharing, on by default where the model supports it, runs contexts once instead).
@@ -130,6 +131,7 @@ def test_one_forward_per_completion(tmp_path, tiny_tokenizer, in_domain):
     assert sum(shape[0] for shape in calls) == num_completions
 
 
+@pytest.mark.slow
 def test_training_learns_and_logs_train_metrics(tmp_path, tiny_tokenizer, train_small, in_domain):
     trainer = make_trainer(tmp_path, tiny_tokenizer, train=train_small, max_steps=40, logging_steps=10)
     before = trainer.evaluate(in_domain.select(range(50)))["eval_loss"]
@@ -144,6 +146,7 @@ def test_training_learns_and_logs_train_metrics(tmp_path, tiny_tokenizer, train_
 # ---------------------------------------------------------------------------------------------------- evaluation
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("names", [("in_domain", "harder"), ("math", "math_hard", "eval")])
 def test_named_sets_have_their_own_metrics(tmp_path, tiny_tokenizer, in_domain, harder, names):
     sources = [in_domain.select(range(20)), harder.select(range(17)), in_domain.select(range(20, 33))]
@@ -165,6 +168,7 @@ def test_named_sets_have_their_own_metrics(tmp_path, tiny_tokenizer, in_domain, 
     assert sum(len(keys) for keys in per_set.values()) >= len(names) * (len(SET_METRICS) + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("eval_batch_size", [1, 16])
 def test_accuracy_is_exact_with_uneven_last_batch(tmp_path, tiny_tokenizer, in_domain, eval_batch_size):
     dataset = in_domain.select(range(37))  # 37 = 2 * 16 + 5: the last batch is uneven
@@ -180,6 +184,7 @@ def test_accuracy_is_exact_with_uneven_last_batch(tmp_path, tiny_tokenizer, in_d
     )
 
 
+@pytest.mark.slow
 def test_metric_for_best_model_on_named_set(tmp_path, tiny_tokenizer, train_small, in_domain, harder):
     sets = {"in_domain": in_domain.select(range(40)), "harder": harder.select(range(20))}
     trainer = make_trainer(
@@ -200,6 +205,7 @@ def test_metric_for_best_model_on_named_set(tmp_path, tiny_tokenizer, train_smal
 # ---------------------------------------------------------------------------------------------------- data
 
 
+@pytest.mark.slow
 def test_trl_preference_formats_get_trl_pair_columns(tmp_path, tiny_tokenizer):
     prompt = [{"role": "user", "content": "What is 2 + 2?"}]
     chosen = [{"role": "assistant", "content": "The answer is 4."}]
@@ -221,6 +227,7 @@ def test_trl_preference_formats_get_trl_pair_columns(tmp_path, tiny_tokenizer):
     assert expected_text[0][-1] == tiny_tokenizer.eos_token_id  # plain text gets EOS, as in TRL
 
 
+@pytest.mark.slow
 def test_plain_reward_config_is_accepted(tmp_path, tiny_tokenizer, in_domain):
     args = RewardConfig(output_dir=str(tmp_path), learning_rate=1.5e-3, max_steps=1, use_cpu=True, report_to="none",
                         per_device_train_batch_size=2, gradient_checkpointing=False, bf16=False)
@@ -311,6 +318,7 @@ def test_margin_column_reaches_the_loss(tmp_path, tiny_tokenizer, in_domain):
 # ---------------------------------------------------------------------------------------------------- PEFT, saving
 
 
+@pytest.mark.slow
 def test_lora_run_saves_a_merged_plain_checkpoint(tmp_path, tiny_tokenizer, train_small, in_domain):
     from peft import LoraConfig
 
@@ -338,6 +346,7 @@ def test_lora_run_saves_a_merged_plain_checkpoint(tmp_path, tiny_tokenizer, trai
     assert reference_scores(reloaded, tiny_tokenizer, in_domain[0]) == pytest.approx(merged_scores, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_reward_stats_saved_and_reload_reproduces_accuracy(tmp_path, tiny_tokenizer, train_small, in_domain, harder):
     sets = {"in_domain": in_domain.select(range(30)), "harder": harder.select(range(25))}
     trainer = make_trainer(tmp_path, tiny_tokenizer, train=train_small, eval_dataset=sets, max_steps=30,
@@ -363,6 +372,7 @@ def test_reward_stats_saved_and_reload_reproduces_accuracy(tmp_path, tiny_tokeni
     assert saved["reward_std"] == pytest.approx(all_scores.std(unbiased=False).item(), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_reaches_the_same_metrics(tmp_path, tiny_tokenizer, train_small, in_domain):
     sets = {"in_domain": in_domain.select(range(30))}
     common = dict(max_steps=20, save_strategy="steps", save_steps=10, logging_steps=5)
@@ -383,6 +393,7 @@ def test_resume_from_checkpoint_reaches_the_same_metrics(tmp_path, tiny_tokenize
     assert losses(resumed) == pytest.approx(losses(full), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_final_evaluation_reuses_the_evaluation_at_the_current_step(tmp_path, tiny_tokenizer, train_small, in_domain):
     """With eval_strategy "no", `train()` evaluates once at the end (for the reward statistics); the recipes' final
     metrics come from that evaluation, not a second pass over every validation set."""
@@ -408,6 +419,7 @@ def test_final_evaluation_reuses_the_evaluation_at_the_current_step(tmp_path, ti
     assert len(passes) == 6
 
 
+@pytest.mark.slow
 def test_final_evaluation_reuses_the_end_of_training_evaluation_and_logs_it(tmp_path, tiny_tokenizer, in_domain):
     """train() evaluates quietly for the reward statistics (TRL's log layout ends with the train summary); the
     recipes' final_evaluation reuses that evaluation and puts it in the log history, once."""

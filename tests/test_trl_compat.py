@@ -98,6 +98,8 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 # ---------------------------------------------------------------------------------------------------- implementations
 
 

@@ -28,6 +28,8 @@ from trl_rm_env.testing import build_tiny_reward_model
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.examples import tokenize_rank_record
 
+pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
+
 QUESTIONS = ["What is the capital of France?", "How many legs does a spider have?", "Name a primary colour.",
              "What is 2 + 2?", "Which planet is red?", "What do bees make?", "How many days in a week?",
              "What is frozen water called?"]
