@@ -194,7 +194,7 @@ def peak_memory_mb(pids: list[int] | None = None) -> float:
 
     if torch.cuda.is_available() and pids is None:
         return torch.cuda.max_memory_allocated() / 2**20
-    from trl_rm_env.evaluation.judge import resident_peak_mb
+    from trl_rm_env.evaluation.memory import resident_peak_mb
 
     return resident_peak_mb(pids) or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 

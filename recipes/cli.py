@@ -18,16 +18,12 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from trl_rm_env.data.loading import ON_INVALID_MODES
 
-from .judge_eval import add_judge_flags, eval_judge, eval_judge_only, judge_arguments, make_judge
+from .judge_eval import add_judge_flags, judge_arguments
 from .launch import RECIPES, add_launch_parsers
 from .serve import add_serve_parser
 from .spellings import add_flags, flags, options_from_flags
@@ -70,27 +66,12 @@ def _validate(args: argparse.Namespace) -> int:
     return 1 if report.skipped or not report.kept else 0
 
 
-def _eval_data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
-    """`FILE`, `FILE:name`, `name=SOURCE[:split]` or a Hub `SOURCE[:split]` -> `(name, source, split)`."""
-    from trl_rm_env.data.sources import parse_data_spec
-    from trl_rm_env.evaluation.rewardbench import LLMBAR_FILE_SUBSETS
-
-    head, sep, tail = spec.rpartition(":")
-    if sep and "=" not in spec and Path(head).is_file():
-        return tail, head, None
-    name, source, split = parse_data_spec(spec)
-    if name is None:
-        path = Path(source)
-        stem = Path(path.stem).stem if path.suffix == ".gz" else path.stem
-        name = stem if path.is_file() else source
-        if data_format == "llmbar" and stem.lower() in LLMBAR_FILE_SUBSETS:
-            name = LLMBAR_FILE_SUBSETS[stem.lower()]  # LLMBar's file names -> RewardBench subset names
-        if split:
-            name = f"{name}:{split}"
-    return name, source, split
-
-
 def _eval(args: argparse.Namespace) -> int:
+    """`trl-rm-env eval`: the flags parsed once into an `EvalRequest`, run by `trl_rm_env.evaluation.command`."""
+    from trl_rm_env.evaluation.command import EvalRequest, EvalRequestError, run_eval
+    from trl_rm_env.options import changed
+    from trl_rm_env.scoring.options import ScoringOptions
+
     if args.report:  # fail before importing or loading anything (seconds), not after scoring
         from trl_rm_env.evaluation.report import pyplot
 
@@ -98,138 +79,33 @@ def _eval(args: argparse.Namespace) -> int:
             pyplot()
         except ImportError as err:
             raise SystemExit(f"error: {err}") from None
-    from trl_rm_env.data.regression import REGRESSION_FORMATS
-    from trl_rm_env.evaluation import (
-        evaluate_regression_model,
-        evaluate_with_scores,
-        format_regression_results_table,
-        format_results_table,
-        write_scores_file,
-    )
-    from trl_rm_env.heads import is_regression_model
-    from trl_rm_env.scoring.loading import load_scorer, plan_scoring
-    from trl_rm_env.scoring.options import ScoringOptions
-
-    judge_args = judge_arguments(args)  # a bad judge option fails here too, before anything loads
-    if args.model is None:
-        if judge_args is None:
-            raise SystemExit("eval needs --model (a reward model), --judge or --judge-url (a judge), or both")
-        if args.cascade:
-            raise SystemExit("--cascade needs --model: the cascade asks the judge where the reward model's margin is small")
-        from trl_rm_env.options import changed
-
-        given = sorted(changed(options_from_flags(args, ScoringOptions)))
-        scoring = flags(ScoringOptions, given).split(", ") if given else []
-        _write_results(args.output, eval_judge_only(args, judge_args, _eval_datasets, scoring))
-        return 0
-    if args.cascade and judge_args is None:
-        raise SystemExit("--cascade needs --judge (or --judge-url): the judge the reward model hands close pairs to")
-    # The model's source, config and engine, resolved once: a bad option fails here, before any data loads.
-    plan = plan_scoring(args.model, options_from_flags(args, ScoringOptions), one_reward=False)
-    # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
-    regression = is_regression_model(plan.config)
-    if regression and judge_args is not None:
-        raise SystemExit("--judge compares answers to preference pairs; a regression reward model is evaluated alone")
-    judge = make_judge(judge_args) if judge_args is not None else None  # a bad judge fails before any scoring
-    data_format = args.format
-    if regression:
-        data_format = "regression" if data_format == "rank" else data_format
-        if data_format not in REGRESSION_FORMATS:
-            raise SystemExit(
-                f"{args.model} is a regression reward model; --format must be one of {list(REGRESSION_FORMATS)}"
-            )
-    elif data_format in REGRESSION_FORMATS:
-        raise SystemExit(f"--format {data_format} is for regression reward models; {args.model} is not one")
-    if regression and (args.scores or args.report):
-        raise SystemExit("--scores and --report apply to preference reward models, not to a regression one")
-    datasets, skipped, ties = _eval_datasets(args, data_format, regression)
-    scorer = load_scorer(plan)
-    if judge is not None:
-        from trl_rm_env.evaluation.judge import reset_peak_memory
-
-        reset_peak_memory()  # the reward model's peak memory, beside the judge's
-    start = time.perf_counter()
-    if regression:
-        results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=not args.no_progress)
-    else:
-        results, rows = evaluate_with_scores(
-            scorer, datasets, skipped=skipped, ties=ties, progress=not args.no_progress
+    if args.cascade_margin is not None and not args.cascade:
+        raise SystemExit("--cascade-margin applies to --cascade")
+    judge = judge_arguments(args)  # a bad judge option fails here too, before anything loads
+    scoring = options_from_flags(args, ScoringOptions)
+    if args.model is None and judge is not None and changed(scoring):
+        raise SystemExit(
+            f"{flags(ScoringOptions, sorted(changed(scoring)))}: options of --model's reward model; the judge's go in "
+            "--judge-options"
         )
-    rm_seconds = time.perf_counter() - start
-    results["model"] = args.model
-    results["format"] = data_format
-    print(format_regression_results_table(results) if regression else format_results_table(results))
-    if judge_args is not None:
-        from trl_rm_env.evaluation.judge import rm_cost
-
-        results["cost"] = rm_cost(scorer, datasets, rm_seconds)
-        eval_judge(args, judge, judge_args, datasets, results, rows)
-    _write_results(args.output, results)
-    if args.scores:
-        write_scores_file(args.scores, rows)
-        print(f"{len(rows)} per-completion scores written to {args.scores}")
-    if args.report:
-        from trl_rm_env.evaluation.report import write_report
-
-        paths = write_report(_nan_to_none(results), rows, args.report)
-        print(f"report written to {paths[-1]} ({len(paths) - 1} plots)")
+    try:
+        request = EvalRequest(
+            data=tuple(args.data),
+            model=args.model,
+            data_format=args.format,
+            on_invalid=args.on_invalid,
+            scoring=scoring,
+            judge=judge,
+            cascade_margin=(1.0 if args.cascade_margin is None else args.cascade_margin) if args.cascade else None,
+            output=args.output,
+            scores=args.scores,
+            report=args.report,
+            progress=not args.no_progress,
+        )
+        run_eval(request)
+    except EvalRequestError as err:
+        raise SystemExit(str(err)) from None
     return 0
-
-
-def _write_results(path: str | None, results: dict) -> None:
-    if path:
-        output = Path(path)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        # NaN (a set without pairs) is written as null: strict JSON.
-        output.write_text(json.dumps(_nan_to_none(results), indent=2) + "\n", encoding="utf-8")
-        print(f"results written to {output}")
-
-
-def _eval_datasets(args: argparse.Namespace, data_format: str, regression: bool) -> tuple[dict, dict, dict]:
-    """`eval`'s sets, by name: records, rows skipped and ties dropped while loading."""
-    from trl_rm_env.data.loaders import load_rank_records
-    from trl_rm_env.data.regression import load_regression_records
-
-    datasets, skipped, ties = {}, {}, {}
-    if data_format == "rewardbench2":
-        return _eval_rewardbench2_sets(args.data, args.on_invalid)
-    for spec in args.data:
-        name, source, split = _eval_data_spec(spec, data_format)
-        if name in datasets:
-            raise SystemExit(f"two data sets are named {name!r}; name them with FILE:name")
-        if regression:
-            records, report = load_regression_records(
-                source, split=split, data_format=data_format, on_invalid=args.on_invalid
-            )
-            datasets[name], skipped[name] = records, report.skipped
-        else:
-            records, report = load_rank_records(source, split=split, data_format=data_format, on_invalid=args.on_invalid)
-            datasets[name], skipped[name], ties[name] = records, report.skipped, report.ties
-    return datasets, skipped, ties
-
-
-def _eval_rewardbench2_sets(specs: Sequence[str], on_invalid: str) -> tuple[dict, dict, dict]:
-    """`eval --format rewardbench2`: one source of RewardBench 2 rows -> one set per subset."""
-    from trl_rm_env.evaluation.rewardbench2 import load_rewardbench2, split_by_subset
-
-    if len(specs) != 1:
-        raise SystemExit("--format rewardbench2 takes one --data source (a file or allenai/reward-bench-2)")
-    name, source, split = _eval_data_spec(specs[0], "rewardbench2")
-    records, report = load_rewardbench2(source, split=split, on_invalid=on_invalid, name=name)
-    datasets = split_by_subset(records)
-    skipped = {subset: 0 for subset in datasets}
-    skipped[next(iter(datasets))] = report.skipped  # invalid rows have no trusted subset: counted on the first
-    return datasets, skipped, {}
-
-
-def _nan_to_none(value: object) -> object:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nan_to_none(v) for v in value]
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,10 +1,9 @@
-"""`trl-rm-env eval --judge` (and `--cascade`): the judge's flags, and the judge's evaluation beside the reward
-model's, printed side by side (`trl_rm_env.evaluation.judge`)."""
+"""`trl-rm-env eval --judge` (and `--cascade`): the judge's flags, and `JudgeEnvironment`'s arguments read from them
+(the evaluation itself: `trl_rm_env.evaluation.command`)."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from .spellings import add_flags, options_from_flags
 
@@ -45,12 +44,6 @@ def judge_arguments(args: argparse.Namespace) -> dict | None:
     from trl_rm_env.scoring.options import json_object
 
     options = changed(options_from_flags(args, JudgeOptions))
-    if args.cascade_margin is not None and not args.cascade:
-        raise SystemExit("--cascade-margin applies to --cascade")
-    if args.cascade:
-        args.cascade_margin = 1.0 if args.cascade_margin is None else args.cascade_margin
-        if not args.cascade_margin > 0:
-            raise SystemExit(f"--cascade-margin must be > 0, got {args.cascade_margin}")
     if args.judge is None and not args.judge_url:
         given = [name for name in ("judge_tokenizer", "judge_options") if getattr(args, name)] + sorted(options)
         if given:
@@ -69,77 +62,3 @@ def judge_arguments(args: argparse.Namespace) -> dict | None:
         kwargs["remote_url"] = list(args.judge_url)
         kwargs.pop("show_progress", None)
     return {"model": args.judge, **kwargs}
-
-
-def make_judge(judge_args: dict) -> Any:
-    """The `JudgeEnvironment` of `judge_arguments` (built before any scoring, so a bad judge fails first)."""
-    from trl_rm_env import JudgeEnvironment
-
-    arguments = dict(judge_args)
-    return JudgeEnvironment(arguments.pop("model"), **arguments)
-
-
-def eval_judge_only(args: argparse.Namespace, judge_args: dict, load_sets: Any, scoring_flags: list[str]) -> dict:
-    """`eval --judge` without `--model`: the judge's table alone; returns the results."""
-    if scoring_flags:
-        raise SystemExit(
-            f"{', '.join(scoring_flags)}: options of --model's reward model; the judge's go in --judge-options"
-        )
-    if args.scores or args.report:
-        raise SystemExit("--scores and --report write a reward model's scores; give --model too")
-    datasets, skipped, ties = load_sets(args, args.format, regression=False)
-    results: dict = {"format": args.format, "skipped": skipped, "ties": ties}
-    eval_judge(args, make_judge(judge_args), judge_args, datasets, results, None)
-    return results
-
-
-def eval_judge(
-    args: argparse.Namespace, judge: Any, judge_args: dict, datasets: dict, results: dict, rm_rows: list | None
-) -> None:
-    """Evaluate `judge` (and the cascade) on `datasets`, print the side-by-side table, and add it all to `results`
-    (written by `--output`)."""
-    model = judge_args["model"]
-    try:
-        _judge_sources(args, judge, model, judge_args, datasets, results, rm_rows)
-    finally:
-        close = getattr(judge.engine, "close", None)
-        if close is not None:  # vLLM's engine processes: stopped now, not at interpreter exit
-            close()
-
-
-def _judge_sources(args, judge, model, judge_args, datasets, results, rm_rows) -> None:
-    from trl_rm_env.evaluation.judge import (
-        agreement,
-        evaluate_cascade,
-        evaluate_judge,
-        format_comparison_table,
-        per_1k,
-        rm_picks,
-    )
-
-    judge_results, judge_picks = evaluate_judge(judge, datasets)
-    judge_results["judge"] = model or judge_args.get("remote_url")
-    results["judge"] = judge_results
-    sources = {f"judge ({judge.options.mode}, {judge.options.scoring})": judge_results}
-    agreements = {}
-    if rm_rows is not None:
-        rm_results = {"sets": results["sets"], "cost": results["cost"]}
-        rm_results["per_1k_pairs"] = per_1k(results["cost"], sum(m["pairs"] for m in results["sets"].values()))
-        sources = {"reward model": rm_results, **sources}
-        picks, _ = rm_picks(rm_rows, datasets)
-        agreements["reward model vs judge"] = results["agreement"] = agreement(picks, judge_picks)
-        if args.cascade:
-            cost = results["cost"]
-            cascade, _ = evaluate_cascade(
-                judge, datasets, rm_rows, args.cascade_margin, cost["seconds"], cost["tokens"], cost["memory_mb"]
-            )
-            results["cascade"] = cascade
-            sources[f"cascade (|margin| < {args.cascade_margin:g}: judge)"] = cascade
-    print()
-    print(format_comparison_table(sources, agreements))
-    if args.report:
-        from trl_rm_env.evaluation.report import write_comparison_figure
-
-        print(f"side-by-side figure written to {write_comparison_figure(sources, args.report)}")
-
-

@@ -120,6 +120,49 @@ def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(ti
         "verdict_ties"] - results["judge"]["sets"]["sample:in_domain"]["no_verdict"]  # fmt: skip
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pairwise", "pointwise"])
+def test_eval_cascade_is_the_grpo_cascade_reward_pair_for_pair(tiny_dir, mode):
+    """What `eval --cascade` reports for each pair is what `CascadeReward([RewardModelEnvironment, JudgeEnvironment],
+    margin=M)` gives that pair as a GRPO group of two (the better answer first at even pairs), on the bundled data."""
+    from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
+    from trl_rm_env.evaluation.command import EvalRequest, run_eval
+    from trl_rm_env.evaluation.judge import pairs_of_sets
+
+    rm, policy = str(tiny_dir / "reward_model"), str(tiny_dir / "policy")
+    request = dict(data=("sample:in_domain",), model=rm, judge={"model": policy, "mode": mode}, progress=False)
+    records, _ = load_rank_records("sample:in_domain")
+    pairs = pairs_of_sets({"sample:in_domain": records})
+    environment = RewardModelEnvironment(rm)
+    flat = [(records[r]["context"], records[r]["completions"][k]["completion"]) for _, r, i, j in pairs for k in (i, j)]
+    scores = environment([p for p, _ in flat], [c for _, c in flat])
+    margins = sorted(abs(a - b) for a, b in zip(scores[::2], scores[1::2]))
+    k = next(k for k in range(len(margins) // 2, len(margins) - 1) if margins[k + 1] - margins[k] > 1e-4)
+    margin = (margins[k] + margins[k + 1]) / 2  # about half the pairs to each source, none at the boundary
+    outcome = run_eval(EvalRequest(**request, cascade_margin=margin), show=lambda text: None)
+
+    cascade = CascadeReward([environment, JudgeEnvironment(policy, mode=mode)], margin=margin)
+    picks, judged, left = [None] * len(pairs), 0, list(range(len(pairs)))
+    while left:  # each call: at most one pair per context, so each pair is a group of its own
+        contexts, round_ = set(), []
+        for n in left:
+            key = json.dumps(records[pairs[n][1]]["context"])
+            if key not in contexts:
+                contexts.add(key)
+                round_.append(n)
+        left = [n for n in left if n not in round_]
+        shown = [(n, k) for n in round_ for k in ((pairs[n][2], pairs[n][3]) if n % 2 == 0 else (pairs[n][3], pairs[n][2]))]
+        rewards = cascade([records[pairs[n][1]]["context"] for n, _ in shown],
+                          [records[pairs[n][1]]["completions"][k]["completion"] for n, k in shown])  # fmt: skip
+        judged += cascade.last_calls[1] // 2
+        for m, n in enumerate(round_):
+            by_completion = {shown[2 * m][1]: rewards[2 * m], shown[2 * m + 1][1]: rewards[2 * m + 1]}
+            diff = by_completion[pairs[n][2]] - by_completion[pairs[n][3]]
+            picks[n] = "better" if diff > 0 else "worse" if diff < 0 else "tie"
+    assert outcome.picks["cascade"] == picks
+    assert outcome.results["cascade"]["sent"] == judged and 0 < judged < len(pairs)
+
+
 def test_judge_flags_fail_in_one_line(tiny_dir, capsys):
     for argv, message in (
         (["eval", "--data", "sample:in_domain"], "needs --model"),
@@ -207,6 +250,18 @@ class FakeJudge:
     def judge_pairs(self, pairs):
         return self.mode.judge_pairs(self.judge_items, pairs, self.options)
 
+    def __call__(self, prompts, completions, completion_ids=None, log_metric=None, **kwargs):
+        """As a GRPO reward function on groups of two (pairwise, both orders): each one's mean preference."""
+        texts = [c[0]["content"] for c in completions]
+        rewards = []
+        for a, b in zip(texts[::2], texts[1::2]):
+            first = (self.prefer(a, b) + 1 - self.prefer(b, a)) / 2
+            self.asked += [(a, b), (b, a)]
+            rewards += [first, 1 - first]
+        if log_metric is not None:
+            log_metric("judge_env/num_judgements", float(len(texts)))
+        return rewards
+
 
 def fake_sets():
     def record(better, worse):
@@ -242,7 +297,7 @@ def test_pair_bookkeeping_with_a_judge_of_known_verdicts():
     cascade, cascade_picks = evaluate_cascade(fair, datasets, rm_rows, 1.0, rm_seconds=1.0, rm_tokens=100)
     assert cascade["sent"] == 2 and sorted({a for a, _ in fair.asked}) == ["bad 1", "bad 2", "good 1", "good 2"]
     assert cascade_picks == ["better", "better", "better", "worse"] and cascade["sets"]["s"]["correct"] == 3
-    assert cascade["cost"]["judgements"] == 4 and cascade["cost"]["tokens"] == 100 + 40
+    assert cascade["cost"]["judgements"] == 4 and cascade["cost"]["tokens"] is None  # this judge counts no tokens
     rm = ["better", "better", "worse", "worse"]
     assert agreement(rm, judge_picks) == {"pairs": 4, "same": 2, "rate": 0.5}
     pointwise = FakeJudge("pointwise", rate=lambda t: None if t == "bad 3" else 5.0)

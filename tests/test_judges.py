@@ -235,3 +235,30 @@ def test_cascade_with_an_async_source_is_async_and_passes_columns_sliced():
     )  # fmt: skip
     assert rewards == [0.0, 1.0, 0.0] and seen == {"label": ["y"], "environments": ["e1"]}
     assert table == {"why": [None, "judged", None]}  # TRL's completions table stays aligned
+
+
+def test_cascade_with_a_margin_routes_whole_groups_by_the_first_sources_separation():
+    asked = []
+
+    def reward_model(prompts, completions, **kwargs):
+        return [float(c) for c in completions]
+
+    def judge(prompts, completions, **kwargs):
+        asked.append(list(zip(prompts, completions)))
+        return [100.0 + float(c) for c in completions]
+
+    cascade = CascadeReward([reward_model, judge], margin=1.0)
+    logged = {}
+    # Groups by prompt: "a" separated (0, 1.5, 3: every gap >= 1), "b" not (gap 0.5), "c" alone (decided), "d" with
+    # a tie (gap 0).
+    prompts = ["a", "b", "a", "c", "b", "a", "d", "d"]
+    completions = ["0", "2", "1.5", "7", "2.5", "3", "4", "4"]
+    rewards = cascade(prompts, completions, log_metric=logged.__setitem__)
+    assert rewards == [0.0, 102.0, 1.5, 7.0, 102.5, 3.0, 104.0, 104.0]
+    assert asked == [[("b", "2"), ("b", "2.5"), ("d", "4"), ("d", "4")]]  # whole groups, in the batch's order
+    assert logged["judge_env/cascade_reward_model"] == 4 and logged["judge_env/cascade_judge"] == 4
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="margin must be a finite number > 0"):
+            CascadeReward([reward_model, judge], margin=bad)
+    with pytest.raises(ValueError, match="margin must be"):
+        CascadeReward([reward_model], margin=1.0)

@@ -8,8 +8,10 @@ regression RMs (RMSE, MAE, Pearson r per attribute), the terminal tables and the
     results = evaluate_reward_model("outputs/rm-tiny", {"llmbar-natural": records}, batch_size=16)
     print(format_results_table(results))
 
+- `command.py`: `trl-rm-env eval` as a typed `EvalRequest` and its `run_eval`; `data.py`: its data sets; `memory.py`:
+  peak memory of a source;
 - `preference.py`: scoring every record once and its per-set metrics; `judge.py`: a generative judge and a cascade
-  of a reward model with a judge on the same pairs, side by side with their costs; `rewardbench.py`: v1 sections;
+  of a reward model with a judge (`CascadeReward` with a margin) on the same pairs, side by side with their costs; `rewardbench.py`: v1 sections;
   `rewardbench2.py`: RewardBench 2 rows and scores; `regression.py`: regression RMs; `tables.py`: the terminal
   tables; `report.py`: PNG plots and `report.md`.
 
@@ -29,6 +31,8 @@ _WHERE = {
     "pearson": ".preference",
     "write_scores_file": ".preference",
     "evaluate_regression_model": ".regression",
+    "EvalRequest": ".command",
+    "run_eval": ".command",
     "evaluate_judge": ".judge",
     "evaluate_cascade": ".judge",
     "format_comparison_table": ".judge",

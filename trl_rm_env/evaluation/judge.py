@@ -19,81 +19,23 @@ A pair without a verdict (unparseable, or over-length) is counted as such and as
 prompt tokens and seconds per 1,000 pairs, and the peak memory during each source's run (CUDA's peak allocation, or
 the peak resident memory of this process and the engines it started; a model loaded for another source counts too).
 
-The cascade (`evaluate_cascade`) decides a pair by the reward model where its margin `|s_i - s_j|` is at least
-`margin`, and asks the judge, for those pairs only, where it is smaller (the count of pairs sent is reported and
-equals the pairs asked).
+The cascade (`evaluate_cascade`) is the `CascadeReward` that GRPO runs, with a margin rule: each pair is a GRPO group
+of two, decided by the reward model where its margin `|s_i - s_j|` is at least `margin`, and by the judge, asked for
+those pairs only, where it is smaller (the count of pairs sent is reported and equals the pairs asked).
 """
 
 from __future__ import annotations
 
-import os
+import asyncio
+import json
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ..data.schema import iter_pairs
+from .memory import peak_mb, reset_peak_memory
 from .rewardbench import rewardbench_sections
 from .rewardbench2 import rewardbench2_scores
-
-
-def process_tree(roots: Sequence[int] | None = None) -> set[int]:
-    """`roots` (default: this process) and every process they started (vLLM's engine processes)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    roots = list(roots or [os.getpid()])
-    tree, todo = set(roots), list(roots)
-    while todo:
-        parent = todo.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
-                todo.append(pid)
-    return tree
-
-
-def reset_peak_memory() -> None:
-    """Start a source's peak-memory window: CUDA's peak statistics, and the peak resident memory (Linux `VmHWM`,
-    reset through `/proc/<pid>/clear_refs`) of this process and its children."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.reset_peak_memory_stats()
-    for pid in process_tree():
-        try:
-            Path(f"/proc/{pid}/clear_refs").write_text("5")
-        except OSError:
-            pass
-
-
-def peak_mb() -> float:
-    """Peak memory (MB) since `reset_peak_memory`: CUDA's peak allocation of this process when a GPU is in use, else
-    the peak resident memory of this process and every process it started, summed (the processes' peaks need not
-    have been at the same moment, so this bounds the peak from above)."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resident_peak_mb()
-
-
-def resident_peak_mb(roots: Sequence[int] | None = None) -> float:
-    """The peak resident memory (`VmHWM`, MB) of `roots` (default: this process) and every process they started,
-    summed."""
-    total = 0
-    for pid in process_tree(roots):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1])
-        except OSError:
-            pass
-    return total / 1024
 
 
 def pairs_of_sets(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[str, int, int, int]]:
@@ -252,6 +194,22 @@ def agreement(first: Sequence[str | None], second: Sequence[str | None]) -> dict
     return {"pairs": len(both), "same": same, "rate": same / len(both) if both else float("nan")}
 
 
+def cascade_rounds(
+    datasets: Mapping[str, Sequence[Mapping[str, Any]]], pairs: Sequence[tuple[str, int, int, int]]
+) -> list[list[int]]:
+    """The pairs (positions in `pairs`) in rounds that hold at most one pair per context: each pair of a round is a
+    GRPO group of its own (a group is the samples with equal prompts)."""
+    rounds: list[list[int]] = []
+    seen: dict[str, int] = {}
+    for n, (name, r, _, _) in enumerate(pairs):
+        key = json.dumps(datasets[name][r]["context"], sort_keys=True, default=str)
+        k = seen[key] = seen.get(key, -1) + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(n)
+    return rounds
+
+
 def evaluate_cascade(
     judge: Any,
     datasets: Mapping[str, Sequence[Mapping[str, Any]]],
@@ -261,37 +219,72 @@ def evaluate_cascade(
     rm_tokens: int | None = None,
     rm_memory: float = 0.0,
 ) -> tuple[dict[str, Any], list]:
-    """The reward model where `|margin| >= margin`, the judge (asked for those pairs only) elsewhere.
+    """What `CascadeReward([reward model, judge], margin=margin)` gives each pair, run as GRPO runs it: each pair is a
+    group of two (the better answer first at even positions), the reward model's scores (`rm_rows`, from
+    `evaluate_with_scores`) stand where they separate the two by at least `margin`, and the judge rewards the
+    others; the pair goes to the higher reward.
 
     Returns:
-        Results shaped as `evaluate_judge`'s, plus `"margin"`, `"sent"` (pairs asked of the judge) and `"share"`;
+        Results shaped as `evaluate_judge`'s, plus `"margin"`, `"sent"` (pairs the judge rewarded) and `"share"`;
         and each pair's pick.
     """
+    from ..judges.cascade import CascadeReward
+
     pairs = pairs_of_sets(datasets)
-    picks, margins = rm_picks(rm_rows, datasets)
-    sent = [n for n, m in enumerate(margins) if abs(m) < margin]
-    rows, cost = judge_pair_verdicts(judge, datasets, [pairs[n] for n in sent], sent) if sent else ([], None)
-    for n, row in zip(sent, rows):
-        picks[n] = _pick(row["preference"], judge.mode.neutral)
+    score = {(row["set"], row["record"], row["completion"]): row["score"] for row in rm_rows}
+
+    def reward_model(prompts: Any, completions: Any, item: Sequence[tuple], **kwargs: Any) -> list[float]:
+        return [score[key] for key in item]
+
+    cascade = CascadeReward([reward_model, judge], name="cascade", margin=margin)
+    picks: list[str | None] = [None] * len(pairs)
+    judged = {"judgements": 0.0, "tokens": 0, "seconds": 0.0}
+    counts_tokens = bool(getattr(judge, "tokens", False))
+    sent = 0
+    for members in cascade_rounds(datasets, pairs):
+        prompts, completions, items = [], [], []
+        for n in members:
+            name, r, i, j = pairs[n]
+            record = datasets[name][r]
+            for k in (i, j) if n % 2 == 0 else (j, i):
+                prompts.append(record["context"])
+                completions.append(record["completions"][k]["completion"])
+                items.append((name, r, k))
+        logged: dict[str, float] = {}
+        start = time.perf_counter()
+        rewards = _run(cascade(prompts, completions, item=items, log_metric=logged.__setitem__))
+        if cascade.last_calls[1]:
+            judged["seconds"] += time.perf_counter() - start
+            judged["judgements"] += logged.get("judge_env/num_judgements", 0.0)
+            if counts_tokens:
+                judged["tokens"] += sum(len(j.prompt) for j in judge.last_judgements if not j.overlength)
+        sent += cascade.last_calls[1] // 2
+        for m, n in enumerate(members):
+            first, second = rewards[2 * m], rewards[2 * m + 1]
+            better, worse = (first, second) if n % 2 == 0 else (second, first)
+            picks[n] = None if better is None or worse is None else _pick(better - worse, 0.0)
     sets = verdict_metrics(pairs, picks, None)
-    judged = cost or {"judgements": 0, "tokens": 0, "seconds": 0.0}
-    tokens = None if judged["tokens"] is None or rm_tokens is None else judged["tokens"] + rm_tokens
+    tokens = judged["tokens"] + rm_tokens if counts_tokens and rm_tokens is not None else None
     total = {
-        "judgements": judged["judgements"],
+        "judgements": int(judged["judgements"]),
         "tokens": tokens,  # the reward model's on every pair, and the judge's on the pairs sent
         "seconds": rm_seconds + judged["seconds"],
         "memory_mb": max(rm_memory, peak_mb()),
     }
     results = {
         "margin": margin,
-        "sent": len(sent),
-        "share": len(sent) / len(pairs) if pairs else float("nan"),
+        "sent": sent,
+        "share": sent / len(pairs) if pairs else float("nan"),
         "sets": sets,
         "rewardbench": rewardbench_sections({n: m["accuracy"] for n, m in sets.items() if m["pairs"]}),
         "cost": total,
         "per_1k_pairs": per_1k(total, len(pairs)),
     }
     return results, picks
+
+
+def _run(result: Any) -> Any:
+    return asyncio.run(result) if asyncio.iscoroutine(result) else result
 
 
 def _cell(value: Any, fmt: str = "{:.1f}") -> str:

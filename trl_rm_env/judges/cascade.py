@@ -1,10 +1,12 @@
 """`CascadeReward`: reward sources tried in order per sample; the first that returns a number decides (a rule check
-with an LLM judge as its fallback, as NeMo Gym's `math_with_judge`)."""
+with an LLM judge as its fallback, as NeMo Gym's `math_with_judge`); or, with `margin`, a reward model decides the
+GRPO groups it separates by at least that margin and the judge the others (what `trl-rm-env eval --cascade` measures)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -57,6 +59,32 @@ def _decided(value: Any) -> bool:
         return True  # not a number: the caller's reward, passed on as TRL would get it
 
 
+def separates(values: Sequence[Any], margin: float) -> bool:
+    """Whether a group's rewards are all numbers and every two of them at least `margin` apart."""
+    if not all(_decided(v) for v in values):
+        return False
+    ordered = sorted(float(v) for v in values)
+    return all(b - a >= margin for a, b in zip(ordered, ordered[1:]))
+
+
+def _routed(
+    prompts: Sequence[Any], rows: Sequence[int], answers: Sequence[Any], margin: float, rewards: list[float | None]
+) -> list[int]:
+    """The margin rule: fill `rewards` for the groups (equal prompts) that `answers` separate by `margin`; return the
+    samples of the other groups."""
+    groups: dict[str, list[int]] = {}
+    for k, i in enumerate(rows):
+        groups.setdefault(json.dumps(prompts[i], sort_keys=True, default=str), []).append(k)
+    still = []
+    for members in groups.values():
+        if separates([answers[k] for k in members], margin):
+            for k in members:
+                rewards[rows[k]] = float(answers[k])
+        else:
+            still += [rows[k] for k in members]
+    return sorted(still)
+
+
 class CascadeReward:
     """Several TRL reward functions as one: per sample, the first source that returns a number (not None or NaN)
     gives the reward, and a later source is called only with the samples still undecided (the slices of `prompts`,
@@ -72,18 +100,33 @@ class CascadeReward:
 
         reward = CascadeReward([exact_match, JudgeEnvironment(JUDGE, template=RUBRIC_WITH_REFERENCE)])
 
+    With `margin`, the first source (a reward model) is routed group by group: it scores every sample, and its rewards
+    stand for each GRPO group (the samples of the call with equal prompts) whose completions it separates by at least
+    `margin` (every two of them that far apart; for a preference pair, its margin; a lone completion is decided);
+    the samples of the other groups go, as whole groups, to the next sources. Each group is rewarded by one source,
+    so GRPO's advantages, computed within a group, never mix the reward model's scale with the judge's.
+
+        reward = CascadeReward([RewardModelEnvironment(RM), JudgeEnvironment(JUDGE, mode="pairwise")], margin=1.0)
+
     Args:
         sources: The reward functions, in the order they are asked.
         name: The cascade's `__name__` (TRL logs `rewards/<name>/mean`).
+        margin: Route by the first source's margin (> 0), group by group; None: the first number decides.
 
     Raises:
-        ValueError: no sources, or two with the same name.
+        ValueError: no sources, or two with the same name; a `margin` that is not > 0, or with one source.
     """
 
-    def __init__(self, sources: Sequence[Callable[..., Any]], name: str = "cascade"):
+    def __init__(self, sources: Sequence[Callable[..., Any]], name: str = "cascade", margin: float | None = None):
         self.sources = list(sources)
         if not self.sources:
             raise ValueError("CascadeReward needs at least one reward source")
+        if margin is not None and (not math.isfinite(margin) or margin <= 0 or len(self.sources) < 2):
+            raise ValueError(
+                f"CascadeReward: margin must be a finite number > 0, with a source after the reward model that it "
+                f"routes from (got margin={margin!r} and {len(self.sources)} source(s))"
+            )
+        self.margin = margin
         self.source_names = [_name(s) for s in self.sources]
         if len(set(self.source_names)) != len(self.source_names):
             raise ValueError(f"CascadeReward's sources need distinct names (their metrics), got {self.source_names}")
@@ -91,7 +134,7 @@ class CascadeReward:
         self.is_async = any(is_async_callable(s) for s in self.sources)  # TRL's own test
         for source, name in zip(self.sources[1:], self.source_names[1:]):
             mode = getattr(source, "mode", None)
-            if getattr(mode, "compares", False):
+            if getattr(mode, "compares", False) and margin is None:  # with a margin, groups are routed whole
                 logger.warning(
                     "CascadeReward: %s is a %s judge after another source: it compares only the completions of a "
                     "group that the sources before it left undecided (a pointwise judge judges each on its own).",
@@ -137,12 +180,15 @@ class CascadeReward:
                 raise ValueError(
                     f"{self.__name__}: source {name!r} returned {len(answers)} rewards for {len(undecided)} samples"
                 )
-            still = []
-            for i, value in zip(undecided, answers):
-                if _decided(value):
-                    rewards[i] = float(value)
-                else:
-                    still.append(i)
+            if self.margin is not None and source is self.sources[0]:
+                still = _routed(prompts, undecided, answers, self.margin, rewards)
+            else:
+                still = []
+                for i, value in zip(undecided, answers):
+                    if _decided(value):
+                        rewards[i] = float(value)
+                    else:
+                        still.append(i)
             counts[name] = float(len(undecided) - len(still))
             undecided = still
         log_metric = kwargs.get("log_metric")
