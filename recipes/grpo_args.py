@@ -54,6 +54,10 @@ class RewardModelRecipeArguments:
         reward_judge_options: More `JudgeEnvironment` options as a mapping (JSON on the command line): how the judge
             loads and runs (`precision`, `max_length`, `template_kwargs`, `engine`, ...), its reward function (`name`,
             `normalization`, ...) and its servers (`timeout`, ...).
+        reward_cascade_margin: With a reward model and a judge: one reward, `CascadeReward([rm, judge], margin=...)`,
+            instead of the two weighed: the reward model's rewards stand for each GRPO group it separates by at least
+            this margin, the judge rewards the others (the cascade `trl-rm-env eval --cascade` measures). None: both
+            rewards, weighed by `reward_weights`.
     """
 
     reward_model: str | None = field(
@@ -80,6 +84,10 @@ class RewardModelRecipeArguments:
     reward_judge_tokenizer: str | None = field(default=None, metadata={"help": "The judge's tokenizer."})
     reward_judge_options: dict | str | None = field(
         default=None, metadata={"help": "More JudgeEnvironment options (a mapping; JSON on the command line)."}
+    )
+    reward_cascade_margin: float | None = field(
+        default=None,
+        metadata={"help": "One cascade reward: the RM for groups it separates by this margin, the judge for the rest."},
     )
 
     def judge_kwargs(self) -> dict | None:

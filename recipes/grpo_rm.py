@@ -17,6 +17,7 @@ Order: set up the reward model, the prompts and the policy; train; save the poli
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the cheap checks of run_recipe
@@ -28,7 +29,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     from trl import GRPOTrainer, get_peft_config
     from trl_rm_env.recipes import steps
 
-    from trl_rm_env import JudgeEnvironment, RewardModelEnvironment
+    from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
     from trl_rm_env.model_source import check_model_source
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
 
@@ -41,6 +42,14 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     given = sorted(name for name, value in reward_options.items() if name != "tokenizer" or value is not None)
     if not with_rm and given:
         raise ValueError(f"reward_model is null (no reward model), but options of one are given: {', '.join(given)}")
+    margin = rm_args.reward_cascade_margin
+    if margin is not None and not (math.isfinite(margin) and margin > 0):
+        raise ValueError(f"reward_cascade_margin must be > 0, got {margin}")
+    if margin is not None and not (with_rm and judge_options is not None):
+        raise ValueError("reward_cascade_margin routes between a reward model and a judge: give reward_judge and a "
+                         "reward model (reward_model or reward_remote_url)")
+    if margin is not None and rm_args.reward_per_attribute:
+        raise ValueError("reward_cascade_margin routes one reward model's rewards; reward_per_attribute splits them")
     if training_args.ddp_find_unused_parameters is None:  # every policy parameter gets a gradient: skip DDP's search
         training_args.ddp_find_unused_parameters = False
 
@@ -70,8 +79,12 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     elif rm_args.reward_per_attribute:
         raise ValueError("reward_per_attribute needs a reward model (reward_model is null)")
     if judge_options is not None:
-        rewards.append(JudgeEnvironment(rm_args.reward_judge, **judge_options))
-        weights.append(1.0)
+        judge = JudgeEnvironment(rm_args.reward_judge, **judge_options)
+        if margin is not None:  # one reward: the RM where it separates a group, else the judge
+            rewards = [CascadeReward([rewards[0], judge], margin=margin)]
+        else:
+            rewards.append(judge)
+            weights.append(1.0)
     if rm_args.reward_per_attribute and training_args.reward_weights is None:
         training_args.reward_weights = weights  # the model's own attribute weights (TRL's default: all 1)
 

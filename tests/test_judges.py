@@ -262,3 +262,31 @@ def test_cascade_with_a_margin_routes_whole_groups_by_the_first_sources_separati
             CascadeReward([reward_model, judge], margin=bad)
     with pytest.raises(ValueError, match="margin must be"):
         CascadeReward([reward_model], margin=1.0)
+
+
+@pytest.mark.slow
+def test_grpo_recipe_with_a_cascade_margin_trains_on_one_routed_reward(tiny_dir, tmp_path, monkeypatch, capsys):
+    import json
+    from pathlib import Path
+
+    from trl_rm_env.recipes import grpo_rm
+
+    from trl_rm_env.errors import run_recipe
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "grpo"
+    config = Path(grpo_rm.__file__).parent / "configs" / "grpo_judge_tiny.yaml"
+    argv = ["--config", str(config), "--model_name_or_path", str(tiny_dir / "policy"),
+            "--reward_model", str(tiny_dir / "reward_model"), "--reward_judge", str(tiny_dir / "policy"),
+            "--reward_cascade_margin", "0.02", "--reward_weights", "1.0", "--max_steps", "1",
+            "--per_device_train_batch_size", "8", "--num_generations", "4", "--output_dir", str(out)]  # fmt: skip
+    run_recipe(grpo_rm.make_parser, grpo_rm.main, argv)
+    step = next(h for h in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in h)
+    assert "rewards/cascade/mean" in step and "rewards/judge/mean" not in step
+    decided = step["judge_env/cascade_tiny_rm"] + step["judge_env/cascade_judge"]
+    assert decided == 8 and step["judge_env/cascade_judge"] % 4 == 0  # whole groups of 4 to the judge
+    bad = [a if a != "0.02" else "0" for a in argv]
+    with pytest.raises(SystemExit):  # a bad margin: one line naming the key, before anything loads
+        run_recipe(grpo_rm.make_parser, grpo_rm.main, [*bad[:-2], "--output_dir", str(tmp_path / "bad")])
+    assert capsys.readouterr().err.endswith("error: reward_cascade_margin must be > 0, got 0.0\n")
+    assert not (tmp_path / "bad").exists()
