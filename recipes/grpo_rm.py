@@ -10,7 +10,7 @@ in configs/grpo_rm.yaml.
     trl-rm-env grpo --config grpo_rm_tiny.yaml                                         # installed: offline, CPU
     accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm_tiny.yaml   # from a checkout, ~1 min
     accelerate launch recipes/grpo_rm.py --config recipes/configs/grpo_rm.yaml        # Qwen3-0.6B + Skywork-Reward-V2
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml recipes/grpo_rm.py --config recipes/configs/grpo_rm.yaml
+    accelerate launch --config_file accelerate_configs/zero3.yaml recipes/grpo_rm.py --config recipes/configs/grpo_rm.yaml
 
 Order: set up the reward model, the prompts and the policy; train; save the policy.
 """

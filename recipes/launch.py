@@ -9,7 +9,7 @@ The recipe's own `TrlParser` reads the flags and the YAML first, so a bad flag, 
 before anything is launched; a flag it does not know goes to `accelerate launch` (`--num_processes`,
 `--main_process_port`, ...), a YAML key it does not know is an error (Accelerate's settings belong on the command
 line or in `--accelerate_config`). `--config` and `--accelerate_config` take a path, or the name of a config shipped with the package
-(`trl_rm_env/recipes/configs`, `trl_rm_env/recipes/accelerate_configs`; `.yaml` optional). The recipe that runs is
+(`trl_rm_env/recipes/configs`, `trl_rm_env/accelerate_configs`; `.yaml` optional). The recipe that runs is
 the package's `recipes/<name>.py`, the same file `accelerate launch recipes/<name>.py` runs in a checkout.
 """
 
@@ -32,9 +32,13 @@ HELP = {
 
 
 def shipped(folder: str) -> dict[str, Path]:
-    """The YAML configs shipped in `trl_rm_env/recipes/<folder>`, by name (without `.yaml`)."""
-    root = importlib.resources.files("trl_rm_env.recipes").joinpath(folder)
-    return {Path(entry.name).stem: Path(str(entry)) for entry in root.iterdir() if entry.name.endswith(".yaml")}
+    """The YAML configs shipped in `folder` (`configs`: the recipes'; `accelerate_configs`: Accelerate's), by name
+    (without `.yaml`)."""
+    if folder == "accelerate_configs":  # beside the recipes: the checkout's top level, or trl_rm_env/ installed
+        root = Path(importlib.import_module("trl_rm_env.recipes").__file__).resolve().parent.parent / folder
+    else:
+        root = Path(str(importlib.resources.files("trl_rm_env.recipes").joinpath(folder)))
+    return {Path(entry.name).stem: entry for entry in root.iterdir() if entry.name.endswith(".yaml")}
 
 
 def resolve(value: str, folder: str, flag: str) -> str:

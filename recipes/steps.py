@@ -171,7 +171,7 @@ def check_distributed_setup(accelerator) -> str:
             f"{world_size} processes were launched but Accelerate set up {state.distributed_type.value} with "
             f"{state.num_processes} process(es) on {state.device}: no GPU was found. To train on CPU pass "
             "`--use_cpu true` (the *_tiny.yaml configs set it) and a *_cpu Accelerate config (`--accelerate_config "
-            "ddp_cpu`; in a checkout recipes/accelerate_configs/ddp_cpu.yaml)."
+            "ddp_cpu`; in a checkout accelerate_configs/ddp_cpu.yaml)."
         )
     for backend in ("FSDP", "DEEPSPEED"):
         requested = os.environ.get(f"ACCELERATE_USE_{backend}", "false").lower() == "true"

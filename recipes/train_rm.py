@@ -3,7 +3,7 @@
     trl-rm-env train --config rm_tiny.yaml                                              # installed: offline, CPU, ~1 min
     trl-rm-env train --config rm.yaml --accelerate_config zero3                         # Qwen3-0.6B on HelpSteer3
     accelerate launch recipes/train_rm.py --config recipes/configs/rm_tiny.yaml         # from a checkout
-    accelerate launch --config_file recipes/accelerate_configs/zero3.yaml recipes/train_rm.py --config recipes/configs/rm.yaml
+    accelerate launch --config_file accelerate_configs/zero3.yaml recipes/train_rm.py --config recipes/configs/rm.yaml
 
 YAML gives the defaults, command-line flags override them (`--learning_rate 5e-5`, `--eval_data a=x.jsonl b=y.jsonl`).
 Order: load the data and set up the model (a bad file or a typo'd path fails in one line before any model loads);

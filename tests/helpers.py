@@ -127,7 +127,7 @@ def grpo_config(tmp_path: Path, **overrides: Any):
 
 # ---------------------------------------------------------------------------------------------------- launching
 ROOT = Path(__file__).resolve().parent.parent
-ACCELERATE_CONFIGS = ROOT / "recipes" / "accelerate_configs"
+ACCELERATE_CONFIGS = ROOT / "accelerate_configs"
 SAMPLE = ROOT / "trl_rm_env" / "data" / "sample"
 TIMEOUT = 600  # seconds per launch; a first DeepSpeed run also JIT-builds its shm comm op (~1-2 min, cached)
 
@@ -162,7 +162,7 @@ def launch(
     env: dict[str, str] | None = None,
     cwd: Path = ROOT,
 ) -> str:
-    """`accelerate launch --config_file recipes/accelerate_configs/<config> <script> args...`; returns its output.
+    """`accelerate launch --config_file accelerate_configs/<config> <script> args...`; returns its output.
 
     `script` is relative to the repository root; `processes` overrides the config's `num_processes`; `env` adds
     variables (a `PYTHONPATH` there goes in front of the repository's). Fails the test, with the output's tail, on a

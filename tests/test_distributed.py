@@ -1,6 +1,6 @@
-"""Real 2-process `accelerate launch` runs of the recipes on CPU, one per recipes/accelerate_configs/*_cpu.yaml.
+"""Real 2-process `accelerate launch` runs of the recipes on CPU, one per accelerate_configs/*_cpu.yaml.
 
-Each test starts `python -m accelerate.commands.launch --config_file recipes/accelerate_configs/<x>_cpu.yaml recipes/...`
+Each test starts `python -m accelerate.commands.launch --config_file accelerate_configs/<x>_cpu.yaml recipes/...`
 in a subprocess (2 CPU processes, gloo) and checks what a user gets:
 
 - train_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 (FSDP on CPU thanks to `enable_fsdp_on_cpu`) saves a plain Hugging

@@ -61,8 +61,8 @@ def test_the_wheel_carries_the_recipes_their_configs_and_the_sample_data(wheel):
         assert f"trl_rm_env/recipes/{recipe}.py" in names
     for config in (ROOT / "recipes" / "configs").glob("*.yaml"):
         assert f"trl_rm_env/recipes/configs/{config.name}" in names
-    for config in (ROOT / "recipes" / "accelerate_configs").glob("*.yaml"):
-        assert f"trl_rm_env/recipes/accelerate_configs/{config.name}" in names
+    for config in (ROOT / "accelerate_configs").glob("*.yaml"):
+        assert f"trl_rm_env/accelerate_configs/{config.name}" in names
     for sample in (ROOT / "trl_rm_env" / "data" / "sample").iterdir():
         assert f"trl_rm_env/data/sample/{sample.name}" in names
     packages = {str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "trl_rm_env").rglob("__init__.py")}

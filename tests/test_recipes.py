@@ -16,7 +16,7 @@ from trl_rm_env.compat import CHECKPOINTING_FIELD
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "recipes" / "configs").glob("*.yaml"))
-ACCELERATE_CONFIGS = sorted((ROOT / "recipes" / "accelerate_configs").glob("*.yaml"))
+ACCELERATE_CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
 
 
 def load_recipe(name: str):

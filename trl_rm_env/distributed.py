@@ -7,7 +7,7 @@ Three pieces, all used by the recipes and usable from any TRL script:
 
 - `enable_fsdp_on_cpu()`: accelerate (checked up to 1.15) turns an FSDP config into FSDP only for accelerator
   process groups (`AcceleratorState.__init__` lists MULTI_GPU, MULTI_XPU, MULTI_NPU, ... but never MULTI_CPU), so
-  `accelerate launch --config_file recipes/accelerate_configs/fsdp2_cpu.yaml` silently trains as plain DDP on CPU. torch's
+  `accelerate launch --config_file accelerate_configs/fsdp2_cpu.yaml` silently trains as plain DDP on CPU. torch's
   FSDP2 itself works on CPU with gloo. This extends accelerate's check to MULTI_CPU, and only that.
 - `shard_if_requested` / `shard_reward_model` / `full_weights`: the RM of `RewardModelEnvironment` under FSDP2 is
   sharded with `fully_shard` (each transformer block, then the root), like the policy, and unsharded for one scoring

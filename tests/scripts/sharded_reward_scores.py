@@ -1,6 +1,6 @@
 """Launched by tests/test_distributed.py with a ZeRO-3 or FSDP2 accelerate config and 2 processes.
 
-    accelerate launch --config_file recipes/accelerate_configs/zero3_cpu.yaml tests/scripts/sharded_reward_scores.py \
+    accelerate launch --config_file accelerate_configs/zero3_cpu.yaml tests/scripts/sharded_reward_scores.py \
         MODEL_DIR ITEMS_JSON OUT_JSON
 
 Builds `RewardModelEnvironment(MODEL_DIR)` the way recipes/grpo_rm.py does (after the training arguments, so that
