@@ -21,7 +21,7 @@ from trl_rm_env.judges.options import JudgeOptions
 from trl_rm_env.scoring.options import ScoringOptions, json_object
 from trl_rm_env.serving.options import RemoteOptions, local_only
 
-from .spellings import options_from_recipe, recipe_fields, recipe_spellings
+from .spellings import options_from_recipe, recipe_fields, recipe_options, recipe_spellings
 
 
 @dataclass
@@ -114,24 +114,27 @@ class RewardModelRecipeArguments:
         return kwargs
 
     def environment_kwargs(self) -> dict:
-        """Keyword arguments for `RewardModelEnvironment` (besides the model): the options given (`reward_*` keys
-        not at their defaults), mapped onto the environment's names in this one place.
+        """Keyword arguments for `RewardModelEnvironment` (besides the model): `options`, the `ScoringOptions` the
+        `reward_*` keys describe, built once (the environment, its scorer and engine read that one object), and the
+        other options given (`reward_*` keys not at their defaults), mapped onto the environment's names in this one
+        place.
 
         Raises:
             ValueError: an option of servers without `reward_remote_url`, or with it an option that only a reward
                 model loaded here applies; each named by its key.
         """
-        kwargs = {}
+        scoring = recipe_options(self, ScoringOptions)
+        kwargs: dict = {"options": scoring}
         for cls in OPTION_CLASSES:
-            kwargs.update(options_from_recipe(self, cls))
+            if cls is not ScoringOptions:
+                kwargs.update(options_from_recipe(self, cls))
         keys = {name: key for cls in OPTION_CLASSES for key, name in recipe_spellings(cls).items()}
         if not self.reward_remote_url:
             remote = sorted(keys[name] for name in options_from_recipe(self, RemoteOptions))
             if remote:
                 raise ValueError(f"{', '.join(remote)} apply with reward_remote_url (a reward model behind servers)")
             return dict(kwargs, tokenizer=self.reward_tokenizer)
-        scoring = {name: v for name, v in kwargs.items() if name in ScoringOptions.names()}
-        local = sorted(keys[name] for name in local_only(ScoringOptions(**scoring)))
+        local = sorted(keys[name] for name in local_only(scoring))
         if local:
             raise ValueError(
                 f"{', '.join(local)}: applied by a reward model loaded here; with reward_remote_url give them to the "

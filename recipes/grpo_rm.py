@@ -31,6 +31,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
 
     from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
     from trl_rm_env.model_source import check_model_source
+    from trl_rm_env.options import changed
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
 
     resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
@@ -39,7 +40,8 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     with_rm = rm_args.reward_model is not None or bool(rm_args.reward_remote_url)  # served: the server's own model
     if not with_rm and judge_options is None:
         raise ValueError("reward_model is null and no reward_judge is given: GRPO needs a reward source")
-    given = sorted(name for name, value in reward_options.items() if name != "tokenizer" or value is not None)
+    others = {name: value for name, value in reward_options.items() if name != "options"}
+    given = sorted([*changed(reward_options["options"]), *(n for n, v in others.items() if n != "tokenizer" or v)])
     if not with_rm and given:
         raise ValueError(f"reward_model is null (no reward model), but options of one are given: {', '.join(given)}")
     margin = rm_args.reward_cascade_margin

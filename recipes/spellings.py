@@ -142,12 +142,16 @@ def recipe_fields(cls: type) -> list[tuple[str, Any, dataclasses.Field]]:
     return out
 
 
-def options_from_recipe(args: Any, cls: type) -> dict[str, Any]:
-    """The options of `cls` given in a recipe's arguments (`recipe_fields`) and not at their defaults, by option
-    name, as the class reads them (`"true"`, JSON text, `name=value` entries turned into values; a bad one is an
-    error naming its key)."""
+def recipe_options(args: Any, cls: type) -> Any:
+    """The `cls` instance a recipe's arguments (`recipe_fields`) describe, built once, as the class reads them
+    (`"true"`, JSON text, `name=value` entries turned into values; a bad one is an error naming its key)."""
     given = {f.name: getattr(args, key) for f in option_fields(cls) if (key := recipe_key(f)) and hasattr(args, key)}
-    return changed(_build(cls, given, recipe_key))
+    return _build(cls, given, recipe_key)
+
+
+def options_from_recipe(args: Any, cls: type) -> dict[str, Any]:
+    """The options of `cls` given in a recipe's arguments and not at their defaults, by option name."""
+    return changed(recipe_options(args, cls))
 
 
 def flags(cls: type, names: Iterable[str]) -> str:

@@ -449,7 +449,7 @@ def test_from_config(saved_rm):
     path, tok, model = saved_rm
     env = RewardModelEnvironment.from_config(nemo_rl_config(path), device="cpu", name="nemo_rm")
     assert env.__name__ == "nemo_rm"
-    assert env.scorer.batch_size == 4 and env.scorer.max_tokens_per_batch == 2048 and env.scorer.max_length == 1024
+    assert env.scorer.options.batch_size == 4 and env.scorer.options.max_tokens_per_batch == 2048 and env.scorer.max_length == 1024
     assert env.model.dtype == torch.float32
     direct = RewardModelEnvironment(path, device="cpu")
     prompts, completions = grpo_batch()
@@ -462,7 +462,7 @@ def test_from_config(saved_rm):
     env = RewardModelEnvironment.from_config(
         nemo_rl_config(path, precision="bfloat16", clip=0.5, dynamic_batching={"enabled": False}), device="cpu"
     )
-    assert env.model.dtype == torch.bfloat16 and env.clip == 0.5 and env.scorer.max_tokens_per_batch is None
+    assert env.model.dtype == torch.bfloat16 and env.clip == 0.5 and env.scorer.options.max_tokens_per_batch is None
 
 
 def test_from_config_errors(tiny_dir):
@@ -536,7 +536,7 @@ def test_from_config_with_remote_url_renders_the_nemo_template_in_the_client(sav
         app = ScoringServer(RewardScorer(model, tok), "rm", aliases=[str(path)]).make_app()  # `model_name` is sent
         async with TestServer(app, host="127.0.0.1") as server:
             env = RewardModelEnvironment.from_config(config, remote_url=str(server.make_url("")))
-            assert env.tokenizer.chat_template == template and env.scorer.template_kwargs == {"loud": True}
+            assert env.tokenizer.chat_template == template and env.scorer.options.template_kwargs == {"loud": True}
             return await env(prompts, completions)
 
     assert asyncio.run(remote_rewards()) == pytest.approx(want, abs=1e-4)

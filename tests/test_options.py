@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from trl_rm_env.recipes.cli import build_parser
+from trl_rm_env.recipes.cli import main as cli_main
 from trl_rm_env.recipes.grpo_args import RECIPE_OPTION_CLASSES, RewardModelArguments, RewardModelRecipeArguments
 from trl_rm_env.recipes.reference import command_flags, options_reference
 from trl_rm_env.recipes.serve import SERVE_DEFAULTS
@@ -378,3 +379,59 @@ def test_a_bad_value_names_its_own_key_and_the_launcher_refuses_unknown_yaml_key
     config.write_text("max_steps: 1\nnum_processes: 2\n")
     assert main(["train", "--config", str(config)]) == 1
     assert "trl-rm-env train: error: unknown key(s) ['num_processes'] in the --config YAML" in capsys.readouterr().err
+
+
+@pytest.fixture
+def scoring_builds(monkeypatch):
+    """Every `ScoringOptions` built (validated) from here on, each with the stack that built it."""
+    import traceback
+
+    built = []
+    original = ScoringOptions.__post_init__
+
+    def counted(self):
+        built.append("".join(traceback.format_stack(limit=8)[:-1]))
+        return original(self)
+
+    monkeypatch.setattr(ScoringOptions, "__post_init__", counted)
+    return built
+
+
+def _one_owner(scorer, budget):
+    """The value has one owner: the scorer, its engine and the server read the one options object."""
+    assert scorer.options.max_tokens_per_batch == budget and scorer.engine.options is scorer.options
+    assert not hasattr(scorer, "max_tokens_per_batch") and not hasattr(scorer.engine, "max_tokens_per_batch")
+
+
+@pytest.mark.slow
+def test_max_tokens_per_batch_is_built_once_on_each_path_and_has_one_owner(tiny_dir, scoring_builds, monkeypatch):
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
+
+    from trl_rm_env import RewardModelEnvironment
+    from trl_rm_env.scoring import scorer as scorer_module
+
+    rm = str(tiny_dir / "reward_model")
+    env = RewardModelEnvironment(rm, max_tokens_per_batch=2048)
+    assert len(scoring_builds) == 1, scoring_builds  # RewardModelEnvironment(...): its options, built once
+    _one_owner(env.scorer, 2048)
+
+    scoring_builds.clear()
+    args = RewardModelArguments(reward_model=rm, reward_max_tokens_per_batch=2048)
+    env = RewardModelEnvironment(args.reward_model, **args.environment_kwargs())  # as recipes/grpo_rm.py builds it
+    assert len(scoring_builds) == 1, scoring_builds  # the recipe's reward_max_tokens_per_batch: built once
+    _one_owner(env.scorer, 2048)
+
+    scorers = []
+    original = scorer_module.RewardScorer.__init__
+
+    def keep(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        scorers.append(self)
+
+    monkeypatch.setattr(scorer_module.RewardScorer, "__init__", keep)
+    scoring_builds.clear()
+    argv = ["eval", "--model", rm, "--data", "sample:harder", "--max-tokens-per-batch", "2048", "--no-progress"]
+    assert cli_main(argv) == 0
+    assert len(scoring_builds) == 1, scoring_builds  # eval --max-tokens-per-batch: built once, from the flags
+    (scorer,) = scorers
+    _one_owner(scorer, 2048)

@@ -465,8 +465,8 @@ def test_attribute_weights_from_the_command_line():
     with pytest.raises(ValueError, match="names 'verbosity' twice"):
         parse_attribute_weights(["verbosity=1", "verbosity=2"])
     args = RewardModelArguments(reward_model="rm", reward_attribute_weights=["verbosity=2"])
-    assert args.environment_kwargs()["attribute_weights"] == {"verbosity": 2.0}
-    assert "attribute_weights" not in RewardModelArguments(reward_model="rm").environment_kwargs()  # the default
+    assert args.environment_kwargs()["options"].attribute_weights == {"verbosity": 2.0}
+    assert RewardModelArguments(reward_model="rm").environment_kwargs()["options"].attribute_weights is None
     remote = RewardModelArguments(reward_remote_url=["http://127.0.0.1:1"], reward_attribute_weights=["verbosity=2"])
     with pytest.raises(ValueError, match="^reward_attribute_weights: applied by a reward model loaded here.*serve --help"):
         remote.environment_kwargs()

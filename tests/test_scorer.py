@@ -76,7 +76,7 @@ def test_parity_with_token_budget(tiny_rm, tiny_tokenizer, conv_reference, facto
     lengths = [len(reference_ids(tiny_tokenizer, p, c)) for p, c in zip(prompts, completions)]
     budget = int(factor * max(lengths))
     scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=budget, prefix_sharing=False)
-    assert scorer.batch_size is None  # the budget alone limits the batches
+    assert scorer.options.rows_per_pass() is None  # the budget alone limits the batches
     got = scorer.score(prompts, completions)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     shapes = scorer.last_batch_shapes

@@ -179,26 +179,15 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         """`(N, attributes)` outputs of a batch for `attribute_rewards` (one forward; counted in `num_forwards`)."""
         empty, to_score, _ = self._plan(prompts, completions)
         outputs = torch.full((len(prompts), len(self.attributes)), float("nan"), dtype=torch.float32)
-        over: list[int] = []
         with self._calls, full_weights(self.model, self.sharding):  # every rank enters: a collective under ZeRO-3
             if to_score:
                 self.num_forwards += 1
-                scored, _, over = self.scorer._outputs(
-                    [prompts[i] for i in to_score], [completions[i] for i in to_score], None
-                )
-                outputs[torch.tensor(to_score)] = scored
+                with self._nonfinite_named(to_score, "completions"):  # the scorer's fallbacks, named here
+                    outputs[torch.tensor(to_score)] = self.scorer.attribute_outputs(
+                        [prompts[i] for i in to_score], [completions[i] for i in to_score]
+                    )
         if self.empty_completion_reward is not None and empty:
             outputs[torch.tensor(empty)] = float(self.empty_completion_reward)
-        if over:  # over max_length with truncation="fallback": the over-length reward for every attribute
-            outputs[torch.tensor([to_score[i] for i in over])] = float(self.scorer.overlength_reward)
-        bad = sorted({int(i) for i in torch.nonzero(~torch.isfinite(outputs))[:, 0]})
-        if bad:
-            if self.scorer.nonfinite_reward is None:
-                raise FloatingPointError(
-                    f"{self.name}: the reward model returned NaN/inf for completions {bad[:10]} (attribute rewards); "
-                    "check the model dtype or set nonfinite_reward"
-                )
-            outputs[~torch.isfinite(outputs)] = float(self.scorer.nonfinite_reward)
         return outputs
 
     # ------------------------------------------------------------------ scoring

@@ -29,7 +29,7 @@ from ..options import changed, spelled
 from ..scoring.loading import LOADING_OPTIONS, choose_engine, default_device, load_dtype, log_engine_choice
 from ..scoring.options import ScoringOptions
 from ..scoring.vllm import engine_arguments, start_llm
-from ..sharing.planning import greedy_batches
+from ..sharing.planning import padded_batches
 
 logger = logging.getLogger(__name__)
 
@@ -138,10 +138,8 @@ class HFJudgeEngine:
     sharding = "none"  # `zero3` or `fsdp2` when the weights are sharded (`load_judge_engine`)
 
     def __init__(self, model: PreTrainedModel, tokenizer: Any, options: ScoringOptions | None = None):
-        options = options or ScoringOptions()
+        self.options = options = options or ScoringOptions()  # the one owner of the batch bounds
         self.model, self.tokenizer = model, tokenizer
-        self.batch_size = options.rows_per_pass()
-        self.max_tokens_per_batch = options.max_tokens_per_batch
         self.max_length = options.longest_sequence(model.config)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
@@ -153,13 +151,7 @@ class HFJudgeEngine:
 
     def _batches(self, prompts: Sequence[Sequence[int]], extra: int = 0) -> list[list[int]]:
         lengths = [len(p) + extra for p in prompts]
-        order = sorted(range(len(prompts)), key=lambda i: -lengths[i])
-        budget = self.max_tokens_per_batch
-
-        def fits(current: list[int], i: int) -> bool:
-            return budget is None or (len(current) + 1) * lengths[current[0]] <= budget
-
-        return greedy_batches(order, fits, self.batch_size)
+        return padded_batches(lengths, self.options.rows_per_pass(), self.options.max_tokens_per_batch)
 
     def _left_padded(self, rows: list[Sequence[int]]) -> dict[str, torch.Tensor]:
         length = max(len(r) for r in rows)

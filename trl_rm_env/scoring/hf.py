@@ -31,7 +31,8 @@ from ..sharing import (
     shared_context_scores,
 )
 from ..sharing.mode import packs_fast
-from ..sharing.planning import greedy_batches, linear_to_attention_cost
+from ..sharing.planning import greedy_batches, linear_to_attention_cost, padded_batches
+from .options import ScoringOptions
 
 PACKED_CPU_TOKENS = 8192
 """Tokens per packed row under the block-mask kernel (the CPU's, or fp32) when no `max_tokens_per_batch` is set: its
@@ -99,34 +100,20 @@ class HFEngine:
     Args:
         model: The reward model (eval mode is set for each call, its training flag restored after).
         pad_token_id: The tokenizer's padding id.
-        batch_size: At most this many rows per forward pass (None: no limit but the token budget).
-        max_tokens_per_batch: At most this many tokens per forward pass, padding included.
-        prefix_sharing: `"auto"`, `True`, `False` or `"packed"` (see `trl_rm_env.sharing`); `False` where the model
-            cannot share (logged once); `"auto"` and `True` run `"packed"` on an accelerator.
-        max_sequences: The packed layout's most sequences per forward (None: the token budget alone).
-        show_progress: Progress bar over batches (None: only for more than 8 batches).
+        options: The `ScoringOptions` it reads, the one owner of each value (`batch_size`: rows per pass, or
+            sequences per packed row; `max_tokens_per_batch`: tokens per forward pass, padding included, default
+            sized from the device in the packed layout; `prefix_sharing`: `"auto"`, `True`, `False` or `"packed"`,
+            see `trl_rm_env.sharing`, `False` where the model cannot share (logged once), `"auto"` and `True` run
+            `"packed"` on an accelerator; `show_progress`: a bar over batches, None only for more than 8).
     """
 
     name = "hf"
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        pad_token_id: int,
-        *,
-        batch_size: int | None,
-        max_tokens_per_batch: int | None,
-        prefix_sharing: bool | str = "auto",
-        show_progress: bool | None = None,
-        max_sequences: int | None = None,
-    ):
+    def __init__(self, model: torch.nn.Module, pad_token_id: int, options: ScoringOptions):
         self.model = model
         self.pad_token_id = pad_token_id
-        self.batch_size = batch_size
-        self.max_tokens_per_batch = max_tokens_per_batch
-        self.show_progress = show_progress
-        self.prefix_sharing = scoring_mode(model, prefix_sharing)
-        self.max_sequences = max_sequences
+        self.options = options
+        self.prefix_sharing = scoring_mode(model, options.prefix_sharing)  # the mode that runs, for this model
         self.cost_ratio = linear_to_attention_cost(getattr(model, "config", None))
         self.last_batch_shapes: list[tuple[int, int]] = []  # (rows, length) of each forward pass of the last call
         self.last_key_shapes: list[tuple[int, int]] = []  # (rows, keys) of each shared completion pass
@@ -158,14 +145,7 @@ class HFEngine:
 
     def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Group item indices into micro-batches: longest first, within `batch_size` rows and the token budget."""
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-        budget = self.max_tokens_per_batch
-
-        def fits(current: list[int], i: int) -> bool:  # longest first: the batch's longest is its first
-            return budget is None or (len(current) + 1) * lengths[current[0]] <= budget
-
-        return greedy_batches(order, fits, self.batch_size)
-
+        return padded_batches(lengths, self.options.rows_per_pass(), self.options.max_tokens_per_batch)
 
     def _plain_outputs(self, sequences: Sequence[Sequence[int]], progress: bool | None) -> torch.Tensor:
         """`(N, num_labels)` fp32 outputs, one padded row per sequence (appends to `last_batch_shapes`)."""
@@ -209,10 +189,10 @@ class HFEngine:
                     self.pad_token_id,
                 )
                 prefix_lengths = [p for p, _ in chosen]
-                inputs["prefix_chunks"] = plan_passes(prefix_lengths, self.batch_size, self.max_tokens_per_batch)
+                inputs["prefix_chunks"] = plan_passes(prefix_lengths, self.options.rows_per_pass(), self.options.max_tokens_per_batch)
                 own = inputs["completion_mask"].sum(1).tolist()
                 context_of = [prefix_lengths[g] for g in inputs["group_index"].tolist()]
-                inputs["completion_chunks"] = plan_passes(own, self.batch_size, self.max_tokens_per_batch, context_of)
+                inputs["completion_chunks"] = plan_passes(own, self.options.rows_per_pass(), self.options.max_tokens_per_batch, context_of)
                 for rows, length in inputs["prefix_chunks"]:
                     self.last_batch_shapes.append((len(rows), length))
                 for rows, length in inputs["completion_chunks"]:
@@ -239,8 +219,8 @@ class HFEngine:
         self.last_shared = sorted(i for _, members in groups for i in members)
         lengths = [len(s) for s in sequences]
         units = [(p, members) for p, members in groups] + [(0, [i]) for i in plain]
-        budget = self.max_tokens_per_batch or device_token_budget(self.model)
-        rows = plan_packed_rows(units, lengths, budget, self.max_sequences)
+        budget = self.options.max_tokens_per_batch or device_token_budget(self.model)
+        rows = plan_packed_rows(units, lengths, budget, self.options.batch_size)
         with torch.inference_mode(), self._in_eval_mode(rows, progress) as iterator:
             for row in iterator:
                 batch = pack_groups([[sequences[i] for i in items] for _, items in row], [p for p, _ in row],
@@ -256,21 +236,21 @@ class HFEngine:
         `max_tokens_per_batch` padded context tokens, and every completion row able to fit the budget with the
         batch's longest context (`rows x (context + completion)`)."""
         order = sorted(range(len(groups)), key=lambda g: -groups[g][0])
-        budget = self.max_tokens_per_batch
+        budget = self.options.max_tokens_per_batch
 
         def fits(current: list[int], g: int) -> bool:  # longest context first: the batch's longest is its first
             prefix = groups[current[0]][0]
             longest_own = max(len(sequences[i]) - groups[g][0] for i in groups[g][1])
             return budget is None or ((len(current) + 1) * prefix <= budget and prefix + longest_own <= budget)
 
-        return greedy_batches(order, fits, self.batch_size)
+        return greedy_batches(order, fits, self.options.rows_per_pass())
 
     @contextlib.contextmanager
     def _in_eval_mode(self, batches: list[list[int]], progress: bool | None) -> Iterator[Any]:
         """The model in eval mode (its training flag restored after), and `batches` to iterate, behind a progress
         bar when `progress` (None: `show_progress`, else only for more than 8 batches)."""
         if progress is None:
-            progress = self.show_progress if self.show_progress is not None else len(batches) > 8
+            progress = self.options.show_progress if self.options.show_progress is not None else len(batches) > 8
         iterator: Any = batches
         if progress:
             from tqdm.auto import tqdm

@@ -109,9 +109,7 @@ class RewardScorer:
         # What the server and `eval` read of the model (names, vocabulary, heads).
         self.config = config if config is not None else (model.config if model is not None else engine.config)
         self.tokenizer = tokenizer
-        self.max_tokens_per_batch = o.max_tokens_per_batch
-        self.batch_size = o.rows_per_pass()
-        self.max_length = o.longest_sequence(self.config)
+        self.max_length = o.longest_sequence(self.config)  # resolved from the options and the model's config
         self.head = head if head is not None else reward_head(self.config, o.attribute_weights, o.reward_model_type)
         weights = self.head.weights
         self.output_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
@@ -119,28 +117,16 @@ class RewardScorer:
             tokenizer.pad_token = tokenizer.eos_token
         if model is not None and getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = tokenizer.pad_token_id
-        self.engine = engine or HFEngine(
-            model,
-            tokenizer.pad_token_id,
-            batch_size=self.batch_size,
-            max_tokens_per_batch=o.max_tokens_per_batch,
-            prefix_sharing=o.prefix_sharing,
-            show_progress=o.show_progress,
-            max_sequences=o.batch_size,
-        )
+        self.engine = engine or HFEngine(model, tokenizer.pad_token_id, o)
         self.last_outputs: torch.Tensor | None = None  # (N, num_labels) of the last `score` call; NaN: not scored
         self.last_nonfinite: list[int] = []  # items of the last call given `nonfinite_reward` (the environment warns)
         self.last_shared: list[int] = []  # items of the last call scored against a shared context
 
     # ------------------------------------------------------------------ options and the engine's diagnostics
-    truncation = property(lambda self: self.options.truncation)
-    overlength_reward = property(lambda self: self.options.overlength_reward)
-    nonfinite_reward = property(lambda self: self.options.nonfinite_reward)
-    strip_reasoning = property(lambda self: self.options.strip_reasoning)
-    label_index = property(lambda self: self.options.label_index)
-    show_progress = property(lambda self: self.options.show_progress)
-
-    template_kwargs = property(lambda self: self.options.template_kwargs)
+    @property
+    def nonfinite_reward(self) -> float | None:
+        """The `Scorer` protocol's reward for a NaN/inf score (`options.nonfinite_reward`)."""
+        return self.options.nonfinite_reward
 
     # What an engine may report (`Engine`'s optional members); an engine without them shares nothing itself.
     prefix_sharing = property(lambda self: getattr(self.engine, "prefix_sharing", False))  # the mode that runs
@@ -158,23 +144,23 @@ class RewardScorer:
         ids: list[list[int] | None] = []
         context_lengths: list[int] = []
         out = EncodedBatch(ids, context_lengths)
-        if self.strip_reasoning:
+        if self.options.strip_reasoning:
             completions = [strip_completion_reasoning(completion) for completion in completions]
-        pairs = encode_pairs(self.tokenizer, contexts, completions, **self.template_kwargs)
+        pairs = encode_pairs(self.tokenizer, contexts, completions, **self.options.template_kwargs)
         for i, (seq, context_length) in enumerate(pairs):
             if self.max_length is not None and len(seq) > self.max_length:
                 cut = left_truncate(seq, context_length, self.max_length, self.tokenizer.bos_token_id)
-                if self.truncation == "left" and cut is not None:
+                if self.options.truncation == "left" and cut is not None:
                     context_length -= len(seq) - len(cut)
                     seq = cut
                     out.truncated.append(i)
-                elif self.overlength_reward is not None:
+                elif self.options.overlength_reward is not None:
                     seq = None
                     out.overlength.append(i)
                 else:
                     raise ValueError(
                         f"Item {i} is {len(seq)} tokens, over max_length={self.max_length}"
-                        + (" even after cutting its whole context" if self.truncation == "left" else "")
+                        + (" even after cutting its whole context" if self.options.truncation == "left" else "")
                         + ". Set `overlength_reward` to give such items a fixed reward, or raise max_length."
                     )
             ids.append(seq)
@@ -213,7 +199,7 @@ class RewardScorer:
                 "attribute_weights, a mapping by name (unnamed ones weigh 0) or a list in this order (`outputs()` "
                 "gives every attribute without them)."
             )
-        return outputs[:, self.label_index].clone()
+        return outputs[:, self.options.label_index].clone()
 
     def _outputs(
         self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None
@@ -242,6 +228,34 @@ class RewardScorer:
         attribute of a regression head, whatever its weights (NaN rows: over `max_length` with the fallback)."""
         return self._outputs(contexts, completions, progress)[0]
 
+    def attribute_outputs(
+        self,
+        contexts: Sequence[str | Sequence[Message]],
+        completions: Sequence[str | Sequence[Message]],
+        progress: bool | None = None,
+    ) -> torch.Tensor:
+        """Every output of the model (`(N, num_labels)` fp32, input order; a regression head's attributes, whatever
+        their weights) with the fallbacks applied as `score` applies them: a pair over `max_length` under
+        `truncation="fallback"` gets `overlength_reward` in every column, and a row with a NaN/inf output gets
+        `nonfinite_reward` (its index in `last_nonfinite`).
+
+        Raises:
+            FloatingPointError: a NaN/inf output and `nonfinite_reward` None, naming the items.
+        """
+        outputs, present, overlength = self._outputs(contexts, completions, progress)
+        if overlength:
+            outputs[torch.tensor(overlength)] = float(self.options.overlength_reward)
+        bad = [i for i in present if not bool(torch.isfinite(outputs[i]).all())]
+        self.last_nonfinite = bad
+        if bad:
+            if self.options.nonfinite_reward is None:
+                raise FloatingPointError(
+                    f"The reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}. "
+                    "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
+                )
+            outputs[torch.tensor(bad)] = float(self.options.nonfinite_reward)
+        return outputs
+
     def score(
         self,
         contexts: Sequence[str | Sequence[Message]],
@@ -254,16 +268,16 @@ class RewardScorer:
         if present:
             scores[torch.tensor(present)] = self._reward_of(outputs[torch.tensor(present)])
         if overlength:
-            scores[torch.tensor(overlength)] = float(self.overlength_reward)
+            scores[torch.tensor(overlength)] = float(self.options.overlength_reward)
         bad = [i for i in present if not torch.isfinite(scores[i])]
         self.last_nonfinite = bad  # items of the last call given `nonfinite_reward` (the environment warns, counts)
         if bad:
-            if self.nonfinite_reward is None:
+            if self.options.nonfinite_reward is None:
                 raise FloatingPointError(
                     f"The reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}. "
                     "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
                 )
-            scores[torch.tensor(bad)] = float(self.nonfinite_reward)
+            scores[torch.tensor(bad)] = float(self.options.nonfinite_reward)
         return scores
 
     def score_pairs(self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None):

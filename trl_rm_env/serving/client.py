@@ -154,7 +154,7 @@ class RemoteScorer:
             )
         if input_format == "auto":
             input_format = "tokens" if tokenizer is not None and api != "openrlhf" else "messages"
-        self.options, self.scoring = options, scoring
+        self.options, self.remote = scoring, options  # how it scores (as a local scorer's), how servers are reached
         self.remote_input = input_format
         # Conversations are rendered here (token ids, or OpenRLHF's text), else by the server (messages).
         self.renders_here = tokenizer is not None and (input_format == "tokens" or api == "openrlhf")
@@ -180,11 +180,10 @@ class RemoteScorer:
         self._warned_activation = False
         self.last_nonfinite: list[int] = []
 
-    # The options, under the names the protocol and the request building read.
-    api = property(lambda self: self.options.remote_api)
-    nonfinite_reward = property(lambda self: self.scoring.nonfinite_reward)
-    strip_reasoning = property(lambda self: self.scoring.strip_reasoning)
-    template_kwargs = property(lambda self: self.scoring.template_kwargs)
+    @property
+    def nonfinite_reward(self) -> float | None:
+        """The `Scorer` protocol's reward for a NaN/inf score (`options.nonfinite_reward`)."""
+        return self.options.nonfinite_reward
 
     # ------------------------------------------------------------------ the Scorer protocol
     is_async = True
@@ -197,7 +196,7 @@ class RemoteScorer:
         return torch.tensor(await self.score(list(zip(contexts, completions))), dtype=torch.float32)
 
     def __repr__(self) -> str:  # never shows the API key
-        return f"RemoteScorer(urls={self.urls!r}, api={self.api!r}, api_key={'set' if self.api_key else None})"
+        return f"RemoteScorer(urls={self.urls!r}, api={self.remote.remote_api!r}, api_key={'set' if self.api_key else None})"
 
     async def score(self, conversations: Sequence[Any]) -> list[float]:
         """Scores of full conversations (message lists), `(context, completion)` pairs, or rendered strings.
@@ -210,7 +209,7 @@ class RemoteScorer:
                 `retries` retries; it names the URL.
             FloatingPointError: the server scored items NaN/inf and `nonfinite_reward` is None.
         """
-        if self.strip_reasoning:
+        if self.options.strip_reasoning:
             conversations = [_without_reasoning(item) for item in conversations]
         if self.remote_input == "tokens" and not self._asked_max_length:
             self.max_length = await self._server_max_length()
@@ -226,14 +225,14 @@ class RemoteScorer:
         bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
         self.last_nonfinite = bad  # items of the last call scored NaN/inf (given `nonfinite_reward`, or raised)
         if bad:
-            if self.nonfinite_reward is None:
+            if self.options.nonfinite_reward is None:
                 raise FloatingPointError(
                     f"The reward model server returned NaN/inf for item(s) {bad[:10]}"
                     f"{'...' if len(bad) > 10 else ''}. "
                     "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
                 )
             bad_set = set(bad)
-            scores = [float(self.nonfinite_reward) if i in bad_set else s for i, s in enumerate(scores)]
+            scores = [float(self.options.nonfinite_reward) if i in bad_set else s for i, s in enumerate(scores)]
         elif not self._warned_activation and all(s in (0.0, 1.0) for s in scores):
             self._warned_activation = True
             warnings.warn(
@@ -257,9 +256,9 @@ class RemoteScorer:
         else:
             _payload(item)  # raises the TypeError that names what is accepted
         if id(context) not in contexts:
-            contexts[id(context)] = (context, context_token_ids(self.tokenizer, context, **self.template_kwargs))
+            contexts[id(context)] = (context, context_token_ids(self.tokenizer, context, **self.options.template_kwargs))
         ids, context_length = encode_pair(
-            self.tokenizer, context, completion, context_ids=contexts[id(context)][1], **self.template_kwargs
+            self.tokenizer, context, completion, context_ids=contexts[id(context)][1], **self.options.template_kwargs
         )
         if self.max_length is not None and len(ids) > self.max_length:
             ids = left_truncate(ids, context_length, self.max_length, self.tokenizer.bos_token_id) or ids
@@ -271,7 +270,7 @@ class RemoteScorer:
         parts = urlsplit(self.urls[0])
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.options.timeout)) as session:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.remote.timeout)) as session:
                 async with session.get(f"{parts.scheme}://{parts.netloc}/v1/models", headers=headers) as response:
                     body = await response.json(content_type=None) if response.status == 200 else {}
         except (TimeoutError, aiohttp.ClientError, ValueError):
@@ -281,8 +280,8 @@ class RemoteScorer:
         return int(length) if isinstance(length, int) and length > 0 else None
 
     def _body(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """The request body of one item for `self.api`."""
-        if self.api == "openrlhf":
+        """The request body of one item for the server's dialect (`remote_api`)."""
+        if self.remote.remote_api == "openrlhf":
             if "messages" in payload:
                 if self.tokenizer is None:
                     raise TypeError(
@@ -301,10 +300,10 @@ class RemoteScorer:
                         RuntimeWarning,
                         stacklevel=2,
                     )
-                return {"query": [render_conversation(self.tokenizer, messages, **self.template_kwargs)]}
+                return {"query": [render_conversation(self.tokenizer, messages, **self.options.template_kwargs)]}
             return {"query": [payload["input"]]}
         body = dict(payload, use_activation=self.use_activation)
-        if self.api == "pooling":
+        if self.remote.remote_api == "pooling":
             body["task"] = "classify"
         if self.model is not None:
             body["model"] = self.model
@@ -319,10 +318,10 @@ class RemoteScorer:
 
     def _read_score(self, body: Any, url: str) -> float:
         try:
-            return read_score(body, self.api)
+            return read_score(body, self.remote.remote_api)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise RemoteScoringError(
-                f"reward model server {url} answered without a score in {SCORE_FIELDS[self.api]}: {str(body)[:300]}",
+                f"reward model server {url} answered without a score in {SCORE_FIELDS[self.remote.remote_api]}: {str(body)[:300]}",
                 url,
                 200,
             ) from err

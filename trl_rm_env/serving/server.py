@@ -82,7 +82,7 @@ class ScoringServer:
     `GET /v1/models` and `GET /health`.
 
     Args:
-        scorer: The `RewardScorer` doing the work; its `max_tokens_per_batch` / `batch_size` bound each forward pass.
+        scorer: The `RewardScorer` doing the work; its options' `max_tokens_per_batch` / `batch_size` bound each forward pass.
         model_name: The name in responses; a request naming another model gets 404 (as vLLM answers). Use the
             folder name (`default_served_name`), not a path: responses must not reveal the server's file system.
         limits, **values: The `ServerLimits` (`max_queue`: one more request gets HTTP 503 with `Retry-After: 1`;
@@ -115,7 +115,7 @@ class ScoringServer:
         self.limits = limits
         self.api_key = api_key or None
         self.decoder = RequestDecoder(scorer, {model_name, *aliases}, limits)
-        budget = max_batch_tokens or scorer.max_tokens_per_batch or SERVER_TOKEN_BUDGET
+        budget = max_batch_tokens or scorer.options.max_tokens_per_batch or SERVER_TOKEN_BUDGET
         self.batcher = ScoreBatcher(scorer, limits.max_queue, budget)
         self.stats = self.batcher.stats  # requests, scored, batches, rejected_full; and nonfinite (answered 500)
         self.stats["nonfinite"] = 0

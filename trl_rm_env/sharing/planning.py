@@ -91,6 +91,18 @@ def greedy_batches(
     return batches
 
 
+def padded_batches(lengths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
+    """Item indices in padded micro-batches, longest first: at most `max_rows` rows and `max_tokens` tokens, padding
+    included, per batch (an item longer than the budget gets a batch of its own). The one token-budget batching of
+    every padded forward: reward models (`HFEngine`) and judges (`HFJudgeEngine`)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+
+    def fits(current: list[int], i: int) -> bool:  # longest first: the batch's longest is its first
+        return max_tokens is None or (len(current) + 1) * lengths[current[0]] <= max_tokens
+
+    return greedy_batches(order, fits, max_rows)
+
+
 def linear_to_attention_cost(config: Any) -> float:
     """FLOPs per token in a decoder layer's projections over FLOPs per (query, key) pair of its attention.
 
