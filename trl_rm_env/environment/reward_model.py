@@ -19,6 +19,7 @@ from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .local import checkpoint_statistics, local_scorer
 from .pickling import PicklesByArguments, accelerator_type
+from .placement import loaded_here
 from .remote import remote_scorer
 from .rewards import Ids, RewardFunction, RewardOptions, Samples
 
@@ -81,14 +82,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         scoring_values, reward_values, remote_values = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
-        if remote_url is None:
-            if remote_values:
-                raise ValueError(
-                    f"{', '.join(sorted(remote_values))}: options of a reward model behind servers; this one is loaded "
-                    "here (give remote_url to score on servers)"
-                )
-            if model is None:
-                raise TypeError("RewardModelEnvironment needs a model (a path, a Hub id or a loaded model), or remote_url")
+        if loaded_here(type(self).__name__, "reward model", model, remote_url, remote_values, "score"):
             scorer, self.sharding = local_scorer(model, tokenizer, scoring, fsdp_shard)
             self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
             self.remote_url, self._built_on = None, accelerator_type(scorer.engine.device)
@@ -96,8 +90,6 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         else:
             if fsdp_shard:
                 raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")
-            if isinstance(model, PreTrainedModel):
-                raise TypeError("with remote_url, model is the model name sent to the servers, not a loaded model")
             scorer = remote_scorer(remote_url, model, tokenizer, RemoteOptions(**remote_values), scoring, reward.name)
             # The RM's tokenizer where conversations are rendered here (token ids, OpenRLHF text); None where the
             # server renders them (messages), so nothing set on it here could change a reward.

@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 
 from ..distributed import full_weights
 from ..environment.pickling import PicklesByArguments, accelerator_type
+from ..environment.placement import loaded_here
 from ..environment.rewards import Ids, RewardFunction, RewardOptions, Samples
 from ..options import build, changed, names, route, spelled
 from ..scoring.options import ScoringOptions
@@ -128,24 +129,13 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         reward = RewardOptions(**{"name": "judge", **reward_values})
         self._check_template(judge)
         self.scoring_options = scoring
-        if remote_url is None:
-            if remote_values:
-                raise ValueError(
-                    f"{', '.join(sorted(remote_values))}: options of a judge behind servers; this one is loaded here "
-                    "(give remote_url to judge on servers)"
-                )
-            if model is None:
-                raise TypeError(
-                    "JudgeEnvironment needs a model (a path, a Hub id or a loaded causal LM), or remote_url"
-                )
+        if loaded_here(type(self).__name__, "judge", model, remote_url, remote_values, "judge"):
             plan = plan_judge(model, scoring)
             self.tokenizer, self.tokens, self.remote_url = judge_tokenizer(plan, tokenizer), True, None
             self._labels_of(judge, reward.name)  # a verdict that is not one token fails before the model loads
             self.engine = load_judge_engine(plan, self.tokenizer)
             self._built_on = accelerator_type(self.engine.device)
         else:
-            if isinstance(model, PreTrainedModel):
-                raise TypeError("with remote_url, model is the model name sent to the servers, not a loaded model")
             remote = RemoteOptions(**remote_values)
             if remote.remote_api != "pooling":
                 raise ValueError("remote_api is the dialect of reward-model servers; a judge speaks OpenAI's API")
