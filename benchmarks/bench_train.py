@@ -230,7 +230,7 @@ def timed_floor(records: list[dict], max_length: int, steps: int, batch_size: in
     tokenizer = build_tiny_tokenizer()
     groups, kept = [], 0
     for record in records:
-        example, _ = tokenize_rank_record(record, tokenizer, max_length, "drop")
+        example, _ = tokenize_rank_record(record, tokenizer, max_length, "none")
         if example is None:
             continue
         kept += 1

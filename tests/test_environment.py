@@ -294,7 +294,7 @@ def test_overlength_left_truncation_and_fallback(make_env, tiny_rm, tiny_tokeniz
         env([USER], [msg(LONG)])
     env = make_env(max_length=max_length, overlength_reward=-2.0)
     assert env([USER, USER], [msg(LONG), answer])[0] == -2.0
-    env = make_env(max_length=max_length, truncation="fallback", overlength_reward=-2.0)
+    env = make_env(max_length=max_length, truncation="none", overlength_reward=-2.0)
     assert env([long_prompt, USER], [answer, answer])[0] == -2.0
 
 

@@ -175,7 +175,7 @@ def test_bad_construction_fails_in_one_line(judge_model, tiny_tokenizer, tiny_rm
     with pytest.raises(ValueError, match=r"verdict '1\d' is 2 tokens"):
         JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12)
     JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12, scoring="generate")  # parsed: any number
-    for option in ({"label_index": 1}, {"nonfinite_reward": 0.0}, {"truncation": "fallback"}):
+    for option in ({"label_index": 1}, {"nonfinite_reward": 0.0}, {"truncation": "none"}):
         with pytest.raises(ValueError, match=rf"{next(iter(option))}.*not of a judge"):
             JudgeEnvironment(judge_model, tiny_tokenizer, **option)
     with pytest.raises(ValueError, match=r"remote_input='tokens' needs the judge's tokenizer"):

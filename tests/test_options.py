@@ -74,13 +74,43 @@ def test_every_option_is_declared_once_with_help_and_a_default():
     for cls in ALL_CLASSES:
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
         for f in option_fields(cls):
-            assert SPELLING in f.metadata and f.metadata["help"], f"{cls.__name__}.{f.name} is not declared with option()"
+            assert f.metadata.get("help"), f"{cls.__name__}.{f.name} is not declared with option()"
             assert f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
             if cls in ROUTED:  # the environments route these by name: a name may be in one class only
                 assert f.name not in seen, f"{f.name} is declared in {seen[f.name]} and {cls.__name__}"
                 assert f.name not in OWN_ARGUMENTS and f.name not in JUDGE_ARGUMENTS
                 seen[f.name] = cls.__name__
             assert f"{f.name}:" in cls.__doc__, f"{cls.__name__}'s docstring lacks {f.name} (document() generates it)"
+
+
+def test_the_trainer_configs_own_fields_are_options_read_by_trls_parser():
+    from trl import TrlParser
+
+    from trl_rm_env.trainer.config import RankedRewardConfig
+
+    own = ("truncation", "on_invalid", "max_completions", "save_reward_stats", "prefix_sharing", "pack_max_tokens")
+    fields = {f.name: f for f in dataclasses.fields(RankedRewardConfig)}
+    for name in own:
+        assert fields[name].metadata.get("help") and SPELLING not in fields[name].metadata, name
+    (config,) = TrlParser([RankedRewardConfig]).parse_args_and_config(
+        ["--output_dir", "/tmp/x", "--truncation", "left", "--prefix_sharing", "false", "--on_invalid", "skip"]
+    )
+    assert (config.truncation, config.prefix_sharing, config.on_invalid) == ("left", False, "skip")
+    assert RankedRewardConfig(output_dir="/tmp/x").prefix_sharing == "auto"  # scoring's default, the same word
+    with pytest.raises(ValueError, match=r"^on_invalid must be one of \['raise', 'skip'\], got 'nope'$"):
+        RankedRewardConfig(output_dir="/tmp/x", on_invalid="nope")
+
+
+def test_truncation_is_one_vocabulary_and_the_old_words_name_the_new_one():
+    from trl_rm_env.trainer.config import RankedRewardConfig
+
+    assert RankedRewardConfig(output_dir="/tmp/x").truncation == "none" and ScoringOptions().truncation == "left"
+    for old in ("drop", "fallback"):
+        message = rf"^truncation='{old}' is now truncation='none' \(training and scoring share one vocabulary"
+        with pytest.raises(ValueError, match=message):
+            RankedRewardConfig(output_dir="/tmp/x", truncation=old)
+        with pytest.raises(ValueError, match=message):
+            ScoringOptions(truncation=old)
 
 
 def test_choices_are_checked_for_every_options_class():
@@ -281,7 +311,7 @@ def test_serve_and_eval_refuse_a_flag_of_the_other_engine(tiny_dir, capsys):
     assert "error: --data-parallel-size applies to vLLM's server, but this reward model is served by ours" in (
         capsys.readouterr().err
     )
-    assert main(["serve", "--model", model, "--engine", "vllm", "--truncation", "fallback", "--max-queue", "5"]) == 1
+    assert main(["serve", "--model", model, "--engine", "vllm", "--truncation", "none", "--max-queue", "5"]) == 1
     assert "engine='vllm' cannot serve this reward model: --truncation, --max-queue apply in our server" in (
         capsys.readouterr().err
     )
@@ -372,7 +402,7 @@ def test_the_environment_has_the_signature_of_the_call_it_makes(tiny_dir):
 def test_a_bad_value_names_its_own_key_and_the_launcher_refuses_unknown_yaml_keys(tmp_path, capsys):
     from trl_rm_env.recipes.cli import main
 
-    bad = RewardModelArguments(reward_truncation="fallback", reward_batch_size=0)
+    bad = RewardModelArguments(reward_truncation="none", reward_batch_size=0)
     with pytest.raises(ValueError, match="^reward_batch_size: batch_size must be >= 1"):
         bad.environment_kwargs()
     config = tmp_path / "rm.yaml"

@@ -113,13 +113,13 @@ def test_attention_without_a_layout_is_an_error(tiny_tokenizer):
 # ---------------------------------------------------------------------------------------------------- training
 
 
-def rank_examples(tokenizer, n: int, truncation: str = "drop", max_length: int | None = None):
+def rank_examples(tokenizer, n: int, truncation: str = "none", max_length: int | None = None):
     records = load_rank_dataset("sample:harder").select(range(n))
     return [tokenize_rank_record(r, tokenizer, max_length, truncation)[0] for r in records]
 
 
 @pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
-@pytest.mark.parametrize("truncation", ["drop", "left"])
+@pytest.mark.parametrize("truncation", ["none", "left"])
 def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_name, truncation):
     tokenizer = request.getfixturevalue(tokenizer_name)
     model = build_tiny_reward_model(tokenizer, seed=2)

@@ -255,12 +255,12 @@ def test_overlength_completion_error_and_fallback(tiny_rm, tiny_tokenizer):
     got = scorer.score([prompt, prompt], [ok, completion])
     assert got[1].item() == -7.0
     assert abs(got[0].item() - score_one(tiny_rm, reference_ids(tiny_tokenizer, prompt, ok))) < 1e-4
-    # "fallback" never truncates: an over-long context also gets the fallback reward.
+    # "none" never truncates: an over-long context also gets the fallback reward.
     long_prompt = [{"role": "user", "content": LONG}]
-    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_length=32, truncation="fallback", overlength_reward=-3.0)
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_length=32, truncation="none", overlength_reward=-3.0)
     got = scorer.score([long_prompt, prompt], [ok, ok])
     assert got[0].item() == -3.0 and got[1].item() != -3.0
-    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_length=32, truncation="fallback")
+    scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_length=32, truncation="none")
     with pytest.raises(ValueError, match=r"Item 0 is \d+ tokens, over max_length=32\. Set `overlength_reward`"):
         scorer.score([long_prompt], [ok])
 
@@ -289,7 +289,7 @@ def test_left_truncate_helper():
 
 
 def test_bad_truncation_and_batch_size(tiny_rm, tiny_tokenizer):
-    with pytest.raises(ValueError, match=r"truncation must be one of \['left', 'fallback'\], got 'right'"):
+    with pytest.raises(ValueError, match=r"truncation must be one of \['left', 'none'\], got 'right'"):
         RewardScorer(tiny_rm, tiny_tokenizer, truncation="right")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         RewardScorer(tiny_rm, tiny_tokenizer, batch_size=0)

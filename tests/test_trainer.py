@@ -234,7 +234,7 @@ def test_plain_reward_config_is_accepted(tmp_path, tiny_tokenizer, in_domain):
     trainer = RankedRewardTrainer(model=build_tiny_reward_model(tiny_tokenizer), args=args,
                                   train_dataset=in_domain.select(range(4)), processing_class=tiny_tokenizer)
     assert isinstance(trainer.args, RankedRewardConfig)
-    assert trainer.args.learning_rate == 1.5e-3 and trainer.args.truncation == "drop"
+    assert trainer.args.learning_rate == 1.5e-3 and trainer.args.truncation == "none"
     trainer.train()
 
 
@@ -290,19 +290,19 @@ def test_left_truncation_cuts_context_only_and_keeps_bos(request, tokenizer_name
     # Both sequences still share the (truncated) context.
     assert seqs[0][: example["context_length"]] == seqs[1][: example["context_length"]]
 
-    assert tokenize_rank_record(record, tok, max_length, "drop") == (None, "dropped")
+    assert tokenize_rank_record(record, tok, max_length, "none") == (None, "dropped")
     # A completion that alone exceeds max_length is never cut: the record is dropped.
     assert tokenize_rank_record(long_record(0, completion_words=40), tok, max_length, "left") == (None, "dropped")
 
 
-@pytest.mark.parametrize("mode, kept", [("drop", 2), ("left", 3)])
+@pytest.mark.parametrize("mode, kept", [("none", 2), ("left", 3)])
 def test_truncation_modes_in_trainer_count_records(tmp_path, tiny_tokenizer, in_domain, mode, kept):
     rows = [dict(r) for r in in_domain.select(range(2))]
     dataset = Dataset.from_list([*rows, long_record(200)])
     trainer = make_trainer(tmp_path, tiny_tokenizer, train=dataset, truncation=mode, max_length=64)
     assert len(trainer.train_dataset) == kept
     counts = trainer._data_counts["train"]
-    assert counts[{"drop": "dropped", "left": "truncated"}[mode]] == 1
+    assert counts[{"none": "dropped", "left": "truncated"}[mode]] == 1
     assert all(len(ids) <= 64 for row in trainer.train_dataset for ids in row["completion_ids"])
 
 

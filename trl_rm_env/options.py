@@ -60,7 +60,9 @@ def option(
 ) -> Any:
     """A dataclass field declaring an option: its default, `help`, `choices` and `Spelling` (keyword arguments).
     `choices` given as a mapping (a registry, such as the judge modes) stays live: its names at the time of use."""
-    metadata: dict[str, Any] = {"help": help, SPELLING: Spelling(**spelling)}
+    # Only a field spelled some other way carries its `Spelling`: TRL's parser hands every metadata key but `help`,
+    # `choices` and `aliases` to argparse, so the trainer configs' fields (declared here too) carry none.
+    metadata: dict[str, Any] = {"help": help, **({SPELLING: Spelling(**spelling)} if spelling else {})}
     if choices is not None:
         metadata["choices"] = choices if isinstance(choices, Mapping) else list(choices)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
@@ -115,21 +117,44 @@ def default_of(f: dataclasses.Field) -> Any:
     return f.default
 
 
-def check_choices(obj: Any) -> None:
-    """Refuse a field value outside its declared `choices` (None passes where it is the default).
+def check_choices(obj: Any, skip: Iterable[str] = ()) -> None:
+    """Refuse a field value outside its declared `choices` (None passes where it is the default); `skip`: fields
+    checked another way (a value normalized from several spellings).
 
     Raises:
         ValueError: one line naming the field, the allowed values and the value given.
     """
     for f in dataclasses.fields(obj):
         choices = f.metadata.get("choices")
-        if not choices:
+        if not choices or f.name in skip:
             continue
         value = getattr(obj, f.name)
         if value is None and f.default is None:
             continue
         if value not in choices:
             raise ValueError(f"{f.name} must be one of {list(choices)}, got {value!r}")
+
+
+TRUNCATION = ("left", "none")
+"""`truncation`'s vocabulary, in training and in scoring alike: `left` cuts the context from the left (never the
+completion); `none` cuts nothing (training drops the record, as TRL does; scoring gives `overlength_reward`)."""
+RENAMED = {"truncation": {"drop": "none", "fallback": "none"}}
+"""Values renamed when training and scoring took one vocabulary: refused, naming the new spelling."""
+
+
+def refuse_renamed(obj: Any) -> None:
+    """Refuse a value that `RENAMED` lists for one of `obj`'s fields, in one line that gives the new spelling.
+
+    Raises:
+        ValueError: a renamed value.
+    """
+    for name, renames in RENAMED.items():
+        value = getattr(obj, name, None)
+        if isinstance(value, str) and value in renames:
+            raise ValueError(
+                f"{name}={value!r} is now {name}={renames[value]!r} (training and scoring share one vocabulary: "
+                f"{' or '.join(repr(v) for v in TRUNCATION)})"
+            )
 
 
 def build(cls: type, base: Any = None, **values: Any) -> Any:

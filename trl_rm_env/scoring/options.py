@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..heads import parse_attribute_weights
-from ..options import build, changed, check_choices, document, normalize_prefix_sharing, option
+from ..options import (
+    TRUNCATION,
+    build,
+    changed,
+    check_choices,
+    document,
+    normalize_prefix_sharing,
+    option,
+    refuse_renamed,
+)
 from ..options import names as option_names
 
 PRECISIONS = {
@@ -89,9 +98,9 @@ class ScoringOptions:
     )
     truncation: str = option(
         "left",
-        choices=("left", "fallback"),
+        choices=TRUNCATION,
         help="A sequence over `max_length`: `left` cuts its context from the left (a leading BOS is kept, the "
-        "completion never cut); `fallback` gives it `overlength_reward`.",
+        "completion never cut); `none` cuts nothing and gives it `overlength_reward`.",
     )
     overlength_reward: float | None = option(
         None,
@@ -181,6 +190,7 @@ class ScoringOptions:
         }
         for name, value in normalize.items():
             object.__setattr__(self, name, value)
+        refuse_renamed(self)
         check_choices(self)
         if self.vllm_gpu_memory_utilization is not None and not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")

@@ -236,7 +236,7 @@ class RewardScorer:
     ) -> torch.Tensor:
         """Every output of the model (`(N, num_labels)` fp32, input order; a regression head's attributes, whatever
         their weights) with the fallbacks applied as `score` applies them: a pair over `max_length` under
-        `truncation="fallback"` gets `overlength_reward` in every column, and a row with a NaN/inf output gets
+        `truncation="none"` gets `overlength_reward` in every column, and a row with a NaN/inf output gets
         `nonfinite_reward` (its index in `last_nonfinite`).
 
         Raises:

@@ -3,22 +3,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from trl import RewardConfig
 
 from ..data.loading import ON_INVALID_MODES
 from ..data.schema import MAX_COMPLETIONS_PER_RECORD
-from ..options import normalize_prefix_sharing
+from ..options import TRUNCATION, check_choices, normalize_prefix_sharing, option, refuse_renamed
 
-TRUNCATION_MODES = ("drop", "left")
-
-
-def _choice(default: str | None, choices: Sequence[str], help: str) -> Any:
-    """A field that `TrlParser` offers as `--name {choices}`."""
-    return field(default=default, metadata={"help": help, "choices": list(choices)})
+TRUNCATION_MODES = TRUNCATION  # training's and scoring's one vocabulary (`trl_rm_env.options.TRUNCATION`)
 
 
 @dataclass
@@ -28,9 +21,9 @@ class RankedRewardConfig(RewardConfig):
     these fields are added:
 
     Parameters:
-        truncation (`str`, *optional*, defaults to `"drop"`):
+        truncation (`str`, *optional*, defaults to `"none"`):
             What to do with a record whose longest completion sequence (context + completion) is over `max_length`
-            tokens. `"drop"` removes the record (TRL's behaviour). `"left"` cuts tokens from the left of the
+            tokens. `"none"` cuts nothing and removes the record (TRL's behaviour). `"left"` cuts tokens from the left of the
             *context*, the same number for every completion of the record so they keep sharing it; the completion
             is never cut, and a record whose completion alone is too long is dropped. Counts are logged per split.
         on_invalid (`str`, *optional*, defaults to `"raise"`):
@@ -46,7 +39,7 @@ class RankedRewardConfig(RewardConfig):
             `reward_stats` per set), as OpenRLHF does, so a reward function can normalise rewards from the
             checkpoint alone. Needs an `eval_dataset`.
 
-        prefix_sharing (`bool` or `str`, *optional*, defaults to `"auto"`; `None` means `"auto"`):
+        prefix_sharing (`bool` or `str`, *optional*, defaults to `"auto"`):
             Run each record's context through the model once: the contexts of a batch in one forward with a KV
             cache, then every completion against its record's cached context (position ids continuing after it),
             the score read at each completion's last token; backward goes through both. Equal to the plain path
@@ -70,49 +63,42 @@ class RankedRewardConfig(RewardConfig):
     > activation checkpointing, only adds a graph traversal per step and a warning on every DDP process).
     """
 
-    truncation: str = _choice(
-        "drop",
-        TRUNCATION_MODES,
-        "Over-length records (longer than `max_length`): 'drop' them, or 'left'-truncate the context (never the "
-        "completion).",
+    truncation: str = option(
+        "none",
+        choices=TRUNCATION,
+        help="Over-length records (longer than `max_length`): 'none' cuts nothing and drops them (TRL's behaviour), "
+        "'left' cuts the context from the left (never the completion).",
     )
-    on_invalid: str = _choice(
+    on_invalid: str = option(
         "raise",
-        ON_INVALID_MODES,
-        "Records that break the rank schema: 'raise' an error naming dataset, row and field, or 'skip' them (count "
-        "and reasons logged once).",
+        choices=ON_INVALID_MODES,
+        help="Records that break the rank schema: 'raise' an error naming dataset, row and field, or 'skip' them "
+        "(count and reasons logged once).",
     )
-    max_completions: int | None = field(
-        default=MAX_COMPLETIONS_PER_RECORD,
-        metadata={
-            "help": "Most completions in one rank-schema record; a record with more is invalid (its pairs grow with "
-            "the square). None or 0: no limit."
-        },
+    max_completions: int | None = option(
+        MAX_COMPLETIONS_PER_RECORD,
+        help="Most completions in one rank-schema record; a record with more is invalid (its pairs grow with the "
+        "square). None or 0: no limit.",
     )
-    save_reward_stats: bool = field(
-        default=True,
-        metadata={
-            "help": "Write the mean/std of validation rewards into the saved model config (`reward_mean`, "
-            "`reward_std`, `reward_stats`) when training ends."
-        },
+    save_reward_stats: bool = option(
+        True,
+        help="Write the mean/std of validation rewards into the saved model config (`reward_mean`, `reward_std`, "
+        "`reward_stats`) when training ends.",
     )
-    # `str | None` for the parser (it would parse `bool | str` as a bool); __post_init__ maps None to "auto" and
-    # "true"/"false" to bools. None (not "auto") as the default keeps `if config.prefix_sharing:` checks of
-    # subclasses, run before this __post_init__, reading "not forced on".
-    prefix_sharing: str | None = _choice(
+    # `str` for the parser (it would parse `bool | str` as a bool); __post_init__ maps "true"/"false" to bools, as
+    # scoring's `prefix_sharing` reads them.
+    prefix_sharing: str | None = option(
+        "auto",
+        choices=("auto", "true", "false", "packed"),
+        help="Encode each record's context once (exact: scores, loss and gradients equal the plain path). 'auto': on "
+        "a GPU, each micro-batch in one packed padding-free forward; on the CPU, completions against the context's "
+        "KV cache; 'true': always (warns when it cannot); 'packed': the GPU's packed layout on any device; 'false': "
+        "never.",
+    )
+    pack_max_tokens: int | None = option(
         None,
-        ("auto", "true", "false", "packed"),
-        "Encode each record's context once (exact: scores, loss and gradients equal the plain path). 'auto': on a "
-        "GPU, each micro-batch in one packed padding-free forward; on the CPU, completions against the context's KV "
-        "cache; 'true': always (warns when it cannot); 'packed': the GPU's packed layout on any device; 'false': "
-        "never. Default: auto.",
-    )
-    pack_max_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Block-mask fallback of prefix_sharing only (e.g. with activation checkpointing): pack several "
-            "records into one row of up to this many tokens."
-        },
+        help="Block-mask fallback of prefix_sharing only (e.g. with activation checkpointing): pack several records "
+        "into one row of up to this many tokens.",
     )
     gradient_checkpointing: bool | None = field(
         default=None,
@@ -126,14 +112,12 @@ class RankedRewardConfig(RewardConfig):
     )
 
     def __post_init__(self):
-        if self.truncation not in TRUNCATION_MODES:
-            raise ValueError(f"truncation must be one of {TRUNCATION_MODES}, got {self.truncation!r}.")
-        if self.on_invalid not in ON_INVALID_MODES:
-            raise ValueError(f"on_invalid must be one of {ON_INVALID_MODES}, got {self.on_invalid!r}.")
+        refuse_renamed(self)
+        self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)  # "true" (a flag) or True: one value
+        check_choices(self, skip=("prefix_sharing",))
         if self.max_completions is not None and self.max_completions < 0:
             raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
         self.max_completions = self.max_completions or None
-        self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)
         if self.pack_max_tokens is not None and self.prefix_sharing is not True:
             raise ValueError(
                 f"pack_max_tokens packs block-mask rows, which only prefix_sharing=True uses (where the KV path cannot "

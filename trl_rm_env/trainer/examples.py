@@ -48,7 +48,7 @@ def tokenize_rank_record(
     record: dict[str, Any],
     tokenizer: PreTrainedTokenizerBase,
     max_length: int | None = None,
-    truncation: str = "drop",
+    truncation: str = "none",
     template_kwargs: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """Encode every completion of `record` with its context.
@@ -57,7 +57,7 @@ def tokenize_rank_record(
         record: A validated rank record.
         tokenizer: The reward model's tokenizer.
         max_length: Longest allowed sequence in tokens, or None for no limit.
-        truncation: `"drop"` the record when a sequence is too long, or `"left"`: cut the same number of tokens
+        truncation: `"none"` drops the record when a sequence is too long, or `"left"`: cut the same number of tokens
             from the left of the context of every completion (a leading BOS is kept). The completion is never cut.
         template_kwargs: Extra keyword arguments for `apply_chat_template` (TRL's `tools` and
             `chat_template_kwargs` columns), used for conversations only.
@@ -80,7 +80,7 @@ def tokenize_rank_record(
     status = "ok"
     longest = max(len(seq) for seq in sequences)
     if max_length is not None and longest > max_length:
-        if truncation == "drop":
+        if truncation == "none":
             return None, "dropped"
         # Every completion loses the same number of context tokens (as many as the longest needs), so the
         # truncated records still share their context.
@@ -102,7 +102,7 @@ def tokenize_regression_record(
     tokenizer: PreTrainedTokenizerBase,
     attributes: Sequence[str],
     max_length: int | None = None,
-    truncation: str = "drop",
+    truncation: str = "none",
 ) -> tuple[dict[str, Any] | None, str]:
     """Encode `context + completion` (the rank trainer's encoding, see `tokenize_rank_record`) and the targets.
 
