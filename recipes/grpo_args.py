@@ -3,8 +3,9 @@
 Its own keys are declared below; every option of the reward function (`ScoringOptions`, `RewardOptions`,
 `RemoteOptions`) is a generated key, `reward_<option>` (`recipes/spellings.py`), so the recipe offers each option the
 environment takes, with its help, default and choices, and a new option needs no change here. A generative judge
-(`reward_judge`) is a second reward source beside the reward model or instead of it (`reward_model: null`); its
-`JudgeOptions` are generated keys too, `reward_judge_<option>`, and its other options go in `reward_judge_options`.
+(`reward_judge`, `reward_judge_url`: generated from `JudgeSource`) is a second reward source beside the reward model
+or instead of it (`reward_model: null`); its `JudgeOptions` are generated keys too, `reward_judge_<option>`, and its
+other options go in `reward_judge_options`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from datasets import Dataset
 from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.sources import parse_data_spec
 from trl_rm_env.environment.reward_model import OPTION_CLASSES
-from trl_rm_env.judges.options import JudgeOptions
-from trl_rm_env.scoring.options import ScoringOptions, json_object
+from trl_rm_env.judges.options import JudgeOptions, JudgeSource
+from trl_rm_env.scoring.options import ScoringOptions
 from trl_rm_env.serving.options import RemoteOptions, local_only
 
 from .spellings import options_from_recipe, recipe_fields, recipe_options, recipe_spellings
@@ -44,16 +45,6 @@ class RewardModelRecipeArguments:
             (`RewardModelEnvironment.attribute_rewards()`, one forward per batch), for GDPO
             (`multi_objective_aggregation: normalize_then_sum`); `reward_weights` default to the model's attribute
             weights.
-        reward_judge: A generative judge (a causal LM: Hub id or local path; with `reward_judge_url`, the model name
-            sent to the servers) as a reward source after the reward model (TRL's `reward_weights` weigh them in
-            that order). None: no judge.
-        reward_judge_url: Judge on OpenAI-compatible servers at these URLs (`trl-rm-env serve --engine vllm --model
-            JUDGE`, `vllm serve`).
-        reward_judge_tokenizer: The judge's tokenizer (default: the judge's own; with `reward_judge_url`, the
-            judgements go as token ids rendered with it, else as messages).
-        reward_judge_options: More `JudgeEnvironment` options as a mapping (JSON on the command line): how the judge
-            loads and runs (`precision`, `max_length`, `template_kwargs`, `engine`, ...), its reward function (`name`,
-            `normalization`, ...) and its servers (`timeout`, ...).
         reward_cascade_margin: With a reward model and a judge: one reward, `CascadeReward([rm, judge], margin=...)`,
             instead of the two weighed: the reward model's rewards stand for each GRPO group it separates by at least
             this margin, the judge rewards the others (the cascade `trl-rm-env eval --cascade` measures). None: both
@@ -77,41 +68,25 @@ class RewardModelRecipeArguments:
     reward_per_attribute: bool = field(
         default=False, metadata={"help": "A regression RM's attributes as one reward function each (GDPO)."}
     )
-    reward_judge: str | None = field(default=None, metadata={"help": "A generative judge (causal LM) id or path."})
-    reward_judge_url: list[str] | None = field(
-        default=None, metadata={"help": "Judge on OpenAI-compatible servers at these URLs."}
-    )
-    reward_judge_tokenizer: str | None = field(default=None, metadata={"help": "The judge's tokenizer."})
-    reward_judge_options: dict | str | None = field(
-        default=None, metadata={"help": "More JudgeEnvironment options (a mapping; JSON on the command line)."}
-    )
     reward_cascade_margin: float | None = field(
         default=None,
         metadata={"help": "One cascade reward: the RM for groups it separates by this margin, the judge for the rest."},
     )
 
     def judge_kwargs(self) -> dict | None:
-        """Keyword arguments for `JudgeEnvironment` (besides the model), or None without `reward_judge`.
+        """Keyword arguments for `JudgeEnvironment` (besides the model), or None without a judge (neither
+        `reward_judge` nor `reward_judge_url`): `JudgeSource.arguments`, as `trl-rm-env eval` reads its flags.
 
         Raises:
-            ValueError: a `reward_judge_*` key without `reward_judge`, or a bad value, named by its key.
+            ValueError: a `reward_judge_*` key without a judge, or a bad value, named by its key.
         """
-        judge = options_from_recipe(self, JudgeOptions)
-        try:
-            more = json_object(self.reward_judge_options)
-        except ValueError as err:
-            raise ValueError(f"reward_judge_options: {err}") from None
-        if self.reward_judge is None:
-            keys = sorted(key for key, name in recipe_spellings(JudgeOptions).items() if name in judge)
-            own = ("reward_judge_url", "reward_judge_tokenizer", "reward_judge_options")
-            given = keys + [key for key in own if getattr(self, key)]
-            if given:
-                raise ValueError(f"{', '.join(given)} apply with reward_judge (a generative judge)")
+        options = options_from_recipe(self, JudgeOptions)
+        keys = {name: key for cls in (JudgeOptions, JudgeSource) for key, name in recipe_spellings(cls).items()}
+        arguments = recipe_options(self, JudgeSource).arguments(options, lambda name: keys.get(name, name))
+        if arguments is None:
             return None
-        kwargs = {**more, **judge, "tokenizer": self.reward_judge_tokenizer}
-        if self.reward_judge_url:
-            kwargs["remote_url"] = list(self.reward_judge_url)
-        return kwargs
+        arguments.pop("model")  # the recipe passes reward_judge itself
+        return {"tokenizer": None, **arguments}
 
     def environment_kwargs(self) -> dict:
         """Keyword arguments for `RewardModelEnvironment` (besides the model): `options`, the `ScoringOptions` the
@@ -180,9 +155,10 @@ class RewardModelRecipeArguments:
         return '"completions"' in first and '"context"' in first
 
 
-RECIPE_OPTION_CLASSES = (*OPTION_CLASSES, JudgeOptions)
-"""The options classes with generated keys in the GRPO recipe: the reward model's (`reward_<option>`) and the
-judge's (`reward_judge_<option>`)."""
+RECIPE_OPTION_CLASSES = (*OPTION_CLASSES, JudgeSource, JudgeOptions)
+"""The options classes with generated keys in the GRPO recipe: the reward model's (`reward_<option>`), which judge
+(`reward_judge`, `reward_judge_url`, `reward_judge_tokenizer`, `reward_judge_options`) and how it judges
+(`reward_judge_<option>`)."""
 
 
 def _generated_doc() -> str:

@@ -36,7 +36,7 @@ def options_reference() -> str:
     writes them; `tests/test_options.py` checks the page is current)."""
     from trl_rm_env.environment.nemo import NEMO_OPTIONS
     from trl_rm_env.environment.rewards import RewardOptions
-    from trl_rm_env.judges.options import JudgeOptions
+    from trl_rm_env.judges.options import JudgeOptions, JudgeSource
     from trl_rm_env.scoring.options import ScoringOptions
     from trl_rm_env.serving.options import RemoteOptions, ServerLimits
 
@@ -51,6 +51,8 @@ def options_reference() -> str:
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
          "(`trl_rm_env.serving.options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients (`trl_rm_env.serving.options`)."),
+        ("`JudgeSource`", JudgeSource, "Which judge `eval` and the GRPO recipe add, and where it runs "
+         "(`trl_rm_env.judges.options`)."),
         ("`JudgeOptions`", JudgeOptions, "How a generative judge judges, and how its verdicts become rewards "
          "(`trl_rm_env.judges.options`; the judge also takes the `ScoringOptions` of a causal LM, `RewardOptions` and "
          "`RemoteOptions`: docs/judges.md)."),

@@ -79,11 +79,13 @@ def add_flags(
         if text is bool:
             kwargs["action"] = argparse.BooleanOptionalAction if default else "store_true"
         elif text is list:
-            kwargs.update(nargs="+", metavar="NAME=VALUE")
+            kwargs.update(nargs="+", metavar=spelling(f).metavar or "NAME=VALUE")
         elif text is dict:
-            kwargs.update(type=str, metavar="JSON")
+            kwargs.update(type=str, metavar=spelling(f).metavar or "JSON")
         else:
             kwargs.update(type=text, choices=text_choices(f))
+            if spelling(f).metavar:
+                kwargs["metavar"] = spelling(f).metavar
         parser.add_argument(flag, **kwargs)
         for alias in spelling(f).aliases:
             alias_kwargs = {k: v for k, v in kwargs.items() if k in ("type", "nargs", "choices", "metavar")}

@@ -49,8 +49,9 @@ def sample(cls: type, f: dataclasses.Field) -> tuple[list[str], object, object]:
         return [], True, True
     if text is dict:
         return ['{"a": 1}'], {"a": 1}, {"a": 1}
-    if text is list:
-        return ["a=1", "b=-0.5"], ["a=1", "b=-0.5"], {"a": 1.0, "b": -0.5}
+    if text is list:  # name=value entries (attribute_weights), or a plain list (judge_url)
+        parsed = {"a": 1.0, "b": -0.5} if f.name == "attribute_weights" else ["a=1", "b=-0.5"]
+        return ["a=1", "b=-0.5"], ["a=1", "b=-0.5"], parsed
     if choices:
         value = next(c for c in choices if c != (str(default).lower() if isinstance(default, bool) else default))
         parsed = {"true": True, "false": False}.get(value, value) if f.name == "prefix_sharing" else value
@@ -235,8 +236,11 @@ def test_judge_keys_reach_the_judge_and_are_refused_without_one():
         reward_judge="judge-model", reward_judge_mode="pairwise", reward_judge_options='{"precision": "bf16"}'
     )
     assert args.judge_kwargs() == {"mode": "pairwise", "precision": "bf16", "tokenizer": None}
-    with pytest.raises(ValueError, match=r"^reward_judge_mode, reward_judge_url apply with reward_judge"):
-        RewardModelArguments(reward_judge_mode="pairwise", reward_judge_url=["http://x"]).judge_kwargs()
+    with pytest.raises(ValueError, match=r"^reward_judge_tokenizer, reward_judge_mode: options of a judge; give "
+                       r"reward_judge \(or reward_judge_url\)$"):
+        RewardModelArguments(reward_judge_mode="pairwise", reward_judge_tokenizer="t").judge_kwargs()
+    served = RewardModelArguments(reward_judge_url=["http://x"]).judge_kwargs()  # the server's own model
+    assert served == {"tokenizer": None, "remote_url": ["http://x"]}
     with pytest.raises(ValueError, match=r"^reward_judge_mode: mode must be one of"):
         RewardModelArguments(reward_judge="j", reward_judge_mode="ranking").judge_kwargs()
     with pytest.raises(ValueError, match=r"^reward_judge_options: expected a JSON object"):

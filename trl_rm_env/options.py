@@ -40,6 +40,7 @@ class Spelling:
         remote: The option also applies when a server scores (`remote_url`); otherwise it is local only, and giving
             it with `remote_url` is an error.
         engine: The one scoring engine it applies to (`"vllm"`), or None for both.
+        metavar: The command line's name for its value in the help (None: the parser's default).
     """
 
     flag: str | None = ""
@@ -48,6 +49,7 @@ class Spelling:
     text: type | None = None
     remote: bool = False
     engine: str | None = None
+    metavar: str | None = None
 
 
 def option(

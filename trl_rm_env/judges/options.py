@@ -7,7 +7,9 @@ the reward function does with the rewards in `RewardOptions`, how servers are re
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..options import check_choices, document, option
 from .modes import MAX_LIST, MODES  # noqa: F401 - MAX_LIST: where it was read before
@@ -106,3 +108,74 @@ class JudgeOptions:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+@document
+@dataclass(frozen=True)
+class JudgeSource:
+    """Which judge a command or a recipe adds, and where it runs: `trl-rm-env eval`'s `--judge`, `--judge-url`,
+    `--judge-tokenizer` and `--judge-options`, and the GRPO recipe's `reward_judge`, `reward_judge_url`, ... (both
+    generated from these fields). `arguments` turns them, with the `JudgeOptions` given, into `JudgeEnvironment`'s
+    arguments."""
+
+    judge: str | None = option(
+        None,
+        help="A generative judge (a causal LM: Hub id or local path); with `judge_url`, the model name sent to the "
+        "servers (None there: the server's own).",
+        metavar="MODEL",
+    )
+    judge_url: list[str] | None = option(
+        None,
+        help="Judge on OpenAI-compatible servers at these URLs (`trl-rm-env serve --engine vllm --model JUDGE`, "
+        "`vllm serve`) instead of loading the judge here.",
+        text=list,
+        metavar="URL",
+    )
+    judge_tokenizer: str | None = option(
+        None,
+        help="The judge's tokenizer (default: the judge's own; with `judge_url`, judgements go as token ids rendered "
+        "with it, else as messages).",
+    )
+    judge_options: Mapping[str, Any] | str | None = option(
+        None,
+        help="More `JudgeEnvironment` options as a mapping (JSON on the command line): how the judge loads and runs "
+        "(`precision`, `max_length`, `template_kwargs`, `engine`, ...), its reward function (`name`, "
+        "`normalization`, ...) and its servers (`timeout`, ...).",
+        text=dict,
+    )
+
+    def __post_init__(self) -> None:
+        from ..scoring.options import json_object  # here: the command line reads this class without torch
+
+        object.__setattr__(self, "judge_options", json_object(self.judge_options) or None)
+
+    def arguments(
+        self, options: Mapping[str, Any], spelled: Callable[[str], str], **defaults: Any
+    ) -> dict[str, Any] | None:
+        """`JudgeEnvironment`'s arguments (`model` and the rest by name), or None when no judge is given (neither
+        `judge` nor `judge_url`). `options`: the `JudgeOptions` given (not at their defaults); `spelled(name)`: how
+        the user spells a field or option, for messages; `defaults`: options a command sets unless given.
+
+        Raises:
+            ValueError: options of a judge without one, or `judge_options` that names the model or its servers; each
+                named as it was spelled (`judge_options` that is not a JSON object fails when the class is built).
+        """
+        if self.judge is None and not self.judge_url:
+            given = [spelled(n) for n in ("judge_tokenizer", "judge_options") if getattr(self, n)]
+            given += [spelled(n) for n in sorted(options)]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)}: options of a judge; give {spelled('judge')} (or {spelled('judge_url')})"
+                )
+            return None
+        more = dict(self.judge_options or {})
+        if {"model", "remote_url"} & set(more):
+            raise ValueError(
+                f"{spelled('judge_options')}: the judge is {spelled('judge')} and its servers {spelled('judge_url')}"
+            )
+        kwargs = {**defaults, **more, **options}
+        if self.judge_tokenizer is not None:
+            kwargs["tokenizer"] = self.judge_tokenizer
+        if self.judge_url:
+            kwargs["remote_url"] = list(self.judge_url)
+        return {"model": self.judge, **kwargs}
