@@ -62,7 +62,7 @@ NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 def save_judge(layers: int) -> str:
-    from trl_rm_env.testing import build_tiny_policy, build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_policy, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.model_max_length = 10**6

@@ -378,7 +378,7 @@ def score_one(method: str, case: dict, opts: dict, queue) -> None:
 
 def save_model(opts: dict) -> str:
     """The benchmark's reward model (random init from seed 0) and tokenizer, saved once for every method."""
-    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_reward_model, build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.model_max_length = 10**6
@@ -402,7 +402,7 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[l
     `plain`, or both when the cases differ)."""
     from transformers import AutoTokenizer
 
-    from trl_rm_env.testing import tiny_qwen3_config
+    from trl_rm_env.tiny_models import tiny_qwen3_config
 
     opts["model_dir"] = save_model(opts)
     tokenizer = AutoTokenizer.from_pretrained(opts["model_dir"])

@@ -70,7 +70,7 @@ def generated_records(n: int, seed: int = 0) -> list[dict]:
 
 def long_records(n: int, context_tokens: int, answer_tokens: int = 200, seed: int = 0) -> list[dict]:
     """Records with one long user turn (about `context_tokens` tokens) and two answers of about `answer_tokens`."""
-    from trl_rm_env.testing import build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
 
     tokenizer = build_tiny_tokenizer()
     rng = random.Random(seed)
@@ -138,7 +138,7 @@ def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
     from trl import RewardConfig, RewardTrainer
 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
-    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_reward_model, build_tiny_tokenizer
 
     torch.set_num_threads(opts["threads"])
     tokenizer = build_tiny_tokenizer()
@@ -224,7 +224,7 @@ def timed_floor(records: list[dict], max_length: int, steps: int, batch_size: in
     after the warm-up batch in dataset order (every run samples sequentially): context once, each completion once,
     causal attention of each completion over its context and itself."""
     from trl_rm_env.sharing import shared_prefix_length
-    from trl_rm_env.testing import build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
     from trl_rm_env.trainer.examples import tokenize_rank_record
 
     tokenizer = build_tiny_tokenizer()

@@ -43,7 +43,7 @@ def main() -> None:
 
     from trl_rm_env import RewardModelEnvironment
     from trl_rm_env.sharing import pack_groups, packed_scores, share_plan
-    from trl_rm_env.testing import build_tiny_reward_model, build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_reward_model, build_tiny_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = build_tiny_tokenizer()

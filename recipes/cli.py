@@ -21,7 +21,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from trl_rm_env.data.loading import ON_INVALID_MODES
+from trl_rm_env.data.rows import ON_INVALID_MODES
 
 from .judge_eval import add_judge_flags, judge_arguments
 from .launch import RECIPES, add_launch_parsers
@@ -30,7 +30,7 @@ from .spellings import add_flags, flags, options_from_flags
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
-    from trl_rm_env.testing import make_tiny
+    from trl_rm_env.tiny_models import make_tiny
 
     paths = make_tiny(args.outdir, seed=args.seed, bos_in_template=args.bos_in_template)
     for name, path in paths.items():

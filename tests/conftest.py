@@ -23,7 +23,7 @@ def repo_root() -> Path:
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """The default tiny ChatML tokenizer (no BOS)."""
-    from trl_rm_env.testing import build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
@@ -31,7 +31,7 @@ def tiny_tokenizer():
 @pytest.fixture(scope="session")
 def bos_tokenizer():
     """A tiny tokenizer whose chat template writes BOS and which also prepends BOS when encoding (double BOS)."""
-    from trl_rm_env.testing import build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
 
     return build_tiny_tokenizer(bos_in_template=True)
 
@@ -39,7 +39,7 @@ def bos_tokenizer():
 @pytest.fixture(scope="session")
 def other_vocab_tokenizer():
     """A tiny tokenizer with a different vocabulary (every id shifted): a policy tokenizer unlike the RM's."""
-    from trl_rm_env.testing import build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
 
     return build_tiny_tokenizer(vocab_size=600, reserved_tokens=7)
 
@@ -47,7 +47,7 @@ def other_vocab_tokenizer():
 @pytest.fixture(scope="session")
 def tiny_rm(tiny_tokenizer):
     """A random tiny `Qwen3ForSequenceClassification` (fp32, eval mode). Do not train it in place."""
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     return build_tiny_reward_model(tiny_tokenizer, seed=0)
 
@@ -55,7 +55,7 @@ def tiny_rm(tiny_tokenizer):
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     """`make_tiny` output: `<dir>/reward_model` and `<dir>/policy`, saved folders with tokenizers."""
-    from trl_rm_env.testing import make_tiny
+    from trl_rm_env.tiny_models import make_tiny
 
     out = tmp_path_factory.mktemp("tiny-models")
     make_tiny(out)
@@ -65,7 +65,7 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def bos_tiny_dir(tmp_path_factory) -> Path:
     """`make_tiny` output with the BOS-emitting chat template."""
-    from trl_rm_env.testing import make_tiny
+    from trl_rm_env.tiny_models import make_tiny
 
     out = tmp_path_factory.mktemp("tiny-models-bos")
     make_tiny(out, bos_in_template=True)

@@ -83,7 +83,7 @@ def ranked_trainer(tmp_path, tokenizer, dataset, eval_sets=None, max_steps: int 
     """A `RankedRewardTrainer` of the tiny model (seed 0) for a short CPU run in `tmp_path`: 8 records a step, 16 an
     evaluation batch, a loss every step, nothing saved; `overrides` on top of those arguments."""
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     args = RankedRewardConfig(
         output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=8, per_device_eval_batch_size=16,

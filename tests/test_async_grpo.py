@@ -97,7 +97,7 @@ def test_attribute_rewards_in_a_gdpo_step(tmp_path, tiny_tokenizer):
     from trl.trainer.utils import nanstd
 
     from trl_rm_env.heads import set_regression_labels
-    from trl_rm_env.testing import build_tiny_policy, build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_policy, build_tiny_reward_model
 
     attributes, weights = ["helpfulness", "correctness", "verbosity"], [1.0, 0.5, -0.25]
     rm = build_tiny_reward_model(tiny_tokenizer, num_labels=3)
@@ -169,7 +169,7 @@ def test_grpo_recipe_reward_per_attribute(tmp_path, tiny_dir, tiny_tokenizer):
     from pathlib import Path
 
     from trl_rm_env.heads import set_regression_labels
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     attributes, weights = ["helpfulness", "verbosity"], [1.0, -0.5]
     rm = build_tiny_reward_model(tiny_tokenizer, num_labels=2)

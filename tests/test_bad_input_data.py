@@ -114,7 +114,7 @@ def test_margin_is_normalised_to_float_and_null_means_none():
 
 def test_margin_on_some_records_loads_and_trains(tmp_path, tiny_tokenizer):
     """The docs call `margin` optional per record: records without one get margin 0 (collator fix by the trainer)."""
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
     from trl_rm_env.trainer import RankedRewardConfig, RankedRewardTrainer
 
     rows = [record(0, 1, margin=0.5), record(1, 0), record(0, 2, 1, margin=1), record(0, 1)]
@@ -259,7 +259,7 @@ def test_empty_context_is_valid(tmp_path, capsys):
 
 def test_empty_context_trains(tmp_path, tiny_tokenizer):
     """Records with `context: []` load and train (tokenized as the completion's conversation alone)."""
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
     from trl_rm_env.trainer import RankedRewardConfig, RankedRewardTrainer
 
     whole = [msg("user", "2+2?"), msg("assistant", "4")]
@@ -381,7 +381,7 @@ def test_trainer_applies_its_max_completions_to_in_memory_records(tmp_path, tiny
     # and a user who raised it (config max_completions) is not refused by a default elsewhere.
     from datasets import Dataset
 
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
     from trl_rm_env.trainer import RankedRewardConfig, RankedRewardTrainer
 
     dataset = Dataset.from_list([record(0, 1, 2, 3), record(0, 1)])

@@ -13,7 +13,7 @@ from helpers import _one_thread, reference_ids, score_one  # noqa: F401
 from trl_rm_env import RewardModelEnvironment
 from trl_rm_env.data.messages import COMPLETION_ROLES, KNOWN_ROLES
 from trl_rm_env.environment import RemoteRewardModelEnvironment
-from trl_rm_env.testing import IM_END, IM_START
+from trl_rm_env.tiny_models import IM_END, IM_START
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
 

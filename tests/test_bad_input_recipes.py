@@ -181,7 +181,7 @@ def test_regression_trainer_builds_a_new_head_on_a_one_label_rm(tmp_path, tiny_t
 
     from trl_rm_env import RegressionRewardConfig, RegressionRewardTrainer
     from trl_rm_env.data.regression import load_regression_dataset
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     bt_rm = build_tiny_reward_model(tiny_tokenizer, seed=3)
     bt_rm.save_pretrained(tmp_path / "bt-rm")

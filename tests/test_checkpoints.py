@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.trainer.checkpoints import CheckpointError, checkpoint_problem, resolve_resume_checkpoint
 
 pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)

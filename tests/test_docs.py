@@ -70,7 +70,7 @@ def test_drop_in_snippet_runs(tmp_path, monkeypatch):
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_rm_env import RewardModelEnvironment
-    from trl_rm_env.testing import make_tiny
+    from trl_rm_env.tiny_models import make_tiny
 
     paths = make_tiny(tmp_path / "tiny")
     snippet = drop_in_snippet()

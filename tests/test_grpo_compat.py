@@ -8,7 +8,7 @@ rewards they log are compared (the environment must score exactly like TRL's pat
 
 Cases learned from ``tests/test_grpo_trainer.py`` of huggingface/trl at commit
 ``f2cd57710ae345ea6428ae95363267fcf38a3dc8`` (2026-07-24); the code here is our own. Offline: the tiny Qwen3 policy and
-reward model of ``trl_rm_env.testing.make_tiny`` (fixture ``tiny_dir``) replace ``trl-internal-testing/*`` models,
+reward model of ``trl_rm_env.tiny_models.make_tiny`` (fixture ``tiny_dir``) replace ``trl-internal-testing/*`` models,
 and small local prompt-only datasets replace ``trl-internal-testing/zen``. One optimizer step, 4-token completions.
 
 ==========================================================  ===========================================================
@@ -184,7 +184,7 @@ def test_train_different_reward_model(tmp_path, source, other_vocab_tokenizer, t
     """The reward model has its own tokenizer (another vocabulary) and is passed as a loaded model."""
     from trl import GRPOTrainer
 
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     reward_model = build_tiny_reward_model(other_vocab_tokenizer, seed=3)
     reward_model.config._name_or_path = RM_NAME

@@ -12,7 +12,7 @@ from helpers import judge_conversations, judge_prompt_text
 
 from trl_rm_env import JudgeEnvironment
 from trl_rm_env.judges.modes import MODES, JudgeMode, register_mode
-from trl_rm_env.testing import build_tiny_policy
+from trl_rm_env.tiny_models import build_tiny_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = "Request: {prompt}\nAnswer: {completion}\nIs the answer acceptable? {answer_format}"

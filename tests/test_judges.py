@@ -13,7 +13,7 @@ from helpers import judge_conversations, judge_reference
 
 from trl_rm_env import CascadeReward, JudgeEnvironment, JudgeOptions
 from trl_rm_env.judges.verdicts import parse_ranking, parse_score, parse_winner
-from trl_rm_env.testing import IM_END, IM_START, build_tiny_policy
+from trl_rm_env.tiny_models import IM_END, IM_START, build_tiny_policy
 
 
 @pytest.fixture(scope="module")

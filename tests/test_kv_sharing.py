@@ -22,7 +22,7 @@ from trl_rm_env.sharing import (
     shared_prefixes_in,
     sharing_saves,
 )
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedContext
 from trl_rm_env.trainer.examples import tokenize_rank_record

@@ -342,7 +342,7 @@ def test_reward_model_type_selects_the_head(tmp_path, tiny_tokenizer):
 
     from trl_rm_env.heads import set_regression_labels
     from trl_rm_env.scoring.scorer import RewardScorer
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     model = build_tiny_reward_model(tiny_tokenizer, num_labels=3).eval()
     contexts = [[{"role": "user", "content": f"Question {i}?"}] for i in range(3)]
@@ -367,7 +367,7 @@ def test_a_regression_head_without_weights_gives_its_outputs_not_one_reward(tmp_
     from trl_rm_env.evaluation import evaluate_regression_model
     from trl_rm_env.heads import set_regression_labels
     from trl_rm_env.scoring.loading import load_reward_scorer, plan_scoring
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     model = build_tiny_reward_model(tiny_tokenizer, num_labels=2)
     set_regression_labels(model.config, ["helpfulness", "verbosity"])  # no attribute_weights saved

@@ -20,7 +20,7 @@ from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_datase
 from trl_rm_env.compat import CHECKPOINTING_FIELD
 from trl_rm_env.sharing import pack_groups, packed_scores, shared_prefix_length, training_layout
 from trl_rm_env.sharing.packed import PACKED_ATTENTION
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.trainer.collator import (
     DataCollatorForPackedContext,
     DataCollatorForPackedContextPairs,

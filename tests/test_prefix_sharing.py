@@ -9,7 +9,7 @@ from helpers import assert_same_loss_and_gradients, ranked_trainer
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
 from trl_rm_env.sharing import plan_rows, record_row, shared_prefix_length, shared_prefix_mask, shared_prefix_scores
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefix
 from trl_rm_env.trainer.examples import tokenize_rank_record
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss

@@ -125,7 +125,7 @@ def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch,
     from trl_rm_env.recipes.steps import tty_aware_progress
 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
-    from trl_rm_env.testing import build_tiny_reward_model
+    from trl_rm_env.tiny_models import build_tiny_reward_model
 
     data = load_rank_dataset("sample:in_domain").select(range(16))
     args = RankedRewardConfig(

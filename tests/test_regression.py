@@ -18,7 +18,7 @@ from trl_rm_env.data.regression import RegressionDataArguments, load_regression_
 from trl_rm_env.data.schema import DataValidationError
 from trl_rm_env.heads import regression_reward_weights
 from trl_rm_env.metrics import regression_statistics, summarize_regression_statistics
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
 from trl_rm_env.trainer.config import RegressionRewardConfig
 from trl_rm_env.trainer.loss import masked_mse_loss

@@ -10,7 +10,7 @@ import torch
 from helpers import _one_thread, reference_ids, reference_scores, reference_text, score_one  # noqa: F401
 
 from trl_rm_env.scoring.scorer import RewardScorer, as_pairs, split_conversation, strip_reasoning_text
-from trl_rm_env.testing import SAMPLE_DIR, build_tiny_reward_model
+from trl_rm_env.tiny_models import SAMPLE_DIR, build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation, left_truncate
 
 # ---------------------------------------------------------------------------------------------------- data

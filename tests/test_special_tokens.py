@@ -17,7 +17,14 @@ from transformers import PreTrainedTokenizerFast
 from trl_rm_env import RewardModelEnvironment
 from trl_rm_env import tokenization as templating
 from trl_rm_env.scoring.scorer import RewardScorer
-from trl_rm_env.testing import BOS_TOKEN, CHATML_TEMPLATE, IM_END, IM_START, build_tiny_reward_model, tokenizer_corpus
+from trl_rm_env.tiny_models import (
+    BOS_TOKEN,
+    CHATML_TEMPLATE,
+    IM_END,
+    IM_START,
+    build_tiny_reward_model,
+    tokenizer_corpus,
+)
 from trl_rm_env.tokenization import (
     context_token_ids,
     encode_conversation,

@@ -14,7 +14,7 @@ from trl import RewardConfig
 
 from trl_rm_env import DataValidationError, RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.data.schema import iter_pairs
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.examples import tokenize_rank_record

@@ -12,7 +12,7 @@ The cases were learned from ``tests/test_reward_trainer.py`` of huggingface/trl 
 ``f2cd57710ae345ea6428ae95363267fcf38a3dc8`` (2026-07-24, "Async grpo OpenEnv harness rollout (#6420)"); the test
 code here is our own. Everything runs offline: instead of the ``trl-internal-testing/*`` Hub models we build tiny
 random models of the same architectures (hidden 16, one layer) with the tiny BPE/ChatML tokenizer of
-``trl_rm_env.testing``, and instead of the ``trl-internal-testing/zen`` and ``toolcall`` datasets small local
+``trl_rm_env.tiny_models``, and instead of the ``trl-internal-testing/zen`` and ``toolcall`` datasets small local
 datasets of our own text in the same formats. Training runs are cut to 2-3 steps.
 
 Mapping (TRL test -> test here; both parametrized over ``trl``/``ours``):
@@ -340,7 +340,7 @@ def _small(tokenizer, **extra) -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def models(tmp_path_factory) -> dict[str, str]:
     """Saved tiny random models (model folder + tokenizer) of the architectures TRL's tests use."""
-    from trl_rm_env.testing import build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
 
     root = tmp_path_factory.mktemp("trl-compat-models")
     tokenizer = build_tiny_tokenizer()

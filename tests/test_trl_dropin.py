@@ -24,7 +24,7 @@ from trl.trainer.reward_trainer import DataCollatorForPreference
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
 from trl_rm_env.data.converters import binary_to_rank
-from trl_rm_env.testing import build_tiny_reward_model
+from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.examples import tokenize_rank_record
 

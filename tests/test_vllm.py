@@ -185,7 +185,7 @@ def test_bos_duplicating_template_on_vllm(bos_tiny_dir):
 def test_regression_head_on_vllm_gives_every_attribute_and_the_weighted_sum(tmp_path):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from trl_rm_env.testing import build_tiny_regression_model
+    from trl_rm_env.tiny_models import build_tiny_regression_model
 
     path = build_tiny_regression_model(tmp_path / "regression", num_labels=3)["regression_model"]
     weights = [1.0, -0.5, 0.25]

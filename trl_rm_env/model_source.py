@@ -129,7 +129,7 @@ _LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MA
 
 
 def _build_in_child(path: str, kind: str, num_labels: int | None, timeout: float) -> dict[str, str]:
-    """Run `python -m trl_rm_env.testing KIND PATH` (the builder) in a fresh interpreter and return `{name: path}`
+    """Run `python -m trl_rm_env.tiny_models KIND PATH` (the builder) in a fresh interpreter and return `{name: path}`
     of what it built.
 
     Why a child: under DeepSpeed ZeRO-3, transformers builds every model inside `deepspeed.zero.Init` once the
@@ -140,7 +140,7 @@ def _build_in_child(path: str, kind: str, num_labels: int | None, timeout: float
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "trl_rm_env.testing", kind, path]
+    cmd = [sys.executable, "-m", "trl_rm_env.tiny_models", kind, path]
     if num_labels is not None:
         cmd += ["--num-labels", str(num_labels)]
     env = {
@@ -181,7 +181,7 @@ def ensure_tiny_model(
 
     Under `accelerate launch`, local process 0 of each machine builds and the others wait for the folder to appear
     (a file-system poll, bounded by `TRL_RM_ENV_WAIT_TIMEOUT`, default 600 s), so no collective is involved. The
-    build runs in a child process (`trl_rm_env.testing.build_in_place`, folders renamed into place when complete),
+    build runs in a child process (`trl_rm_env.tiny_models.build_in_place`, folders renamed into place when complete),
     outside any DeepSpeed ZeRO-3 or FSDP context of the launch (see `_build_in_child`).
 
     Args:

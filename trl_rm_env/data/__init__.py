@@ -20,13 +20,13 @@ _WHERE = {
     "load_rank_records": ".loaders",
     "records_to_dataset": ".loaders",
     "validate_records": ".loaders",
-    "LoadReport": ".loading",
+    "LoadReport": ".rows",
     "DataValidationError": ".schema",
     "iter_pairs": ".schema",
     "validate_rank_record": ".schema",
     "parse_data_spec": ".sources",
 }
-"""Public names, imported on first use: the command line reads `data.loading` and `data.schema` without loading
+"""Public names, imported on first use: the command line reads `data.rows` and `data.schema` without loading
 `datasets`."""
 
 __all__ = sorted(_WHERE)

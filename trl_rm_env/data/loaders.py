@@ -22,7 +22,7 @@ import pyarrow as pa
 from datasets import Dataset
 
 from .converters import ALL_CONVERTERS, TIE_RULES
-from .loading import LoadReport, check_on_invalid, collect_records
+from .rows import LoadReport, check_on_invalid, collect_records
 from .schema import MAX_COMPLETIONS_PER_RECORD, OnInvalid, validate_rank_record
 from .sources import open_source
 

@@ -36,8 +36,8 @@ from datasets import Dataset
 
 from .converters import HELPSTEER2_ATTRIBUTES, REGRESSION_CONVERTERS
 from .loaders import records_to_dataset
-from .loading import LoadReport, check_on_invalid, collect_records
 from .messages import finite_number, type_name
+from .rows import LoadReport, check_on_invalid, collect_records
 from .schema import DataValidationError, OnInvalid, check_text, validate_exchange
 from .sources import load_named_sets, open_source
 

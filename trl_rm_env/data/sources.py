@@ -1,7 +1,7 @@
 """Where rows come from: a data spec string, local `.jsonl`/`.json` files (optionally gzipped), the bundled sample,
 in-memory data and the Hub. Each source yields `(row number, parsed row)`; a line that cannot be read (not UTF-8, not
 JSON) yields its `DataValidationError` in place of the row, so that the loaders' `on_invalid` policy treats it like
-any other bad row (`trl_rm_env.data.loading`)."""
+any other bad row (`trl_rm_env.data.rows`)."""
 
 from __future__ import annotations
 

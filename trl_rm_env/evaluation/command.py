@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..data.loading import ON_INVALID_MODES
+from ..data.rows import ON_INVALID_MODES
 from .data import EvalRequestError, load_sets
 
 

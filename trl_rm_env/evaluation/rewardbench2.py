@@ -39,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..data.loading import LoadReport, check_on_invalid, collect_records
 from ..data.messages import type_name
+from ..data.rows import LoadReport, check_on_invalid, collect_records
 from ..data.schema import DataValidationError, validate_rank_record
 from ..data.sources import open_source
 

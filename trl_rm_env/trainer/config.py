@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from trl import RewardConfig
 
-from ..data.loading import ON_INVALID_MODES
+from ..data.rows import ON_INVALID_MODES
 from ..data.schema import MAX_COMPLETIONS_PER_RECORD
 from ..options import TRUNCATION, check_choices, normalize_prefix_sharing, option, refuse_renamed
 

@@ -29,7 +29,7 @@ from trl.trainer.utils import global_then_local_main_first
 
 from ..data.converters import binary_to_rank, fold_context_into_completions, record_validation_view
 from ..data.loaders import validate_records
-from ..data.loading import convert_row
+from ..data.rows import convert_row
 from ..data.schema import DataValidationError, validate_rank_record
 from ..tokenization import common_prefix_length, context_token_ids, encode_conversation, left_truncate
 
