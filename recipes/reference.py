@@ -35,8 +35,8 @@ def options_reference() -> str:
     its recipe key, its NeMo RL key and what it does, generated from the declarations (`scripts/make_options_doc.py`
     writes them; `tests/test_options.py` checks the page is current)."""
     from trl_rm_env.environment.nemo import NEMO_OPTIONS
-    from trl_rm_env.environment.rewards import RewardOptions
     from trl_rm_env.judges.options import JudgeOptions, JudgeSource
+    from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.scoring.options import ScoringOptions
     from trl_rm_env.serving.options import RemoteOptions, ServerLimits
 
@@ -47,7 +47,7 @@ def options_reference() -> str:
     sections = [
         ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores (`trl_rm_env.scoring.options`)."),
         ("`RewardOptions`", RewardOptions, "What the GRPO reward function does with the scores "
-         "(`trl_rm_env.environment.rewards`)."),
+         "(`trl_rm_env.rewards.base`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
          "(`trl_rm_env.serving.options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients (`trl_rm_env.serving.options`)."),

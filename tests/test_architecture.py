@@ -20,13 +20,13 @@ MAX_LINES = 450
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("trl_rm_env", "__main__", "recipes")),
     ("training", ("trainer",)),
-    ("using a reward model", ("environment", "judges", "serving", "evaluation")),
+    ("using a reward model", ("environment", "judges", "serving", "evaluation", "rewards")),
     ("scoring", ("scoring",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
     ("base", ("errors", "waiting", "model_source", "tiny_models", "testing", "distributed", "compat", "lazy", "options")),
 )
-USERS_OF_A_REWARD_MODEL = ("environment", "judges", "scoring", "serving", "evaluation")
+USERS_OF_A_REWARD_MODEL = ("environment", "judges", "scoring", "serving", "evaluation", "rewards")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

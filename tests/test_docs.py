@@ -235,7 +235,7 @@ def test_training_metrics_are_documented():
 
 
 def test_environment_metrics_are_documented():
-    import trl_rm_env.environment.rewards as environment_module
+    import trl_rm_env.rewards.base as environment_module
 
     emitted = sorted(set(re.findall(r"\{prefix\}/(\w+)", inspect.getsource(environment_module))))
     assert emitted, "no reward_model_env/* metric found in environment.py: update this test"

@@ -27,10 +27,10 @@ from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe
 
 from trl_rm_env.environment.nemo import NEMO_OPTIONS, environment_arguments
 from trl_rm_env.environment.reward_model import OPTION_CLASSES, OWN_ARGUMENTS, RewardModelEnvironment
-from trl_rm_env.environment.rewards import RewardOptions
 from trl_rm_env.judges.environment import OWN_ARGUMENTS as JUDGE_ARGUMENTS
 from trl_rm_env.judges.options import JudgeOptions
 from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
+from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.scoring.loading import choose_engine
 from trl_rm_env.scoring.options import ScoringOptions
 from trl_rm_env.serving.options import RemoteOptions, ServerLimits

@@ -21,9 +21,9 @@ the plain model (fp32, within 1e-4).
 - `nemo.py`: NeMo RL's `env.reward_model` block read as arguments (`RewardModelEnvironment.from_config`).
 """
 
+from ..rewards.base import NORMALIZATIONS, RewardFunction, RewardOptions
 from .nemo import PASSTHROUGH_TEMPLATE
 from .reward_model import RemoteRewardModelEnvironment, RewardModelEnvironment
-from .rewards import NORMALIZATIONS, RewardFunction, RewardOptions
 
 __all__ = [
     "NORMALIZATIONS",

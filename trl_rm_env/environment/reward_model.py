@@ -12,16 +12,16 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..distributed import full_weights
 from ..options import names, route
+from ..rewards.base import Ids, RewardFunction, RewardOptions, Samples
+from ..rewards.pickling import PicklesByArguments, accelerator_type
+from ..rewards.placement import loaded_here
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import as_pairs
 from ..serving.options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .local import checkpoint_statistics, local_scorer
-from .pickling import PicklesByArguments, accelerator_type
-from .placement import loaded_here
 from .remote import remote_scorer
-from .rewards import Ids, RewardFunction, RewardOptions, Samples
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
@@ -78,7 +78,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
     ):
         self._remember(
             model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
-        )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.environment.pickling`
+        )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.rewards.pickling`
         scoring_values, reward_values, remote_values = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads

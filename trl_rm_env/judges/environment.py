@@ -13,10 +13,10 @@ import torch
 from transformers import PreTrainedModel
 
 from ..distributed import full_weights
-from ..environment.pickling import PicklesByArguments, accelerator_type
-from ..environment.placement import loaded_here
-from ..environment.rewards import Ids, RewardFunction, RewardOptions, Samples
 from ..options import build, changed, names, route, spelled
+from ..rewards.base import Ids, RewardFunction, RewardOptions, Samples
+from ..rewards.pickling import PicklesByArguments, accelerator_type
+from ..rewards.placement import loaded_here
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import strip_completion_reasoning
 from ..serving.options import RemoteOptions, local_only
@@ -113,7 +113,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             options=options,
             scoring_options=scoring_options,
             **options_by_name,
-        )  # what pickling sends (AsyncGRPO): `trl_rm_env.environment.pickling`
+        )  # what pickling sends (AsyncGRPO): `trl_rm_env.rewards.pickling`
         judge_values, scoring_values, reward_values, remote_values = route(
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
