@@ -126,7 +126,7 @@ def _serve_judge(args: argparse.Namespace, options: Any, limits: ServerLimits) -
     from trl_rm_env.scoring.options import ScoringOptions
     from trl_rm_env.scoring.vllm import VLLM_ENGINE_OPTIONS, engine_arguments, vllm_device
     from trl_rm_env.serving.protocol import default_served_name
-    from trl_rm_env.serving.vllm_server import run_vllm_server
+    from trl_rm_env.serving.server.vllm_server import run_vllm_server
 
     ours = sorted(set(changed(options)) - VLLM_ENGINE_OPTIONS - {"engine", "show_progress"})
     ours_flags = ", ".join(filter(None, (flags(ScoringOptions, ours), flags(ServerLimits, sorted(changed(limits))))))
@@ -157,7 +157,7 @@ def _serve_judge(args: argparse.Namespace, options: Any, limits: ServerLimits) -
 
 def _serve_with_vllm(args: argparse.Namespace, plan: Any, **server: Any) -> int:
     from trl_rm_env.scoring.vllm import engine_arguments, vllm_device
-    from trl_rm_env.serving.vllm_server import run_vllm_server
+    from trl_rm_env.serving.server.vllm_server import run_vllm_server
 
     # On a GPU of its own the server keeps vLLM's memory default; on CPU that default reserves a share of the RAM
     # and refuses to start when less is free, so it gets the KV cache the in-process engine gets.

@@ -12,7 +12,7 @@ The rules (`message_problem`, `messages_problem`):
 
 Each entry point reports the first break in its own terms: the data loaders as a `DataValidationError` naming file,
 line and field (`validate_messages`), the GRPO environment as a `TypeError`/`ValueError` naming `prompts[i][j]`
-(`check_sample`), the server as a 400 naming `messages[j]` (`trl_rm_env.serving.requests`).
+(`check_sample`), the server as a 400 naming `messages[j]` (`trl_rm_env.serving.server.requests`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A judge behind OpenAI-compatible servers (`trl-rm-env serve --engine vllm --model JUDGE`, `vllm serve`, SGLang,
-TGI, a hosted API): `RemoteJudgeEngine`, through the pool every client of ours uses (`trl_rm_env.serving.pool`: URLs
+TGI, a hosted API): `RemoteJudgeEngine`, through the pool every client of ours uses (`trl_rm_env.serving.client.pool`: URLs
 round-robin, retries with backoff, a concurrency limit, timeouts, the API key).
 
 Two ways to send a judgement (`remote_input`):
@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..environment.remote import client_tokenizer
+from ..serving.client.pool import RemoteScoringError, ServerPool
 from ..serving.options import RemoteOptions
-from ..serving.pool import RemoteScoringError, ServerPool
 from ..serving.protocol import api_key_from_env
 
 TOP_LOGPROBS = 20

@@ -57,7 +57,7 @@ def engine_arguments(
     config: Any, options: ScoringOptions | None = None, *, own_device: bool = False, runner: str = "pooling"
 ) -> dict[str, Any]:
     """vLLM's engine arguments for a reward model with `config` scored with `options` (`VLLM_ENGINE_OPTIONS`):
-    `LLM(**arguments)` in this process, or the flags of vLLM's server (`trl_rm_env.serving.vllm_server`).
+    `LLM(**arguments)` in this process, or the flags of vLLM's server (`trl_rm_env.serving.server.vllm_server`).
 
     The pooling runner with the classification head (`runner="generate"`: the generate runner, for a causal-LM
     judge, `trl_rm_env.judges`); prefix caching unless `prefix_sharing=False`; `precision` as

@@ -1,13 +1,15 @@
 """Reward models over HTTP: a scoring server speaking vLLM's `/pooling` and `/classify` and OpenRLHF's `/get_reward`,
 and an async client for all three.
 
-    trl-rm-env serve --model PATH --port 8000          # the server (server.py)
-    from trl_rm_env.serving import RemoteScorer         # the client (client.py), also works against vLLM
+    trl-rm-env serve --model PATH --port 8000          # the server (server/)
+    from trl_rm_env.serving import RemoteScorer         # the client (client/), also works against vLLM
 
 - `protocol.py`: the dialects (endpoints, request and response shapes, API key), shared by server and client;
-- `requests.py`: reading a request and encoding its items; `batcher.py`: the queue and the batching worker (no
-  HTTP); `connections.py`: connection guards; `server.py`: the aiohttp application and its launch;
-- `client.py`: `RemoteScorer`, the remote backend of the `Scorer` protocol (`trl_rm_env.scoring.protocol`).
+- `server/`: `requests.py` (reading a request and encoding its items), `batcher.py` (the queue and the batching
+  worker, no HTTP), `connections.py` (connection guards), `app.py` (the aiohttp application and its launch),
+  `vllm_server.py` (vLLM's own server), `options.py` (`ServerLimits`);
+- `client/`: `scorer.py` (`RemoteScorer`, the remote backend of the `Scorer` protocol,
+  `trl_rm_env.scoring.protocol`), `pool.py` (URLs round-robin, retries, concurrency), `options.py` (`RemoteOptions`).
 
 Both use aiohttp; importing this package does not load it, the names load on first use.
 """
@@ -17,10 +19,10 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _WHERE = {
-    "RemoteScorer": ".client",
-    "RemoteScoringError": ".pool",
-    "ScoringServer": ".server",
-    "run_server": ".server",
+    "RemoteScorer": ".client.scorer",
+    "RemoteScoringError": ".client.pool",
+    "ScoringServer": ".server.app",
+    "run_server": ".server.app",
 }
 """Public names, imported on first use (aiohttp loads with them)."""
 

@@ -64,12 +64,12 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("The scoring server needs aiohttp: pip install aiohttp") from err
 
-from ..options import build
-from ..scoring.scorer import RewardScorer
+from ...options import build
+from ...scoring.scorer import RewardScorer
+from ..protocol import api_key_from_env, sigmoid
 from .batcher import QueueFullError, ScoreBatcher
 from .connections import OPEN_GUARDS, AcceptErrorFilter, ConnectionGuards, GuardedSite, default_max_connections
 from .options import SERVER_TOKEN_BUDGET, ServerLimits
-from .protocol import api_key_from_env, sigmoid
 from .requests import RequestDecoder, RequestError, error_response
 
 logger = logging.getLogger(__name__)

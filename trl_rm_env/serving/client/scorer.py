@@ -55,10 +55,10 @@ except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
 import torch
 
-from ..options import build, route
-from ..scoring.options import ScoringOptions
-from ..scoring.scorer import split_conversation, strip_completion_reasoning
-from ..tokenization import (
+from ...options import build, route
+from ...scoring.options import ScoringOptions
+from ...scoring.scorer import split_conversation, strip_completion_reasoning
+from ...tokenization import (
     context_token_ids,
     encode_pair,
     encode_text,
@@ -66,9 +66,9 @@ from ..tokenization import (
     left_truncate,
     render_conversation,
 )
+from ..protocol import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 from .options import RemoteOptions, local_only
 from .pool import RemoteScoringError, ServerPool
-from .protocol import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 
 
 def _payload(item: Any) -> dict[str, Any]:

@@ -1,0 +1,12 @@
+"""Our scoring server and vLLM's: the aiohttp application and its launch (`app.py`), reading a request
+(`requests.py`), the queue and batching worker (`batcher.py`), connection guards (`connections.py`), vLLM's own
+server started and stopped (`vllm_server.py`), and the server's options (`options.py`). The names load on first
+use, so the command line reads the options without loading aiohttp or the model code."""
+
+from __future__ import annotations
+
+from ...lazy import lazy_exports
+
+_WHERE = {"ScoringServer": ".app", "run_server": ".app", "run_vllm_server": ".vllm_server"}
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
