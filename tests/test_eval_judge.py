@@ -163,6 +163,44 @@ def test_eval_cascade_is_the_grpo_cascade_reward_pair_for_pair(tiny_dir, mode):
     assert outcome.results["cascade"]["sent"] == judged and 0 < judged < len(pairs)
 
 
+def test_cascade_folds_a_contextless_conversation_into_its_grpo_prompt():
+    from trl_rm_env.evaluation.judge import evaluate_cascade
+
+    def turn(role, text):
+        return {"role": role, "content": text}
+
+    def record(question, better, worse, other_question=None):
+        return {"context": [], "completions": [
+            {"rank": 0, "completion": [turn("user", question), turn("assistant", better)]},
+            {"rank": 1, "completion": [turn("user", other_question or question), turn("assistant", worse)]}]}
+
+    judge = FakeJudge("pairwise", prefer=lambda a, b: 0.8 if a.startswith("good") else 0.2)
+    rows = [{"set": "s", "record": 0, "completion": k, "score": 0.0} for k in (0, 1)]  # a tie: the judge decides
+    results, picks = evaluate_cascade(judge, {"s": [record("q?", "good", "bad")]}, rows, 1.0, rm_seconds=0.0)
+    assert picks == ["better"] and judge.prompts == [[turn("user", "q?")]] * 2  # the shared turn is the GRPO prompt
+    with pytest.raises(ValueError, match=r"record 0 has no context and its completions differ"):
+        evaluate_cascade(judge, {"s": [record("q?", "good", "bad", "other?")]}, rows, 1.0, rm_seconds=0.0)
+
+
+@pytest.mark.slow
+def test_cascade_counts_a_pair_the_judge_gives_no_verdict_as_such(tiny_dir):
+    """A judge whose answers cannot be read (the tiny random LM generating 2 tokens): the cascade's judge-routed
+    pairs have no verdict, counted as such (as eval --judge counts them), instead of failing the whole run."""
+    from trl_rm_env import JudgeEnvironment
+    from trl_rm_env.evaluation.judge import evaluate_cascade, pairs_of_sets
+
+    records, _ = load_rank_records("sample:harder")
+    datasets = {"harder": records[:6]}
+    pairs = pairs_of_sets(datasets)
+    rows = [{"set": "harder", "record": r, "completion": k, "score": 0.0}  # no margin: every pair to the judge
+            for _, r, i, j in pairs for k in (i, j)]  # fmt: skip
+    judge = JudgeEnvironment(str(tiny_dir / "policy"), mode="pairwise", scoring="generate", max_new_tokens=2,
+                             parse_retries=0)  # fmt: skip
+    results, picks = evaluate_cascade(judge, datasets, rows, 1.0, rm_seconds=0.0)
+    assert results["sent"] == len(pairs) and picks == [None] * len(pairs)
+    assert results["sets"]["harder"]["no_verdict"] == len(pairs)
+
+
 def test_judge_flags_fail_in_one_line(tiny_dir, capsys):
     for argv, message in (
         (["eval", "--data", "sample:in_domain"], "needs --model"),
@@ -252,7 +290,8 @@ class FakeJudge:
 
     def __call__(self, prompts, completions, completion_ids=None, log_metric=None, **kwargs):
         """As a GRPO reward function on groups of two (pairwise, both orders): each one's mean preference."""
-        texts = [c[0]["content"] for c in completions]
+        texts = [c[-1]["content"] for c in completions]
+        self.prompts = [*getattr(self, "prompts", []), *prompts]
         rewards = []
         for a, b in zip(texts[::2], texts[1::2]):
             first = (self.prefer(a, b) + 1 - self.prefer(b, a)) / 2

@@ -236,7 +236,11 @@ def evaluate_cascade(
     def reward_model(prompts: Any, completions: Any, item: Sequence[tuple], **kwargs: Any) -> list[float]:
         return [score[key] for key in item]
 
-    cascade = CascadeReward([reward_model, judge], name="cascade", margin=margin)
+    source = judge
+    if hasattr(judge, "replace"):  # a pair without a verdict is undecided (None), as `evaluate_judge` counts it
+        source = judge.replace(unparsed_reward=float("nan"))
+        source.overlength_reward = float("nan")
+    cascade = CascadeReward([reward_model, source], name="cascade", margin=margin)
     picks: list[str | None] = [None] * len(pairs)
     judged = {"judgements": 0.0, "tokens": 0, "seconds": 0.0}
     counts_tokens = bool(getattr(judge, "tokens", False))
@@ -245,10 +249,10 @@ def evaluate_cascade(
         prompts, completions, items = [], [], []
         for n in members:
             name, r, i, j = pairs[n]
-            record = datasets[name][r]
-            for k in (i, j) if n % 2 == 0 else (j, i):
-                prompts.append(record["context"])
-                completions.append(record["completions"][k]["completion"])
+            shown = (i, j) if n % 2 == 0 else (j, i)
+            for k, (prompt, completion) in zip(shown, _as_grpo_samples(datasets[name][r], shown, name, r)):
+                prompts.append(prompt)
+                completions.append(completion)
                 items.append((name, r, k))
         logged: dict[str, float] = {}
         start = time.perf_counter()
@@ -257,7 +261,7 @@ def evaluate_cascade(
             judged["seconds"] += time.perf_counter() - start
             judged["judgements"] += logged.get("judge_env/num_judgements", 0.0)
             if counts_tokens:
-                judged["tokens"] += sum(len(j.prompt) for j in judge.last_judgements if not j.overlength)
+                judged["tokens"] += sum(len(j.prompt) for j in source.last_judgements if not j.overlength)
         sent += cascade.last_calls[1] // 2
         for m, n in enumerate(members):
             first, second = rewards[2 * m], rewards[2 * m + 1]
@@ -281,6 +285,30 @@ def evaluate_cascade(
         "per_1k_pairs": per_1k(total, len(pairs)),
     }
     return results, picks
+
+
+def _as_grpo_samples(
+    record: Mapping[str, Any], shown: Sequence[int], name: str, r: int
+) -> list[tuple[Any, Any]]:
+    """`(prompt, completion)` of the completions `shown` of a record, as a GRPO reward function takes them: the
+    record's context, or, for a record without one whose completions are whole conversations, their shared turns
+    before the last assistant turn(s).
+
+    Raises:
+        ValueError: a record without a context whose conversations differ before their last turn (no GRPO prompt).
+    """
+    completions = [record["completions"][k]["completion"] for k in shown]
+    if record["context"] or not all(isinstance(c, list) for c in completions):
+        return [(record["context"], c) for c in completions]
+    from ..scoring.scorer import split_conversation
+
+    folded = [split_conversation(c) for c in completions]
+    if any(context != folded[0][0] for context, _ in folded):
+        raise ValueError(
+            f"eval --cascade: set {name!r}, record {r} has no context and its completions differ before their last "
+            "assistant turn: the cascade runs GRPO's reward functions, which take one prompt per group"
+        )
+    return folded
 
 
 def _run(result: Any) -> Any:

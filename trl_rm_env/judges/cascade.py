@@ -59,6 +59,9 @@ def _decided(value: Any) -> bool:
         return True  # not a number: the caller's reward, passed on as TRL would get it
 
 
+_WARNED_SIZES: list[bool] = []  # the margin rule's warning about uneven groups, once per process
+
+
 def separates(values: Sequence[Any], margin: float) -> bool:
     """Whether a group's rewards are all numbers and every two of them at least `margin` apart."""
     if not all(_decided(v) for v in values):
@@ -75,6 +78,15 @@ def _routed(
     groups: dict[str, list[int]] = {}
     for k, i in enumerate(rows):
         groups.setdefault(json.dumps(prompts[i], sort_keys=True, default=str), []).append(k)
+    sizes = {len(members) for members in groups.values()}
+    if len(sizes) > 1 and not _WARNED_SIZES:
+        _WARNED_SIZES.append(True)
+        logger.warning(
+            "CascadeReward: the groups of this call have %s completions; the margin rule routes each group it sees "
+            "whole, so a GRPO group split across processes is routed in parts (its parts may be rewarded by "
+            "different sources). Warned once.",
+            sorted(sizes),
+        )
     still = []
     for members in groups.values():
         if separates([answers[k] for k in members], margin):

@@ -236,8 +236,8 @@ class RewardScorer:
     ) -> torch.Tensor:
         """Every output of the model (`(N, num_labels)` fp32, input order; a regression head's attributes, whatever
         their weights) with the fallbacks applied as `score` applies them: a pair over `max_length` under
-        `truncation="none"` gets `overlength_reward` in every column, and a row with a NaN/inf output gets
-        `nonfinite_reward` (its index in `last_nonfinite`).
+        `truncation="none"` gets `overlength_reward` in every column, and a NaN/inf output gets `nonfinite_reward` (its
+        row's index in `last_nonfinite`).
 
         Raises:
             FloatingPointError: a NaN/inf output and `nonfinite_reward` None, naming the items.
@@ -253,7 +253,10 @@ class RewardScorer:
                     f"The reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}. "
                     "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
                 )
-            outputs[torch.tensor(bad)] = float(self.options.nonfinite_reward)
+            rows = torch.tensor(bad)
+            cells = outputs[rows]
+            cells[~torch.isfinite(cells)] = float(self.options.nonfinite_reward)  # the bad attributes only
+            outputs[rows] = cells
         return outputs
 
     def score(
