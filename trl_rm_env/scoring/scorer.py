@@ -243,9 +243,19 @@ class RewardScorer:
             FloatingPointError: a NaN/inf output and `nonfinite_reward` None, naming the items.
         """
         outputs, present, overlength = self._outputs(contexts, completions, progress)
+        return self._with_fallbacks(outputs, present, overlength)
+
+    def _with_fallbacks(self, values: torch.Tensor, present: list[int], overlength: list[int]) -> torch.Tensor:
+        """`values` (a score per item, or every output per item) with the fallbacks applied: `overlength_reward` for
+        the items over `max_length`, `nonfinite_reward` for each NaN/inf value of a scored item (those items in
+        `last_nonfinite`, which the environment warns about and counts).
+
+        Raises:
+            FloatingPointError: a NaN/inf value and `nonfinite_reward` None, naming the items.
+        """
         if overlength:
-            outputs[torch.tensor(overlength)] = float(self.options.overlength_reward)
-        bad = [i for i in present if not bool(torch.isfinite(outputs[i]).all())]
+            values[torch.tensor(overlength)] = float(self.options.overlength_reward)
+        bad = [i for i in present if not bool(torch.isfinite(values[i]).all())]
         self.last_nonfinite = bad
         if bad:
             if self.options.nonfinite_reward is None:
@@ -254,10 +264,10 @@ class RewardScorer:
                     "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
                 )
             rows = torch.tensor(bad)
-            cells = outputs[rows]
-            cells[~torch.isfinite(cells)] = float(self.options.nonfinite_reward)  # the bad attributes only
-            outputs[rows] = cells
-        return outputs
+            cells = values[rows]
+            cells[~torch.isfinite(cells)] = float(self.options.nonfinite_reward)  # the bad values only
+            values[rows] = cells
+        return values
 
     def score(
         self,
@@ -270,18 +280,7 @@ class RewardScorer:
         scores = torch.full((len(outputs),), float("nan"), dtype=torch.float32)
         if present:
             scores[torch.tensor(present)] = self._reward_of(outputs[torch.tensor(present)])
-        if overlength:
-            scores[torch.tensor(overlength)] = float(self.options.overlength_reward)
-        bad = [i for i in present if not torch.isfinite(scores[i])]
-        self.last_nonfinite = bad  # items of the last call given `nonfinite_reward` (the environment warns, counts)
-        if bad:
-            if self.options.nonfinite_reward is None:
-                raise FloatingPointError(
-                    f"The reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}. "
-                    "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
-                )
-            scores[torch.tensor(bad)] = float(self.options.nonfinite_reward)
-        return scores
+        return self._with_fallbacks(scores, present, overlength)
 
     def score_pairs(self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None):
         """The `Scorer` protocol's call: `score`."""
