@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
@@ -70,3 +71,23 @@ def bos_tiny_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny-models-bos")
     make_tiny(out, bos_in_template=True)
     return out
+
+
+@pytest.fixture
+def reference_varlen(monkeypatch):
+    """The packed layout's GPU branch (`varlen`) on this CPU: `kernels.varlen_usable` answers yes for every device and
+    dtype, and the kernel is `kernels.reference_varlen_attn` (the CUDA kernel's contract, segment by segment), so
+    every line of the branch but the CUDA kernel runs here. Yields the list of the kernel's calls (their keyword
+    arguments), to check that the branch ran."""
+    from trl_rm_env.sharing import kernels
+
+    calls: list[dict] = []
+
+    def kernel(*args, **kwargs):
+        calls.append(kwargs)
+        return kernels.reference_varlen_attn(*args, **kwargs)
+
+    kernel.__signature__ = inspect.signature(kernels.reference_varlen_attn)  # the names `run_varlen` reads
+    monkeypatch.setattr(kernels, "varlen_kernel", lambda: kernel)
+    monkeypatch.setattr(kernels, "varlen_usable", lambda device, dtype: True)
+    yield calls

@@ -3,9 +3,9 @@
 Exactness on the CPU (fp32, 1e-5): scores, per-record losses and gradients equal one-at-a-time plain scoring, for
 1-, 2- and many-completion groups, empty contexts, ties, left truncation, a padding bucket, two-label (regression)
 heads, eager and SDPA models, activation checkpointing. On the CPU the packed attention is ONE SDPA call per layer
-under the row's block mask (the `mask` kernel); the GPU's `varlen` kernel reads the same layout (`cu_seqlens`, key
-index), and `test_block_mask_is_the_varlen_layout` checks that the two describe the same attention, with a
-per-segment emulation of the varlen kernel in plain PyTorch (the kernel itself needs CUDA).
+under the row's block mask (the `mask` kernel). The GPU's branch (`varlen`: each segment's keys gathered, cast, GQA
+heads, one kernel call, its backward) runs here too, with `kernels.reference_varlen_attn` in place of the CUDA
+kernel (the `reference_varlen` fixture): only the kernel itself is left to `tests/gpu/`.
 """
 
 from __future__ import annotations
@@ -94,6 +94,69 @@ def test_block_mask_is_the_varlen_layout(tiny_tokenizer):
             keys_v[cu_k[s]:cu_k[s + 1]].transpose(0, 1), attn_mask=allowed,
         ).transpose(0, 1)
     torch.testing.assert_close(emulated, masked, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+@pytest.mark.parametrize("bucket", [None, 16])
+def test_varlen_branch_scores_equal_one_at_a_time(reference_varlen, tiny_tokenizer, kv_heads, bucket):
+    """The GPU's branch, every line but the CUDA kernel: gathered keys, causal alignment, GQA heads, padding bucket."""
+    model = build_tiny_reward_model(tiny_tokenizer, seed=1, num_key_value_heads=kv_heads).eval()
+    groups = random_groups(0, SHAPES, model.config.vocab_size)
+    batch = pack_groups(groups, [p for p, _ in SHAPES], tiny_tokenizer.pad_token_id, pad_to_multiple_of=bucket)
+    with torch.no_grad():
+        scores, _ = packed_scores(model, batch)
+    assert len(reference_varlen) == model.config.num_hidden_layers  # one kernel call per layer: the branch ran
+    torch.testing.assert_close(scores, one_at_a_time(model, groups)[:, 0], atol=1e-5, rtol=0)
+
+
+def test_varlen_branch_loss_and_gradients_equal_the_plain_path(reference_varlen, tiny_tokenizer):
+    """Backward through the branch (the gather's `index_select`, the casts) gives the plain path's gradients."""
+    model = build_tiny_reward_model(tiny_tokenizer, seed=2)
+    examples = rank_examples(tiny_tokenizer, 8)
+    plain = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id)(examples)
+    reference = model(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"]).logits[:, 0]
+    pairwise = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"])
+    grads_ref = torch.autograd.grad(pairwise.loss, list(model.parameters()))
+    batch = DataCollatorForPackedContext(tiny_tokenizer.pad_token_id)(examples)
+    scores, _ = packed_scores(model, batch)
+    assert reference_varlen
+    packed = ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"])
+    torch.testing.assert_close(packed.pair_losses, pairwise.pair_losses, atol=1e-5, rtol=0)
+    for g, g_ref in zip(torch.autograd.grad(packed.loss, list(model.parameters())), grads_ref):
+        torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
+
+
+def test_varlen_branch_on_a_torch_without_gqa_or_scale(reference_varlen, tiny_tokenizer, monkeypatch):
+    """PyTorch releases whose kernel takes `is_causal` and neither `enable_gqa` nor `scale`: the key/value heads are
+    repeated to the query heads, the default scale is the model's."""
+    from trl_rm_env.sharing import kernels
+
+    def legacy(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, is_causal=False):
+        reference_varlen.append({"is_causal": is_causal})
+        return kernels.reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=is_causal)
+
+    monkeypatch.setattr(kernels, "varlen_kernel", lambda: legacy)
+    model = build_tiny_reward_model(tiny_tokenizer, seed=1).eval()
+    groups = random_groups(0, SHAPES, model.config.vocab_size)
+    with torch.no_grad():
+        scores, _ = packed_scores(model, pack_groups(groups, [p for p, _ in SHAPES], tiny_tokenizer.pad_token_id))
+    assert reference_varlen == [{"is_causal": True}] * model.config.num_hidden_layers
+    torch.testing.assert_close(scores, one_at_a_time(model, groups)[:, 0], atol=1e-5, rtol=0)
+
+
+def test_reference_kernel_refuses_what_the_cuda_kernel_would_misread():
+    from trl_rm_env.sharing.kernels import reference_varlen_attn
+
+    q, k = torch.randn(5, 4, 8), torch.randn(7, 2, 8)
+    cu_q, cu_k = torch.tensor([0, 2, 5], dtype=torch.int32), torch.tensor([0, 3, 7], dtype=torch.int32)
+    out = reference_varlen_attn(q, k, k, cu_q, cu_k, 3, 4, window_size=(-1, 0), enable_gqa=True)
+    assert out.shape == q.shape
+    with pytest.raises(ValueError, match="query heads"):  # mismatched heads without enable_gqa
+        reference_varlen_attn(q, k, k, cu_q, cu_k, 3, 4, window_size=(-1, 0))
+    with pytest.raises(ValueError, match="cu_seq_k at 7 for 5 keys"):  # keys not gathered
+        reference_varlen_attn(q, k[:5], k[:5], cu_q, cu_k, 3, 4, enable_gqa=True)
+    with pytest.raises(ValueError, match="over max_q"):
+        reference_varlen_attn(q, k, k, cu_q, cu_k, 2, 4, enable_gqa=True)
 
 
 def test_pack_groups_rejects_a_sequence_without_its_own_token():

@@ -24,10 +24,15 @@ def varlen_kernel() -> Any:
     return varlen_attn
 
 
-@functools.cache
 def varlen_parameters() -> frozenset[str]:
-    """The names `varlen_attn` takes in this PyTorch (`window_size` or `is_causal`, `enable_gqa`, `scale`)."""
-    return frozenset(inspect.signature(varlen_kernel()).parameters)
+    """The names the varlen kernel takes in this PyTorch (`window_size` or `is_causal`, `enable_gqa`, `scale`)."""
+    kernel = varlen_kernel()
+    return _parameters(kernel) if kernel is not None else frozenset()
+
+
+@functools.cache
+def _parameters(kernel: Any) -> frozenset[str]:
+    return frozenset(inspect.signature(kernel).parameters)
 
 
 def run_varlen(query, key, value, cu_q, cu_k, max_q, max_k, scale):
@@ -70,3 +75,68 @@ def varlen_usable(device: torch.device, dtype: torch.dtype) -> bool:
         logger.warning("Packed attention: torch's varlen kernel does not align its causal mask to the end of the keys "
                        "(a probe gave %s); the packed layout is not used on this device.", out)
     return aligned
+
+
+def reference_varlen_attn(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_q: torch.Tensor,
+    cu_seq_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    *,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    enable_gqa: bool = False,
+    is_causal: bool | None = None,
+) -> torch.Tensor:
+    """The contract of the varlen kernel in plain PyTorch, segment by segment: what the CPU tests run in its place, so
+    that every line of the packed layout's `varlen` branch but the CUDA kernel itself runs in CI.
+
+    `query` `(sum q, heads, dim)`, `key`/`value` `(sum k, kv_heads, dim)`; segment s is queries
+    `[cu_seq_q[s], cu_seq_q[s+1])` against keys `[cu_seq_k[s], cu_seq_k[s+1])`. The mask is FlashAttention's: query i
+    of a segment of `q` queries and `k` keys stands at key position `i + k - q` (aligned to the END of the keys) and sees
+    key j where `i + k - q - left <= j <= i + k - q + right` (`window_size=(left, right)`, -1: unbounded; `(-1, 0)` or
+    `is_causal=True` is causal). Key/value heads are shared by `heads // kv_heads` consecutive query heads, only with
+    `enable_gqa` (as the kernel, it refuses mismatched heads otherwise). Inputs the real kernel would read out of
+    bounds (keys or queries shorter than the cumulative lengths say, a segment longer than `max_q`/`max_k`) raise.
+    Softmax in float32, output in the query's dtype, `(sum q, heads, dim)`.
+    """
+    if is_causal is not None:
+        window_size = (-1, 0) if is_causal else (-1, -1)
+    cu_q, cu_k = cu_seq_q.tolist(), cu_seq_k.tolist()
+    if len(cu_q) != len(cu_k) or cu_q[-1] != query.shape[0] or cu_k[-1] != key.shape[0] or key.shape != value.shape:
+        raise ValueError(
+            f"varlen: cu_seq_q ends at {cu_q[-1]} for {query.shape[0]} queries, cu_seq_k at {cu_k[-1]} for "
+            f"{key.shape[0]} keys ({len(cu_q)} and {len(cu_k)} offsets; key {tuple(key.shape)}, value "
+            f"{tuple(value.shape)})"
+        )
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads != kv_heads:
+        if not enable_gqa or heads % kv_heads:
+            raise ValueError(f"varlen: {heads} query heads and {kv_heads} key/value heads (enable_gqa={enable_gqa})")
+        key = key.repeat_interleave(heads // kv_heads, dim=1)
+        value = value.repeat_interleave(heads // kv_heads, dim=1)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    left, right = window_size
+    out = torch.zeros_like(query)
+    for s in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        sq, sk = q1 - q0, k1 - k0
+        if sq > max_q or sk > max_k:
+            raise ValueError(f"varlen: segment {s} has {sq} queries and {sk} keys, over max_q={max_q}, max_k={max_k}")
+        if sq == 0:
+            continue
+        at = torch.arange(sq)[:, None] + (sk - sq)  # each query's position among the keys
+        j = torch.arange(sk)[None, :]
+        allowed = torch.ones(sq, sk, dtype=torch.bool)
+        if left >= 0:
+            allowed &= j >= at - left
+        if right >= 0:
+            allowed &= j <= at + right
+        logits = torch.einsum("qhd,khd->hqk", query[q0:q1].float(), key[k0:k1].float()) * scale
+        logits = logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+        weights = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a query that sees no key: zeros, as the kernel
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", weights, value[k0:k1].float()).to(query.dtype)
+    return out

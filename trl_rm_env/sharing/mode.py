@@ -17,7 +17,7 @@ import logging
 import torch
 from transformers import PreTrainedModel
 
-from .kernels import varlen_usable
+from . import kernels
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def packed_unsupported(model: torch.nn.Module) -> str | None:
 def packs_fast(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether the packed layout runs its fast kernel on `device` in `dtype` (`kernels.varlen_usable`: CUDA, bf16 or
     fp16, PyTorch's varlen kernel with the right causal mask): where `"auto"` and `True` choose it."""
-    return varlen_usable(torch.device(device), dtype)
+    return kernels.varlen_usable(torch.device(device), dtype)
 
 
 def on_accelerator(model: torch.nn.Module) -> bool:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .kernels import run_varlen, varlen_kernel, varlen_parameters, varlen_usable
+from . import kernels
 from .mode import classifier, find_score_head
 from .planning import pooled_index
 
@@ -207,20 +207,31 @@ def packed_attention_forward(
     dtype = query.dtype
     if query.is_cuda and torch.is_autocast_enabled("cuda"):  # as SDPA does under autocast
         dtype = torch.get_autocast_dtype("cuda")
-    scale_ok = "scale" in varlen_parameters() if varlen_kernel() else False
-    scale_ok = scale_ok or abs(scale - query.shape[-1] ** -0.5) < 1e-12
-    if dropout == 0.0 and scale_ok and varlen_usable(query.device, dtype):
-        q = query[0].transpose(0, 1).to(dtype).contiguous()  # (T, heads, dim)
-        k = key[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)  # (keys, kv_heads, dim): gathered
-        v = value[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)
-        out = run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
-        return out[None], None
+    scale_ok = "scale" in kernels.varlen_parameters() or abs(scale - query.shape[-1] ** -0.5) < 1e-12
+    if dropout == 0.0 and scale_ok and kernels.varlen_usable(query.device, dtype):
+        return varlen_attention(query, key, value, packed, scale, dtype), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if packed.mask is None:  # built once per forward, by the first layer that needs it (no host sync)
         packed.mask = packed.block_mask()
     return sdpa_attention_forward(module, query, key, value, packed.mask, dropout=dropout, scaling=scale,
                                   is_causal=False)
+
+
+def varlen_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: PackedAttention, scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The `varlen` kernel's reading of a packed row: `(1, T, heads, dim)` from `query` `(1, heads, T, dim)` and
+    `key`/`value` `(1, kv_heads, T, dim)`. Each segment's keys are gathered (`packed.key_index`: its context's, then
+    its own) into one `(sum of key lengths, kv_heads, dim)` tensor, everything cast to the compute `dtype`, and the
+    kernel (`kernels.run_varlen`: causal, aligned to the end of each segment's keys; key/value heads shared by the
+    query heads) runs once over every segment."""
+    q = query[0].transpose(0, 1).to(dtype).contiguous()  # (T, heads, dim)
+    k = key[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)  # (keys, kv_heads, dim): gathered
+    v = value[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)
+    out = kernels.run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
+    return out[None]
 
 
 @functools.cache
