@@ -240,6 +240,66 @@ def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
         assert runs[name][2][-1] < runs["plain"][2][-1]  # fewer tokens through the model
 
 
+def one_step(trainer):
+    """One training step of `trainer` on its first batch: the loss, the gradients of every parameter, and the
+    `(batch, length)` of every forward of the model's decoder."""
+    shapes = []
+    body = trainer.model.model
+    handle = body.register_forward_pre_hook(lambda module, args, kwargs: shapes.append(tuple(
+        (kwargs.get("input_ids") if kwargs.get("input_ids") is not None else args[0]).shape)), with_kwargs=True)
+    trainer.create_optimizer_and_scheduler(num_training_steps=1)
+    batch = next(iter(trainer.get_train_dataloader()))
+    trainer.model.zero_grad()
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop
+    try:
+        loss = trainer.training_step(trainer.model, batch)
+    finally:
+        handle.remove()
+    return loss.item(), [p.grad.clone() for p in trainer.model.parameters()], shapes, batch
+
+
+@pytest.mark.parametrize("layout", ["packed", "kv", "packed-varlen", "pairs"])
+def test_pack_max_tokens_bounds_every_forward(tmp_path, tiny_tokenizer, layout, request):
+    """A micro-batch over `pack_max_tokens` runs as several forwards of at most that many tokens (a record over it
+    alone) in the same step; its loss and gradients equal the unbounded step's (1e-5)."""
+    if layout == "packed-varlen":
+        request.getfixturevalue("reference_varlen")
+    train = load_rank_dataset("sample:harder").select(range(8))
+    if layout == "pairs":  # TRL's pair data: every chosen, then every rejected, through the chunks
+        train = train.map(lambda r: {"chosen": r["completions"][0]["completion"],
+                                     "rejected": r["completions"][1]["completion"], "prompt": r["context"]},
+                          remove_columns=train.column_names)
+    mode = "auto" if layout == "kv" else "packed"
+    runs = {}
+    for budget in (None, 150):
+        trainer = ranked_trainer(tmp_path / str(budget), tiny_tokenizer, train, max_steps=1, prefix_sharing=mode,
+                                 pack_max_tokens=budget)
+        assert trainer._prefix_sharing == ("kv" if layout == "kv" else "packed")
+        runs[budget] = one_step(trainer) + (trainer.evaluate(train),)
+    loss, grads, shapes, batch, evaluation = runs[150]
+    assert len(batch["chunks"]) > 1 and len(runs[None][2]) in (1, 2)  # unbounded: one forward (KV: two passes)
+    if layout != "kv":
+        assert len(shapes) == len(batch["chunks"])  # one packed forward per chunk
+        lengths = [c["input_ids"].shape[1] for c in batch["chunks"]]
+        assert all(n <= 150 or c["record_index"].max() == 0 for n, c in zip(lengths, batch["chunks"]))
+        assert [s[1] for s in shapes] == lengths
+    assert loss == pytest.approx(runs[None][0], abs=1e-5)
+    for g, g_ref in zip(grads, runs[None][1]):
+        torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
+    for key in ("eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"):  # evaluation reads the chunks too
+        assert evaluation[key] == pytest.approx(runs[None][4][key], abs=1e-5)
+
+
+def test_pack_max_tokens_is_refused_where_nothing_reads_it(tmp_path, tiny_tokenizer):
+    train = load_rank_dataset("sample:harder").select(range(4))
+    with pytest.raises(ValueError, match="pack_max_tokens=64 bounds the forwards of the shared layouts, but a "
+                                         "data_collator was given"):
+        trainer = ranked_trainer(tmp_path, tiny_tokenizer, train, pack_max_tokens=64)
+        RankedRewardTrainer(model=trainer.model, args=trainer.args, train_dataset=train,
+                            data_collator=DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id),
+                            processing_class=tiny_tokenizer)
+
+
 def test_auto_is_packed_on_an_accelerator_and_kv_on_the_cpu(tiny_tokenizer):
     model = build_tiny_reward_model(tiny_tokenizer, seed=0)
     common = dict(activation_checkpointing=False, fsdp=False, plain_reason=None)

@@ -182,9 +182,9 @@ def test_unsupported_attention_falls_back_with_a_warning(tmp_path, tiny_tokenize
     trainer = RankedRewardTrainer(model=model, args=args, train_dataset=train, processing_class=tiny_tokenizer)
     assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
     assert "flex_attention" in caplog.text and "using the plain path" in caplog.text
-    for mode in (False, "auto", None):  # packing is for block-mask rows only: prefix_sharing=True
-        with pytest.raises(ValueError, match=r"pack_max_tokens packs block-mask rows, which only prefix_sharing=True"):
-            RankedRewardConfig(output_dir=str(tmp_path), pack_max_tokens=128, prefix_sharing=mode)
+    for mode, budget in ((False, 128), ("false", 128), ("auto", 0)):  # no shared layout reads it; or not >= 1
+        with pytest.raises(ValueError, match=rf"pack_max_tokens={budget} bounds the forwards of prefix sharing"):
+            RankedRewardConfig(output_dir=str(tmp_path), pack_max_tokens=budget, prefix_sharing=mode)
 
 
 # ---------------------------------------------------------------------------------------------------- scoring

@@ -33,6 +33,27 @@ def shared_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
     return max(n, 0)
 
 
+def record_tokens(sequences: Sequence[Sequence[int]]) -> int:
+    """The tokens a shared layout runs for one record: its shared context once, then each sequence's own tokens."""
+    p = shared_prefix_length(sequences)
+    return p + sum(len(s) - p for s in sequences)
+
+
+def contiguous_runs(sizes: Sequence[int], budget: int) -> list[tuple[int, int]]:
+    """`[start, end)` runs of consecutive items whose sizes add up to at most `budget` each (an item over it alone
+    gets a run of its own), greedily, in order."""
+    runs: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and total + size > budget:
+            runs.append((start, i))
+            start, total = i, 0
+        total += size
+    if sizes:
+        runs.append((start, len(sizes)))
+    return runs
+
+
 def pooled_index(sequence: Sequence[int], pad_token_id: int | None) -> int:
     """Where transformers' `*ForSequenceClassification` reads a sequence's score: its last token that is not the
     padding id (so a trailing EOS that is also the padding id is skipped), the first token when every one is."""

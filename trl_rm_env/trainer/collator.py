@@ -19,6 +19,10 @@ A missing or `None` margin is 0. Four layouts, each a collator here:
 - block-mask rows (`DataCollatorForSharedPrefix`, `prefix_sharing=True` under activation checkpointing or FSDP):
   context and completions in one row under a block mask, optionally packed (`trl_rm_env.sharing.mask`).
 
+With `pack_max_tokens`, the packed and KV collators bound each forward: a batch whose records hold more tokens
+(context once, completions' own tokens) is cut into `chunks`, runs of consecutive records under the budget, each a batch
+of the layout; the trainer runs one forward and backward per chunk in the same step (`RankedRewardTrainer`).
+
 Regression examples (`input_ids`, `targets`) have their own, `DataCollatorForRegression`.
 
     >>> collator = DataCollatorForRankedPreference(pad_token_id=0)
@@ -45,6 +49,7 @@ from ..sharing import (
     shared_prefix_length,
 )
 from ..sharing.kv import pad_to_multiple
+from ..sharing.planning import contiguous_runs, record_tokens
 
 
 def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
@@ -196,18 +201,40 @@ class DataCollatorForSharedPrefix(DataCollatorMixin):
         return output
 
 
+class _BoundedForwards:
+    """Bounds the tokens of one forward (`pack_max_tokens`) for a shared layout's collator: a batch of ranked examples
+    whose records hold more tokens (`record_tokens`: context once, each completion's own tokens) is cut into runs of
+    consecutive records under the budget (a record over it alone is a run), each collated by the layout. The batch is
+    then `{"chunks": [batch, ...], "ranks", "record_index", "margin"}` (the whole batch's, completions in record order,
+    for metrics); each chunk has its own `ranks`, `record_index` (from 0) and `margin`. Under the budget, the
+    layout's batch unchanged."""
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        budget = self.pack_max_tokens
+        if not budget or len(examples) < 2:
+            return self._collate(examples)
+        runs = contiguous_runs([record_tokens(e["completion_ids"]) for e in examples], budget)
+        if len(runs) == 1:
+            return self._collate(examples)
+        return {"chunks": [self._collate(examples[a:b]) for a, b in runs], **_record_fields(examples)}
+
+    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        raise NotImplementedError
+
+
 @dataclass
-class DataCollatorForSharedContext(DataCollatorForSharedPrefix):
+class DataCollatorForSharedContext(_BoundedForwards, DataCollatorForSharedPrefix):
     """Collate rank records for the shared-context (KV cache) path of `RankedRewardTrainer`.
 
     Each record's completions share its longest common token prefix (the rendered context), encoded once; the batch
     holds the tensors of `collate_shared_context`, `score_index` `(C, 2)` (completion row, column of its last token;
     completions in record order), `ranks`, `record_index` (and `margin`) as in `DataCollatorForRankedPreference`.
-    Records never attend to each other, so there is nothing to pack: `pack_max_tokens` is ignored; the contexts of
-    a batch are one padded forward, the completions another.
+    The contexts of a batch are one padded forward, the completions another (records never attend to each other).
 
     Args:
         pad_token_id: Token id used for padding.
+        pack_max_tokens: If set, the most tokens of records (each context once) in one forward: a batch with more
+            is cut into `chunks` of consecutive records (`_BoundedForwards`).
         pad_to_multiple_of: If set, pad both lengths to a multiple of this value (one pass each).
         split_passes: Run contexts (and completions) of similar lengths in separate passes (`plan_passes`: little
             padding). Off under DeepSpeed ZeRO-3, where every rank must run the same number of layer calls.
@@ -215,7 +242,7 @@ class DataCollatorForSharedContext(DataCollatorForSharedPrefix):
 
     split_passes: bool = True
 
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         groups, prefixes = [], []
         for example in examples:
             group = example["completion_ids"]
@@ -241,7 +268,7 @@ class DataCollatorForSharedContext(DataCollatorForSharedPrefix):
 
 
 @dataclass
-class DataCollatorForPackedContext(DataCollatorMixin):
+class DataCollatorForPackedContext(_BoundedForwards, DataCollatorMixin):
     """Collate rank records into ONE packed, padding-free row for the packed path of `RankedRewardTrainer`.
 
     Each record's context (its completions' longest common token prefix) once, then each completion's own tokens,
@@ -253,13 +280,16 @@ class DataCollatorForPackedContext(DataCollatorMixin):
     Args:
         pad_token_id: Token id used for padding.
         pad_to_multiple_of: If set, pad the row to a multiple of this length (the padding attends to itself only).
+        pack_max_tokens: If set, the most tokens in one packed row: a batch with more is cut into `chunks` of
+            consecutive records, one packed row each (`_BoundedForwards`).
     """
 
     pad_token_id: int
     pad_to_multiple_of: int | None = None
+    pack_max_tokens: int | None = None
     return_tensors: str = "pt"
 
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         groups = [example["completion_ids"] for example in examples]
         output = pack_groups(groups, [shared_prefix_length(g) for g in groups], self.pad_token_id,
                              self.pad_to_multiple_of)
@@ -272,8 +302,9 @@ class _TakesPairs:
     """Lets a collator of ranked examples take TRL pair examples (`chosen_ids`/`rejected_ids`) too.
 
     Pairs become two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0). A batch made only
-    of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected) and no
-    `ranks`/`record_index`, so the trainer reads it as TRL pairs. Ranked examples pass through unchanged.
+    of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected; a batch cut into
+    `chunks` carries that order as `score_order` instead) and no `ranks`/`record_index`, so the trainer reads it as
+    TRL pairs. Ranked examples pass through unchanged.
     """
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -283,10 +314,13 @@ class _TakesPairs:
         if margin is not None:  # the layouts read `margin` from every example when the first has one
             converted = [{**e, "margin": float(m)} for e, m in zip(converted, margin.tolist())]
         output = super().torch_call(converted)
-        if pairs and "score_index" in output:
+        if pairs and ("score_index" in output or "chunks" in output):
             n = len(examples)
             order = torch.cat([torch.arange(n) * 2, torch.arange(n) * 2 + 1])  # record order -> chosen..., rejected...
-            output["score_index"] = output["score_index"][order]
+            if "chunks" in output:  # the chunks' scores, concatenated in record order, are reordered by the trainer
+                output["score_order"] = order
+            else:
+                output["score_index"] = output["score_index"][order]
             output.pop("ranks", None)
             output.pop("record_index", None)
         return output

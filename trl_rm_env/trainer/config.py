@@ -49,10 +49,12 @@ class RankedRewardConfig(RewardConfig):
             block-mask row (context once, completions under a block mask; eager/SDPA) is used instead, else the
             plain path with a warning. `False`: never. On the command line: `--prefix_sharing auto|true|false`.
         pack_max_tokens (`int` or `None`, *optional*, defaults to `None`):
-            Only for the block-mask fallback of `prefix_sharing`: pack several records of a batch into one row of
-            up to this many tokens (a row is never shorter than the longest record), each record its own block. The
-            KV path needs no packing: records never attend to each other, and the contexts and the completions of a
-            batch are one padded forward each.
+            The most tokens one forward of a shared layout takes (each context counted once). Packed and KV layouts:
+            a micro-batch with more runs as several forwards (consecutive records under the budget; a record over it
+            alone) in the same step, gradients accumulated: the loss and gradients are the micro-batch's. Unset
+            under the packed layout on CUDA, it is sized from the GPU's free memory. Block-mask rows
+            (`prefix_sharing=True` under activation checkpointing or FSDP on the CPU): several records packed into
+            one row of up to this many tokens. Refused with `prefix_sharing=False`.
 
     > [!NOTE]
     > Defaults that differ from TRL's `RewardConfig`: activation (gradient) checkpointing is off unless
@@ -97,8 +99,9 @@ class RankedRewardConfig(RewardConfig):
     )
     pack_max_tokens: int | None = option(
         None,
-        help="Block-mask fallback of prefix_sharing only (e.g. with activation checkpointing): pack several records "
-        "into one row of up to this many tokens.",
+        help="The most tokens one training forward takes (contexts once): a micro-batch with more runs as several "
+        "forwards in the same step, gradients accumulated (block-mask rows: the row length). Unset on a GPU: sized "
+        "from its free memory.",
     )
     gradient_checkpointing: bool | None = field(
         default=None,
@@ -118,10 +121,10 @@ class RankedRewardConfig(RewardConfig):
         if self.max_completions is not None and self.max_completions < 0:
             raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
         self.max_completions = self.max_completions or None
-        if self.pack_max_tokens is not None and self.prefix_sharing is not True:
+        if self.pack_max_tokens is not None and (self.prefix_sharing is False or self.pack_max_tokens < 1):
             raise ValueError(
-                f"pack_max_tokens packs block-mask rows, which only prefix_sharing=True uses (where the KV path cannot "
-                f"run); got prefix_sharing={self.prefix_sharing!r}. The KV path (the default) needs no packing."
+                f"pack_max_tokens={self.pack_max_tokens} bounds the forwards of prefix sharing's layouts and must be "
+                f">= 1; prefix_sharing={self.prefix_sharing!r} runs none (unset pack_max_tokens, or share prefixes)."
             )
         if self.ddp_find_unused_parameters is None:
             self.ddp_find_unused_parameters = False

@@ -52,7 +52,8 @@ from .collator import (
 )
 from .config import RankedRewardConfig
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
-from .loss import ranked_bradley_terry_loss
+from .loss import ranked_bradley_terry_loss, ranked_pairs
+from .memory import training_token_budget
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
         self._silent_logs = False
         self._last_scores: torch.Tensor | None = None
+        self._chunk_outputs: list | None = None  # (scores, tokens) of each chunk of a bounded step
         user_collator = data_collator
         if args.accelerator_config.dispatch_batches is None:
             # Accelerate dispatches iterable datasets by slicing and padding every batch tensor along dim 0 as if it
@@ -117,16 +119,19 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             args.accelerator_config.dispatch_batches = False
         super().__init__(model, args, data_collator, *a, **kwargs)
         self._prefix_sharing = self._check_prefix_sharing()
+        self._forward_budget = self._check_forward_budget(user_collator)
         if user_collator is None:
             if self._prefix_sharing == "packed":
                 self.data_collator = DataCollatorForPackedContextPairs(
-                    pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of
+                    pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of,
+                    pack_max_tokens=self._forward_budget,
                 )
             elif self._prefix_sharing == "kv":
                 self.data_collator = DataCollatorForSharedContextPairs(
                     pad_token_id=self.processing_class.pad_token_id,
                     pad_to_multiple_of=self.args.pad_to_multiple_of,
                     split_passes=not self.is_deepspeed_enabled,  # ZeRO-3: the same layer calls on every rank
+                    pack_max_tokens=self._forward_budget,
                 )
             elif self._prefix_sharing:
                 self.data_collator = DataCollatorForSharedPrefixPairs(
@@ -157,6 +162,22 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             accelerator=packs_fast(self.args.device, self._compute_dtype()),
         )
 
+    def _check_forward_budget(self, user_collator) -> int | None:
+        """The most tokens one training forward takes (`pack_max_tokens`), for the packed and KV layouts (the block-mask
+        rows read it as their row length). Unset under the packed layout on CUDA: sized from the free memory
+        (`training_token_budget`). Refused, naming why, where nothing would read it."""
+        budget = self.args.pack_max_tokens
+        if budget is not None and (user_collator is not None or not self._prefix_sharing):
+            why = ("a data_collator was given (pack_max_tokens is read by ours)" if user_collator is not None
+                   else "this model trains on the plain path (prefix_sharing resolved to no shared layout; see the log)")
+            raise ValueError(f"pack_max_tokens={budget} bounds the forwards of the shared layouts, but {why}; "
+                             "unset pack_max_tokens.")
+        if budget is None and self._prefix_sharing == "packed" and self.args.device.type == "cuda":
+            budget = training_token_budget(self.accelerator.unwrap_model(self.model),
+                                           checkpointing_enabled(self.args), self._compute_dtype())
+            logger.info("pack_max_tokens: %d tokens per packed training forward (from the GPU's free memory).", budget)
+        return budget
+
     def _compute_dtype(self) -> torch.dtype:
         """The dtype the attention computes in: bf16/fp16 under mixed precision, else the weights'."""
         if self.args.bf16:
@@ -166,13 +187,55 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         parameter = next((p for p in self.model.parameters() if p.is_floating_point()), None)
         return parameter.dtype if parameter is not None else torch.float32
 
-    def training_step(self, model, inputs, *args, **kwargs):
+    def training_step(self, model, inputs, num_items_in_batch=None):
         """TRL's step; a packed batch's forward AND backward run under the packed attention (activation
-        checkpointing recomputes layers in backward)."""
-        if "packed" not in inputs:
-            return super().training_step(model, inputs, *args, **kwargs)
-        with packed_attention(model):
-            return super().training_step(model, inputs, *args, **kwargs)
+        checkpointing recomputes layers in backward). A batch cut into `chunks` (`pack_max_tokens`) runs one forward
+        and backward per chunk, each chunk's loss weighted by its share of the pairs, so the step's gradients and loss
+        are the whole batch's; its metrics are computed once, over the whole batch."""
+        if "chunks" in inputs:
+            return self._chunked_training_step(model, inputs, num_items_in_batch)
+        packed = "packed" in inputs
+        with packed_attention(model) if packed else contextlib.nullcontext():
+            return super().training_step(model, inputs, num_items_in_batch)
+
+    def _chunked_training_step(self, model, inputs, num_items_in_batch):
+        chunks = list(inputs["chunks"])
+        pairs = [ranked_pairs(c["ranks"], c["record_index"])[0].numel() for c in chunks]
+        counts = torch.tensor([len(chunks), sum(pairs)], device=self.args.device)
+        if self.accelerator.num_processes > 1:
+            # Every process runs as many forwards (ZeRO-3 and FSDP gather each layer's weights in every forward):
+            # the last chunk again with weight 0 where a process has fewer. The pair share is the global one, as in
+            # `compute_loss` (each process's gradients are averaged).
+            gathered = self.accelerator.gather(counts[None])
+            most, total = int(gathered[:, 0].max()), float(gathered[:, 1].sum()) / self.accelerator.num_processes
+        else:
+            most, total = len(chunks), float(counts[1])
+        weights = [n / total if total else 0.0 for n in pairs] + [0.0] * (most - len(chunks))
+        chunks += [chunks[-1]] * (most - len(chunks))
+        self._chunk_outputs = []
+        loss = 0.0
+        try:
+            for i, (chunk, weight) in enumerate(zip(chunks, weights)):
+                sync = i == len(chunks) - 1 or self.is_deepspeed_enabled
+                with contextlib.nullcontext() if sync else self.accelerator.no_sync(model):
+                    loss = loss + self.training_step(model, {**chunk, "loss_weight": weight}, num_items_in_batch)
+            # Metrics once, over the whole batch, from each real chunk's detached scores and token count.
+            real = self._chunk_outputs[: len(inputs["chunks"])]
+            scores = torch.cat([s for s, _ in real])
+            token_count = sum(t for _, t in real)
+        finally:
+            self._chunk_outputs = None
+        ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
+        if "score_order" in inputs:  # TRL pairs: every chosen, then every rejected
+            scores = scores[inputs["score_order"].to(scores.device)]
+            ranks, record_index = _pair_layout(scores.shape[0], scores.device)
+        margin = inputs.get("margin")
+        pairwise = ranked_bradley_terry_loss(
+            scores, ranks.to(scores.device), record_index.to(scores.device),
+            None if margin is None else margin.to(scores.device), self.args.center_rewards_coefficient,
+        )
+        self._log_train_metrics(scores, pairwise, record_index.to(scores.device), token_count)
+        return loss
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         return self._examples.prepare(dataset, processing_class, args, dataset_name)
@@ -187,10 +250,49 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         ranks = inputs.pop("ranks", None)
         record_index = inputs.pop("record_index", None)
         margin = inputs.pop("margin", None)
+        loss_weight = inputs.pop("loss_weight", None)  # a chunk of a bounded step (`_chunked_training_step`)
+        score_order = inputs.pop("score_order", None)
         inputs.pop("context_length", None)
+        scores, outputs, token_count = self._layout_scores(model, inputs)
+        if score_order is not None:  # chunks of TRL pairs, concatenated in record order: TRL's pair layout
+            scores = scores[score_order.to(scores.device)]
         if ranks is None:  # TRL's pair layout (ours or TRL's DataCollatorForPreference): every chosen, then rejected
-            rows = inputs["score_index"] if "score_index" in inputs else inputs["input_ids"]
-            ranks, record_index = _pair_layout(rows.shape[0], rows.device)
+            ranks, record_index = _pair_layout(scores.shape[0], scores.device)
+        if mode == "eval":
+            self._last_scores = scores.detach()
+        pairwise = ranked_bradley_terry_loss(
+            scores, ranks, record_index, margin, self.args.center_rewards_coefficient
+        )
+        num_records = int(record_index.max().item()) + 1
+        loss = pairwise.loss
+        if mode == "train" and loss_weight is not None:  # its share of the step's pairs; metrics once per step
+            self._chunk_outputs.append((scores.detach(), token_count))
+            loss = loss * loss_weight
+        elif mode == "train":
+            summary = self._log_train_metrics(scores, pairwise, record_index, token_count)
+            if self.accelerator.num_processes > 1 and summary["num_pairs"] > 0:
+                # DDP and DeepSpeed average gradients over processes. Weighting each process's mean by its share of
+                # the pairs makes the step the mean over every pair of the global batch, as on one process with
+                # the same global batch (processes hold different numbers of pairs with ranked records).
+                loss = loss * (pairwise.better.numel() * self.accelerator.num_processes / summary["num_pairs"])
+        else:
+            stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
+            self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
+            # (min, max) per process; repeated padding samples of a last batch cannot change either.
+            local = scores.detach().float()
+            self._eval_extremes.append(self.accelerator.gather(torch.stack([local.min(), local.max()])[None]).cpu())
+        return (loss, outputs) if return_outputs else loss
+
+    def _layout_scores(self, model, inputs) -> tuple[torch.Tensor, object, torch.Tensor]:
+        """`(scores, outputs, token_count)` of a batch in its layout: one score per completion (in the batch's
+        order), the model's outputs (the last chunk's for a batch in `chunks`) and the real tokens through it."""
+        if "chunks" in inputs:  # evaluation of a bounded batch: each chunk's forward, scores in record order
+            parts = []
+            for chunk in inputs["chunks"]:
+                chunk = {k: v for k, v in chunk.items() if k not in ("ranks", "record_index", "margin")}
+                with packed_attention(model) if "packed" in chunk else contextlib.nullcontext():
+                    parts.append(self._layout_scores(model, chunk))
+            return torch.cat([p[0] for p in parts]), parts[-1][1], sum(p[2] for p in parts)
         if "packed" in inputs:  # one padding-free row, each context once (`trl_rm_env.sharing.packed`)
             token_count = torch.tensor(inputs.pop("num_tokens"), device=inputs["input_ids"].device)
             scores, outputs = packed_scores(model, inputs)
@@ -207,43 +309,29 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
             scores = outputs.logits[:, 0]  # (C,)
             token_count = inputs["attention_mask"].sum()
-        if mode == "eval":
-            self._last_scores = scores.detach()
-        pairwise = ranked_bradley_terry_loss(
-            scores, ranks, record_index, margin, self.args.center_rewards_coefficient
-        )
+        return scores, outputs, token_count
+
+    def _log_train_metrics(self, scores, pairwise, record_index, token_count) -> dict[str, float]:
+        """Record one training batch's metrics (TRL's keys, exact over the processes' pairs); the summary."""
         num_records = int(record_index.max().item()) + 1
-        loss = pairwise.loss
-        if mode == "train":
-            num_tokens = self.accelerator.gather_for_metrics(token_count).sum().item()
-            self._total_train_tokens += num_tokens // self._tp_size
-            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
-            with torch.no_grad():
-                stats = record_statistics(scores, record_index, pairwise, num_records).sum(0, keepdim=True)
-                stats = self.accelerator.gather(stats).sum(0)  # (1, 9) on every process
-                summary = summarize_statistics(stats)
-                # Processes hold different numbers of completions and collectives need equal shapes (gloo aborts,
-                # NCCL may hang): gather each process's (min, max); the mean is exact from the summed statistics.
-                local = scores.detach().float()
-                extremes = self.accelerator.gather(torch.stack([local.min(), local.max()])[None])  # (P, 2)
-                self._metrics["train"]["min_reward"].append(extremes[:, 0].min().item())
-                self._metrics["train"]["mean_reward"].append(summary["reward_mean"])
-                self._metrics["train"]["max_reward"].append(extremes[:, 1].max().item())
-                self._metrics["train"]["accuracy"].append(summary["accuracy"])
-                self._metrics["train"]["margin"].append(summary["margin"])
-                self._metrics["train"]["num_pairs"].append(summary["num_pairs"])
-            if self.accelerator.num_processes > 1 and summary["num_pairs"] > 0:
-                # DDP and DeepSpeed average gradients over processes. Weighting each process's mean by its share of
-                # the pairs makes the step the mean over every pair of the global batch, as on one process with
-                # the same global batch (processes hold different numbers of pairs with ranked records).
-                loss = loss * (pairwise.better.numel() * self.accelerator.num_processes / summary["num_pairs"])
-        else:
-            stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
-            self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
-            # (min, max) per process; repeated padding samples of a last batch cannot change either.
+        num_tokens = self.accelerator.gather_for_metrics(torch.as_tensor(token_count, device=scores.device)).sum()
+        self._total_train_tokens += num_tokens.item() // self._tp_size
+        self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        with torch.no_grad():
+            stats = record_statistics(scores, record_index, pairwise, num_records).sum(0, keepdim=True)
+            stats = self.accelerator.gather(stats).sum(0)  # (1, 9) on every process
+            summary = summarize_statistics(stats)
+            # Processes hold different numbers of completions and collectives need equal shapes (gloo aborts,
+            # NCCL may hang): gather each process's (min, max); the mean is exact from the summed statistics.
             local = scores.detach().float()
-            self._eval_extremes.append(self.accelerator.gather(torch.stack([local.min(), local.max()])[None]).cpu())
-        return (loss, outputs) if return_outputs else loss
+            extremes = self.accelerator.gather(torch.stack([local.min(), local.max()])[None])  # (P, 2)
+            self._metrics["train"]["min_reward"].append(extremes[:, 0].min().item())
+            self._metrics["train"]["mean_reward"].append(summary["reward_mean"])
+            self._metrics["train"]["max_reward"].append(extremes[:, 1].max().item())
+            self._metrics["train"]["accuracy"].append(summary["accuracy"])
+            self._metrics["train"]["margin"].append(summary["margin"])
+            self._metrics["train"]["num_pairs"].append(summary["num_pairs"])
+        return summary
 
     # ------------------------------------------------------------------ evaluation
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):

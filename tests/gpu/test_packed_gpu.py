@@ -1,0 +1,421 @@
+"""The packed layout on the GPU, in bf16: the `varlen` branch with torch's FlashAttention varlen kernel
+(`torch.nn.attention.varlen.varlen_attn`) against an fp32 one-at-a-time reference and the plain padded bf16 path.
+
+Run on a CUDA machine with `python -m pytest -m gpu tests/gpu -q` (skipped without CUDA). With
+`TRL_RM_ENV_GPU_TESTS_ON_CPU=1` it runs on the CPU instead, with `kernels.reference_varlen_attn` in the CUDA kernel's
+place (the `reference_varlen` fixture) and bf16 models on the CPU: a check of this file, not of the kernel. With
+`TRL_RM_ENV_GPU_REPORT=PATH` the errors of every case are written to PATH as a markdown table.
+
+What is compared, per case (one micro-batch of a few groups: a shared context and several completions, random ids):
+
+- reference: an fp32 copy of the weights, each sequence run ALONE (no padding, no packing; math attention on CUDA,
+  fp32 matmuls without TF32): scores, the per-pair Bradley-Terry losses (`ranked_bradley_terry_loss(...)
+  .pair_losses`) and the gradient of the loss for every (trainable) parameter;
+- plain: the same weights in bf16, the right-padded batch of `DataCollatorForRankedPreference` with its attention
+  mask, `model(...).logits[:, 0]` (what TRL's `RewardTrainer` runs);
+- packed: the same bf16 model on `DataCollatorForPackedContext`'s one padding-free row through `packed_scores`, its
+  forward AND backward inside `packed_attention(model)` (as `RankedRewardTrainer.training_step` runs them, so that
+  activation checkpointing recomputes under the packed attention). The varlen kernel must have run: one call per
+  layer in forward (two per layer with activation checkpointing, the recompute), counted by wrapping
+  `kernels.run_varlen`; on CUDA `kernels.varlen_usable(device, bf16)` must be True.
+
+Tolerances (derived, not tuned): the plain path computes the same function as the packed one in the same precision,
+so its distance to the fp32 reference measures what bf16 rounding does to this computation (it varies with the
+model, the lengths, the quantity). The packed path may differ from the plain one only by its attention kernel and
+the order of its sums, which are rounding effects of the same size: `assert_like_bf16` requires
+
+    err(packed, fp32) <= FACTOR * err(plain, fp32) + eps,        FACTOR = 2,
+
+- scores and per-pair losses: err = max |x - x_fp32| over the batch, eps = EPS_ULPS = 4 bf16 ulps of max |x_fp32|
+  (the spacing of bf16 numbers there, `bf16_ulp`: one ulp is 2**-7 relative to the leading power of two), the floor
+  for a batch whose plain error happens to be tiny (the scores themselves are bf16 numbers: rounding the output alone
+  costs half an ulp);
+- gradients, parameter by parameter: err = ||g - g_fp32|| / max(||g_fp32||, floor), eps = EPS_ULPS * 2**-8 (a few
+  units of bf16 relative rounding, the error of rounding the gradient alone), floor = GRAD_FLOOR (1e-6) times the
+  largest parameter gradient norm of the case: a gradient that is ~0 (below what the largest one's rounding can
+  resolve) is compared as an absolute error on that scale instead of relative to ~0.
+
+A layout bug makes an error of the size of the score itself, not of its rounding: the last test corrupts one
+completion's keys (it also sees a sibling completion, as packing without the layout would) and checks that
+`assert_like_bf16` raises on the scores.
+
+Cases: Qwen3- and Llama-shaped classifiers (hidden 256, 4 heads x 64, GQA with 2 key/value heads and MHA), LoRA
+(trainable parameters only), activation checkpointing (train mode), bf16 autocast over fp32 weights (the Trainer's
+`bf16=True`), an 8,192-token context; every short case's batch holds a group of 4 completions ranked [0, 1, 1, 2]
+and a group with two identical (tied) completions, whose packed scores must also be equal (to `eps`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import math
+import os
+import time
+
+import pytest
+import torch
+
+from trl_rm_env.sharing import kernels, packed_attention, packed_scores
+from trl_rm_env.sharing.mode import classifier
+from trl_rm_env.tiny_models import build_tiny_tokenizer, tiny_qwen3_config
+from trl_rm_env.trainer.collator import DataCollatorForPackedContext, DataCollatorForRankedPreference
+from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
+
+pytestmark = pytest.mark.gpu
+
+ON_CPU = os.environ.get("TRL_RM_ENV_GPU_TESTS_ON_CPU") == "1"
+REPORT = os.environ.get("TRL_RM_ENV_GPU_REPORT")
+
+FACTOR = 2.0
+"""How much farther from fp32 the packed path may be than the plain one (both bf16 roundings of one function)."""
+EPS_ULPS = 4
+"""The absolute floor of the bound, in bf16 ulps of the reference's magnitude (scores, losses) or in units of bf16
+relative rounding, 2**-8 (gradients)."""
+BF16_UNIT = 2.0**-8
+"""bf16's unit roundoff: 8 significand bits (7 stored, 1 implicit)."""
+GRAD_FLOOR = 1e-6
+"""A parameter's gradient norm below this fraction of the case's largest is ~0: compared on that scale."""
+
+SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, head_dim=64, initializer_range=0.02)
+"""The models' shapes: 4 heads x 64 (FlashAttention's head dims), a few layers per case."""
+
+SHORT_GROUPS = [
+    (40, [7, 12, 3, 9], [0, 1, 1, 2]),  # N > 2 completions, two of them tied in rank
+    (25, [6, 6, 10], [1, 1, 0]),  # the first two identical (made so below), tied
+    (8, [20, 5], [0, 1]),  # a short context, a long and a short completion
+    (1, [9, 4], [1, 0]),
+]
+"""(context length, [completion lengths], ranks) of the short cases' micro-batch."""
+TIE = (1, 4, 5)
+"""The rows (record order) of SHORT_GROUPS' two identical completions: rows 4 and 5 (group 1)."""
+LONG_GROUPS = [(8192, [96, 120, 80], [0, 1, 2])]
+"""The long case: an 8,192-token context and three completions of about 100 tokens."""
+
+RESULTS: list[dict] = []
+"""One row per case: the errors of packed and plain against fp32 (the report's table)."""
+
+
+# ---------------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def device():
+    """CUDA (with fp32 matmuls in full precision, for the reference), or the CPU where
+    `TRL_RM_ENV_GPU_TESTS_ON_CPU=1` (the `varlen` fixture puts the reference kernel in the CUDA kernel's place);
+    otherwise every test here is skipped."""
+    if torch.cuda.is_available():
+        precision = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        yield torch.device("cuda", torch.cuda.current_device())
+        torch.set_float32_matmul_precision(precision)
+    elif ON_CPU:
+        yield torch.device("cpu")
+    else:
+        pytest.skip("needs CUDA (TRL_RM_ENV_GPU_TESTS_ON_CPU=1 runs it on the CPU with the reference kernel)")
+
+
+@pytest.fixture
+def varlen_calls(device, request, monkeypatch):
+    """The list of the varlen kernel's calls (their query shapes): `kernels.run_varlen` wrapped (packed.py calls it
+    as `kernels.run_varlen`). On CUDA the kernel must be usable in bf16; on the CPU the `reference_varlen` fixture
+    answers yes and runs `kernels.reference_varlen_attn`, whose own call list must match at the end."""
+    reference = None
+    if device.type == "cuda":
+        assert kernels.varlen_kernel() is not None, f"torch {torch.__version__} has no varlen_attn"
+        assert kernels.varlen_usable(device, torch.bfloat16), "torch's varlen kernel does not run here in bf16"
+    else:
+        reference = request.getfixturevalue("reference_varlen")
+    calls: list[tuple[int, ...]] = []
+    run_varlen = kernels.run_varlen
+
+    def counted(query, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return run_varlen(query, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "run_varlen", counted)
+    yield calls
+    if reference is not None:
+        assert len(reference) == len(calls), (len(reference), len(calls))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report():
+    """Prints each case's errors at the end (under `-s`) and writes them to `TRL_RM_ENV_GPU_REPORT` when set."""
+    yield
+    if not RESULTS:
+        return
+    columns = ["case", "device", "tokens packed / padded", "kernel calls", "scores packed", "scores plain",
+               "pair losses packed", "pair losses plain", "worst grad packed", "worst grad plain", "worst parameter",
+               "seconds"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in RESULTS:
+        lines.append("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    table = "\n".join(lines)
+    print("\n" + table)
+    if REPORT:
+        with open(REPORT, "w", encoding="utf-8") as f:
+            f.write(f"Packed bf16 (varlen) vs plain bf16, errors against fp32 one-at-a-time (torch {torch.__version__}"
+                    f", bound: packed <= {FACTOR:g} x plain + {EPS_ULPS} bf16 ulps)\n\n{table}\n")
+
+
+# ---------------------------------------------------------------------------------------------------- the check
+
+
+def bf16_ulp(magnitude: float) -> float:
+    """The spacing of bf16 numbers at `magnitude`: 2**(e - 7) for 2**e <= magnitude < 2**(e + 1)."""
+    if not magnitude > 0 or not math.isfinite(magnitude):
+        return torch.finfo(torch.bfloat16).tiny
+    return 2.0 ** (math.floor(math.log2(magnitude)) - 7)
+
+
+def assert_like_bf16(name: str, packed: torch.Tensor, plain: torch.Tensor, reference: torch.Tensor, *,
+                     floor: float | None = None) -> tuple[float, float, float]:
+    """Raise AssertionError unless `packed` is no farther from the fp32 `reference` than bf16 rounding puts `plain`
+    (the same computation in the same precision): `err(packed) <= FACTOR * err(plain) + eps`.
+
+    Without `floor`: err is the largest absolute difference, eps EPS_ULPS bf16 ulps of max |reference| (scores,
+    losses). With `floor` (a gradient): err is the relative norm error ||x - ref|| / max(||ref||, floor), eps
+    EPS_ULPS units of bf16 relative rounding. Returns (err packed, err plain, bound)."""
+    ref = reference.detach().double()
+    packed, plain = packed.detach().double(), plain.detach().double()
+    if packed.shape != ref.shape or plain.shape != ref.shape:
+        raise AssertionError(f"{name}: shapes packed {tuple(packed.shape)}, plain {tuple(plain.shape)}, "
+                             f"fp32 {tuple(ref.shape)}")
+    if floor is None:
+        err_packed = (packed - ref).abs().max().item()
+        err_plain = (plain - ref).abs().max().item()
+        eps = EPS_ULPS * bf16_ulp(ref.abs().max().item())
+        kind = "max abs error"
+    else:
+        scale = max(ref.norm().item(), floor)
+        err_packed = (packed - ref).norm().item() / scale
+        err_plain = (plain - ref).norm().item() / scale
+        eps = EPS_ULPS * BF16_UNIT
+        kind = "relative norm error"
+    bound = FACTOR * err_plain + eps
+    if not err_packed <= bound:  # NaN fails too
+        raise AssertionError(
+            f"{name}: packed bf16 is {err_packed:.3e} from fp32 ({kind}), plain bf16 {err_plain:.3e}; allowed "
+            f"{FACTOR:g} x {err_plain:.3e} + {eps:.3e} = {bound:.3e}"
+        )
+    return err_packed, err_plain, bound
+
+
+# ---------------------------------------------------------------------------------------------------- the cases
+
+
+@functools.cache
+def tokenizer():
+    return build_tiny_tokenizer()
+
+
+def build_model(arch: str, kv_heads: int, layers: int, max_positions: int = 4096, seed: int = 0):
+    """An fp32 `*ForSequenceClassification` (one label, SDPA), deterministic from `seed`."""
+    tok = tokenizer()
+    sizes = dict(SIZES, num_hidden_layers=layers, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                 num_labels=1, attn_implementation="sdpa")
+    if arch == "qwen3":
+        from transformers import Qwen3ForSequenceClassification
+
+        cls, config = Qwen3ForSequenceClassification, tiny_qwen3_config(tok, **sizes)
+    else:
+        from transformers import LlamaConfig, LlamaForSequenceClassification
+
+        cls = LlamaForSequenceClassification
+        config = LlamaConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                             **sizes)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+    return model.eval()
+
+
+def with_lora(model, seed: int = 0):
+    """`model` with LoRA adapters on the attention projections (peft), A and B both random (peft's default B = 0
+    would leave A without a gradient and the adapters without an effect)."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(task_type="SEQ_CLS", r=8, lora_alpha=8, init_lora_weights=False,
+                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return peft.get_peft_model(model, config)
+
+
+def make_examples(shapes, vocab: int, seed: int = 0) -> list[dict]:
+    """Rank examples (`completion_ids`, `ranks`) of random ids in [10, vocab); SHORT_GROUPS' tie made identical."""
+    g = torch.Generator().manual_seed(seed)
+    examples = []
+    for context_length, lengths, ranks in shapes:
+        context = torch.randint(10, vocab, (context_length,), generator=g).tolist()
+        completions = [context + torch.randint(10, vocab, (n,), generator=g).tolist() for n in lengths]
+        examples.append({"completion_ids": completions, "ranks": ranks})
+    if shapes is SHORT_GROUPS:
+        group = examples[TIE[0]]["completion_ids"]
+        group[1] = list(group[0])
+    return examples
+
+
+def reference_fp32(model32, sequences, ranks, record_index, params, device):
+    """Scores, pair losses and gradients (None without `params`) of the fp32 model, each sequence alone (math
+    attention on CUDA)."""
+    backend = contextlib.nullcontext()
+    if device.type == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = sdpa_kernel(SDPBackend.MATH)
+    with backend:
+        scores = torch.stack([
+            model32(input_ids=torch.tensor([seq], device=device), use_cache=False).logits[0, 0] for seq in sequences
+        ])
+        pairwise = ranked_bradley_terry_loss(scores, ranks, record_index)
+        grads = torch.autograd.grad(pairwise.loss, params) if params else None
+    return scores.detach(), pairwise.pair_losses.detach(), grads
+
+
+def forward_context(device, autocast: bool):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+
+
+def plain_bf16(model, examples, params, device, autocast: bool):
+    """The plain path: right-padded batch with its attention mask, `logits[:, 0]`."""
+    batch = DataCollatorForRankedPreference(tokenizer().pad_token_id)(examples)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    with forward_context(device, autocast):
+        scores = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+        pairwise = ranked_bradley_terry_loss(scores[:, 0], batch["ranks"], batch["record_index"])
+    grads = torch.autograd.grad(pairwise.loss, params) if params else None
+    return scores[:, 0].detach(), pairwise.pair_losses.detach(), grads, batch["input_ids"].numel()
+
+
+def packed_batch(examples, device):
+    batch = DataCollatorForPackedContext(tokenizer().pad_token_id)(examples)
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+def packed_bf16(model, batch, params, autocast: bool, calls: list, layers: int, checkpointing: bool = False):
+    """The packed path, forward and backward under the packed attention (as `RankedRewardTrainer.training_step`);
+    checks the varlen kernel's calls: one per layer in forward, one more per layer in a checkpointed backward."""
+    before = len(calls)
+    with packed_attention(model):
+        with forward_context(batch["input_ids"].device, autocast):
+            scores, _ = packed_scores(model, batch)
+            pairwise = ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"])
+        assert len(calls) - before == layers, f"{len(calls) - before} varlen kernel calls in forward, {layers} layers"
+        grads = torch.autograd.grad(pairwise.loss, params) if params else None
+    expected = 2 * layers if checkpointing and params else layers
+    assert len(calls) - before == expected, f"{len(calls) - before} varlen kernel calls, expected {expected}"
+    return scores.detach(), pairwise.pair_losses.detach(), grads
+
+
+CASES = {
+    # name: (arch, key/value heads, layers, options)
+    "qwen3-gqa": ("qwen3", 2, 2, {}),
+    "qwen3-mha": ("qwen3", 4, 2, {}),
+    "llama-gqa": ("llama", 2, 2, {}),
+    "llama-mha": ("llama", 4, 2, {}),
+    "qwen3-gqa-lora": ("qwen3", 2, 2, {"lora": True}),
+    "llama-gqa-lora": ("llama", 2, 2, {"lora": True}),
+    "qwen3-gqa-checkpointing": ("qwen3", 2, 2, {"checkpointing": True}),
+    "llama-mha-checkpointing": ("llama", 4, 2, {"checkpointing": True}),
+    "qwen3-gqa-autocast": ("qwen3", 2, 2, {"autocast": True}),
+    "qwen3-gqa-8k-context": ("qwen3", 2, 2, {"long": True}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_packed_bf16_is_as_close_to_fp32_as_plain_bf16(case, device, varlen_calls):
+    arch, kv_heads, layers, options = CASES[case]
+    start = time.perf_counter()
+    long = options.get("long", False)
+    shapes = LONG_GROUPS if long else SHORT_GROUPS
+    model32 = build_model(arch, kv_heads, layers, max_positions=8448 if long else 4096)
+    if options.get("lora"):
+        model32 = with_lora(model32)
+    autocast = options.get("autocast", False)
+    # The low-precision copy: bf16 weights, the same numbers up to rounding (fp32 weights under bf16 autocast).
+    model16 = copy.deepcopy(model32) if autocast else copy.deepcopy(model32).to(torch.bfloat16)
+    model32.to(device)
+    model16.to(device)
+    if options.get("checkpointing"):
+        model16.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model16.train()
+    names = [n for n, p in model32.named_parameters() if p.requires_grad]
+    params32 = [p for p in model32.parameters() if p.requires_grad]
+    params16 = [p for p in model16.parameters() if p.requires_grad]
+    assert names == [n for n, p in model16.named_parameters() if p.requires_grad]
+
+    examples = make_examples(shapes, model32.config.vocab_size)
+    sequences = [seq for example in examples for seq in example["completion_ids"]]
+    batch = packed_batch(examples, device)
+    ranks, record_index = batch["ranks"], batch["record_index"]
+
+    ref_scores, ref_losses, ref_grads = reference_fp32(model32, sequences, ranks, record_index, params32, device)
+    plain_scores, plain_losses, plain_grads, padded = plain_bf16(model16, examples, params16, device, autocast)
+    scores, losses, grads = packed_bf16(model16, batch, params16, autocast, varlen_calls, layers,
+                                        options.get("checkpointing", False))
+    assert classifier(model16).config._attn_implementation == "sdpa"  # restored after the packed call
+
+    row = {"case": case, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (reference kernel)",
+           "tokens packed / padded": f"{batch['num_tokens']} / {padded}", "kernel calls": len(varlen_calls)}
+    s = assert_like_bf16(f"{case}: scores", scores, plain_scores, ref_scores)
+    pl = assert_like_bf16(f"{case}: pair losses", losses, plain_losses, ref_losses)
+    largest = max(g.norm().item() for g in ref_grads)
+    worst = (-1.0, 0.0, 0.0, "")
+    for name, g, g_plain, g32 in zip(names, grads, plain_grads, ref_grads):
+        err, err_plain, bound = assert_like_bf16(f"{case}: gradient of {name}", g, g_plain, g32,
+                                                 floor=GRAD_FLOOR * largest)
+        if err / bound > worst[0]:
+            worst = (err / bound, err, err_plain, name)
+    if not long:  # the tied (identical) completions score the same in the packed row
+        a, b = TIE[1], TIE[2]
+        assert sequences[a] == sequences[b]
+        tie_eps = EPS_ULPS * bf16_ulp(ref_scores.abs().max().item())
+        assert abs(scores[a] - scores[b]).item() <= tie_eps, (scores[a].item(), scores[b].item())
+    row.update({"scores packed": f"{s[0]:.2e}", "scores plain": f"{s[1]:.2e}", "pair losses packed": f"{pl[0]:.2e}",
+                "pair losses plain": f"{pl[1]:.2e}", "worst grad packed": f"{worst[1]:.2e}",
+                "worst grad plain": f"{worst[2]:.2e}", "worst parameter": worst[3],
+                "seconds": f"{time.perf_counter() - start:.1f}"})
+    RESULTS.append(row)
+    print(f"\n[packed bf16] {case}: scores packed {s[0]:.2e} plain {s[1]:.2e} (bound {s[2]:.2e}); pair losses packed "
+          f"{pl[0]:.2e} plain {pl[1]:.2e}; worst gradient ({worst[3]}) packed {worst[1]:.2e} plain {worst[2]:.2e}")
+
+
+def see_sibling(packed, segment: int, sibling: int):
+    """Corrupt `packed` in place: `segment` (a completion) also sees every key of `sibling` (another completion of
+    its group), between its context and its own tokens, as packing without the layout would let it."""
+    cu_q, cu_k = packed.cu_seqlens_q.tolist(), packed.cu_seqlens_k.tolist()
+    extra = torch.arange(cu_q[sibling], cu_q[sibling + 1], dtype=packed.key_index.dtype)
+    own_start = cu_k[segment + 1] - (cu_q[segment + 1] - cu_q[segment])  # its own keys come after its context's
+    packed.key_index = torch.cat([packed.key_index[:own_start], extra, packed.key_index[own_start:]])
+    lengths = packed.cu_seqlens_k.diff().long()
+    lengths[segment] += extra.numel()
+    packed.cu_seqlens_k = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]).to(torch.int32)
+    packed.max_k = int(lengths.max())
+
+
+def test_a_broken_layout_fails_the_check(device, varlen_calls):
+    """The tolerance catches a layout bug: one completion that also sees its sibling's keys makes the packed scores
+    fail `assert_like_bf16` (the same check, data and models as the cases above)."""
+    model32 = build_model("qwen3", 2, 2)
+    model16 = copy.deepcopy(model32).to(torch.bfloat16).to(device)
+    model32.to(device)
+    examples = make_examples(SHORT_GROUPS, model32.config.vocab_size)
+    sequences = [seq for example in examples for seq in example["completion_ids"]]
+    batch = DataCollatorForPackedContext(tokenizer().pad_token_id)(examples)
+    # The row's segments: each group's context, then its completions. Group 2 (a context of 8, completions of 20
+    # and 5 tokens): its second completion also sees the first.
+    first = sum(1 + len(lengths) for _, lengths, _ in SHORT_GROUPS[:2]) + 1
+    segment, sibling = first + 1, first
+    lengths = batch["packed"].cu_seqlens_q.diff().tolist()
+    assert lengths[first - 1:first + 2] == [8, 20, 5], lengths
+    see_sibling(batch["packed"], segment, sibling)
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    with torch.no_grad():
+        ref_scores, _, _ = reference_fp32(model32, sequences, batch["ranks"], batch["record_index"], [], device)
+        plain_scores, _, _, _ = plain_bf16(model16, examples, [], device, autocast=False)
+        scores, _, _ = packed_bf16(model16, batch, [], False, varlen_calls, 2)
+    print(f"\n[packed bf16] broken layout: scores {scores.tolist()}, fp32 {ref_scores.tolist()}")
+    with pytest.raises(AssertionError, match="broken layout: scores"):
+        assert_like_bf16("broken layout: scores", scores, plain_scores, ref_scores)

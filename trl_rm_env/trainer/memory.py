@@ -1,0 +1,33 @@
+"""How many tokens one training forward of the packed layout may take on a GPU, from its free memory."""
+
+from __future__ import annotations
+
+import torch
+
+MIN_TRAINING_TOKENS, MAX_TRAINING_TOKENS = 4096, 262144
+"""The bounds of the default `pack_max_tokens` on a GPU (`training_token_budget`)."""
+
+
+def training_token_budget(model: torch.nn.Module, checkpointing: bool, dtype: torch.dtype, share: float = 0.5) -> int:
+    """The default `pack_max_tokens` of the packed layout on CUDA: `share` of the free memory, less what training will
+    still allocate (gradients and Adam's two float32 moments of the trainable parameters), over the activations one
+    token keeps for backward (every decoder layer's: the normed inputs, q/k/v, the attention output, the MLP's three
+    projections; under activation checkpointing one hidden state per layer plus one layer's recompute), within
+    [`MIN_TRAINING_TOKENS`, `MAX_TRAINING_TOKENS`], a multiple of 1,024. An estimate to keep a step from running out of
+    memory, not a measurement: set `pack_max_tokens` to bound a forward exactly."""
+    config = getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", 4096)
+    heads = getattr(config, "num_attention_heads", 32)
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    ffn = getattr(config, "intermediate_size", None) or 4 * hidden
+    layers = getattr(config, "num_hidden_layers", 32)
+    size = torch.empty((), dtype=dtype).element_size()
+    per_layer = size * (4 * hidden + 2 * heads * head_dim + 4 * kv + 4 * ffn)
+    per_token = (size * hidden * layers + per_layer) if checkpointing else per_layer * layers
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    to_come = trainable * (size + 8)  # gradients in the compute dtype, Adam's moments in float32
+    device = next(model.parameters()).device
+    free, _ = torch.cuda.mem_get_info(device)
+    tokens = int(max(free - to_come, 0) * share / per_token) // 1024 * 1024
+    return max(MIN_TRAINING_TOKENS, min(MAX_TRAINING_TOKENS, tokens))
