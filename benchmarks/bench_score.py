@@ -54,6 +54,7 @@ import random
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,12 +63,14 @@ import urllib.request
 from pathlib import Path
 
 from floor import (  # benchmarks/floor.py (on sys.path)
+    datasheet_tflops,
     group_floor,
     load_line,
     matmul_gflops,
     rate_column,
-    run_in_child,
+    run_rounds,
     short_error,
+    spread,
 )
 
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
@@ -75,6 +78,7 @@ MODELS = {
     "small": dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64),
     "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128),
 }
 METHODS = [
     "TRL GRPO model reward", "ours: defaults", "ours: hf", "ours: plain", "ours: shared", "ours: packed", "ours: vllm",
@@ -245,18 +249,30 @@ def wait_until_healthy(proc: subprocess.Popen, url: str, what: str, timeout: flo
     raise SystemExit(f"{what}: the server was not ready in {timeout:.0f} s (waited for GET {url}/health)")
 
 
-def run_one(method: str, case: dict, opts: dict, queue) -> None:
-    """Score one configuration; put its measurements on `queue` (or `{"error"}` if it fails)."""
-    try:
-        score_one(method, case, opts, queue)
-    except BaseException as err:  # the row shows the error; the other methods still run
-        import traceback
+def run_many(methods: list[str], case: dict, opts: dict, queue) -> None:
+    """Score each configuration of `methods` in turn in this process (CUDA: peak memory reset between them); put the
+    list of their measurements on `queue` (`{"error"}` for one that fails)."""
+    import gc
 
-        traceback.print_exc()
-        queue.put({"error": f"{type(err).__name__}: {err}"})
+    import torch
+
+    results: list[dict] = []
+    for method in methods:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            score_one(method, case, opts, results)
+        except BaseException as err:  # the row shows the error; the other methods still run
+            import traceback
+
+            traceback.print_exc()
+            results.append({"error": f"{type(err).__name__}: {err}"})
+    queue.put(results)
 
 
-def score_one(method: str, case: dict, opts: dict, queue) -> None:
+def score_one(method: str, case: dict, opts: dict, results: list) -> None:
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from trl.data_utils import apply_chat_template
@@ -366,8 +382,9 @@ def score_one(method: str, case: dict, opts: dict, queue) -> None:
             if batch_positions is None:  # vLLM and servers: the tokens sent (their prefix caching computes fewer)
                 batch_positions = sum(len(encode_conversation(tokenizer, p, c)) for p, c in zip(prompts, completions))
             positions += batch_positions
-        queue.put({"scores": scores, "seconds": sum(times) / len(times), "positions": positions // len(times),
-                   "peak_mb": peak_memory_mb(measured), "gflops": matmul_gflops(opts["threads"], opts["precision"])})
+        results.append({"scores": scores, "seconds": sum(times) / len(times), "positions": positions // len(times),
+                        "peak_mb": peak_memory_mb(measured),
+                        "gflops": matmul_gflops(opts["threads"], opts["precision"])})
     finally:
         if server is not None:
             os.killpg(server.pid, signal.SIGTERM)
@@ -391,15 +408,15 @@ def save_model(opts: dict) -> str:
     return path
 
 
-def run_child(ctx, method: str, case: dict, opts: dict) -> dict:
-    """Run one method on one case in a fresh child process (`floor.run_in_child`: an error when it fails, dies or
-    takes longer than `opts["timeout"]` seconds)."""
-    return run_in_child(ctx, run_one, (method, case, opts), opts["timeout"])
+ONCE = {"fp32 one at a time"}
+"""Methods run in the first round only: the exactness reference, not a contender."""
 
 
 def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[list[str]], str]:
     """The table's rows, and the name of the method the speed-ups and score differences are against (`TRL`,
-    `plain`, or both when the cases differ)."""
+    `plain`, or both when the cases differ). Every method runs `opts["rounds"]` times, interleaved (`run_rounds`: on
+    CUDA one child per round, its methods in turn; on the CPU one child per method and round); a row shows the median
+    call time's speed and the range."""
     from transformers import AutoTokenizer
 
     from trl_rm_env.tiny_models import tiny_qwen3_config
@@ -408,42 +425,54 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[l
     tokenizer = AutoTokenizer.from_pretrained(opts["model_dir"])
     config = tiny_qwen3_config(tokenizer, **opts["model_kwargs"]).to_dict()
     rate = opts["gflops"] * 1e9
+    peak = opts.get("peak_tflops")
     ctx = mp.get_context("spawn")
+    import torch
+
+    cuda = torch.cuda.is_available()
     rows, bases = [], set()
     for case in cases:
-        results = {}
-        for method in methods:
-            if method == METHODS[0] and case["prompt"] > opts["trl_max_prompt"]:
-                continue
-            results[method] = r = run_child(ctx, method, case, opts)
-            time.sleep(opts["settle"])  # let the previous child's memory go back before the next one starts
+        wanted = [m for m in methods if not (m == METHODS[0] and case["prompt"] > opts["trl_max_prompt"])]
+
+        def log(method, r, case=case):
+            time.sleep(0 if cuda else opts["settle"])  # CPU: let the last child's memory go back before the next
             print(f"  done: {case_name(case, opts)} {method} " + (f"(error: {r['error']})" if "error" in r else
                   f"({r['seconds']:.3f} s a call, peak {r['peak_mb']:.0f} MB)"), file=sys.stderr)
+
+        once = [m for m in wanted if m in ONCE]
+        rest = [m for m in wanted if m not in ONCE]
+        results = run_rounds(ctx, run_many, once, 1, (case, opts), opts["timeout"], cuda, log) if once else {}
+        results |= run_rounds(ctx, run_many, rest, opts["rounds"], (case, opts), opts["timeout"], cuda, log)
         timed = [batch_for(tokenizer, case, opts, i) for i in range(case["warmup"], case["warmup"] + case["repeats"])]
         floors = [floor_flops(tokenizer, *batch, config) for batch in timed]  # per batch, averaged like the times
         unique, flops = sum(u for u, _ in floors) // len(floors), sum(f for _, f in floors) / len(floors)
-        ok = {m: r for m, r in results.items() if "error" not in r}
+        ok = {m: [r for r in rs if "error" not in r] for m, rs in results.items()}
+        ok = {m: rs for m, rs in ok.items() if rs}
+        median = {m: statistics.median(r["seconds"] for r in rs) for m, rs in ok.items()}
         base_name = METHODS[0] if METHODS[0] in ok else "ours: plain"
         bases.add("TRL" if base_name == METHODS[0] else "plain")
-        base, plain, vllm = ok.get(base_name), ok.get("ours: plain"), ok.get("vLLM offline")
-        reference = ok.get("fp32 one at a time")
+        first = {m: rs[0] for m, rs in ok.items()}
+        base, reference = first.get(base_name), first.get("fp32 one at a time")
         n = case["prompts"] * opts["generations"]
-        for method in methods:
-            if method not in results:
+        for method in wanted:
+            if method not in ok:
+                error = next((r["error"] for r in results.get(method, []) if "error" in r), "no run")
+                rows.append([case_name(case, opts), method, "error: " + short_error(error)] + ["-"] * 10)
                 continue
-            r = results[method]
-            if "error" in r:
-                rows.append([case_name(case, opts), method, "error: " + short_error(r["error"])] + ["-"] * 10)
-                continue
+            r, seconds = first[method], median[method]
+            _, speed = spread([n / x["seconds"] for x in ok[method]])
+            if len(ok[method]) < len(results[method]):
+                speed += f", {len(results[method]) - len(ok[method])} failed"
+            vs = {k: f"{median[k] / seconds:.2f}x" if k in median else "-"
+                  for k in (base_name, "ours: plain", "vLLM offline")}
             diff = max(abs(a - b) for a, b in zip(r["scores"], base["scores"])) if base else float("nan")
+            best_rate = max([rate] + [x["gflops"] * 1e9 for x in ok[method]])
             rows.append([
-                case_name(case, opts), method, f"{n / r['seconds']:.2f}",
-                f"{base['seconds'] / r['seconds']:.2f}x" if base else "-",
-                f"{plain['seconds'] / r['seconds']:.2f}x" if plain else "-",
-                f"{vllm['seconds'] / r['seconds']:.2f}x" if vllm else "-",
+                case_name(case, opts), method, speed, vs[base_name], vs["ours: plain"], vs["vLLM offline"],
                 str(r["positions"]), str(unique), f"{flops / 1e9:.0f}",
-                f"{100 * flops / (max(rate, r['gflops'] * 1e9)) / r['seconds']:.0f}%",
-                f"{r['peak_mb']:.0f}", "-" if method == base_name else f"{diff:.1e}",
+                f"{100 * flops / best_rate / seconds:.0f}%",
+                f"{100 * flops / (peak * 1e12) / seconds:.0f}%" if peak else "-",
+                f"{max(x['peak_mb'] for x in ok[method]):.0f}", "-" if method == base_name else f"{diff:.1e}",
                 f"{max(abs(a - b) for a, b in zip(r['scores'], reference['scores'])):.1e}" if reference else "-",
             ])
     return rows, " or ".join(sorted(bases, reverse=True))
@@ -459,9 +488,12 @@ def case_name(case: dict, opts: dict) -> str:
 
 
 def print_table(rows: list[list[str]], base: str) -> None:
-    header = ["prompt/compl", "method", "compl/s", f"vs {base}", "vs plain", "vs vLLM", "token positions", "unique tokens",
-              "floor GFLOP", rate_column(), "peak MB", f"max \\|score - {base}\\|",
+    header = ["prompt/compl", "method", "compl/s: median (min-max)", f"vs {base}", "vs plain", "vs vLLM",
+              "token positions", "unique tokens", "floor GFLOP", rate_column() + " (measured rate)",
+              "MFU % (datasheet)", "peak MB", f"max \\|score - {base}\\|",
               "max \\|score - fp32 ref\\|"]  # pipes escaped for Markdown
+    if all(row[10] == "-" for row in rows):  # no datasheet peak (CPU, fp32)
+        header, rows = header[:10] + header[11:], [row[:10] + row[11:] for row in rows]
     if all(row[5] == "-" for row in rows):  # vLLM not run
         header, rows = header[:5] + header[6:], [row[:5] + row[6:] for row in rows]
     if base == "plain":  # TRL not run: "vs plain" would be there twice
@@ -480,6 +512,9 @@ def main() -> None:
     parser.add_argument("--budget", type=budget_arg, default=8192,
                         help="our max_tokens_per_batch (raised to fit one whole sequence of a case); auto or 0: "
                         "none passed, our defaults size the passes")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every method, interleaved (the order rotated each round; the fp32 reference "
+                        "once); the table shows the median call's speed and the range")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed calls, each on a new batch of the case; the mean (default 3; --long: 1)")
     parser.add_argument("--warmup", type=int, default=1,
@@ -511,6 +546,7 @@ def main() -> None:
         "model_kwargs": model_kwargs(model, args.layers),
         "trl_max_prompt": args.trl_max_prompt or (4096 if long else 10**9), "settle": args.settle,
         "data": args.data, "precision": args.precision, "hh_path": str(args.hh_path), "timeout": args.timeout,
+        "rounds": args.rounds,
     }
     spec = args.cases or ("4096x200,16384x200" if long else "64x64,256x64,256x256,1024x64,1024x256")
     if args.data == "hh":
@@ -532,8 +568,11 @@ def main() -> None:
     if "ours: plain" not in methods:
         methods.append("ours: plain")  # the "vs plain" column
     opts["gflops"] = matmul_gflops(args.threads, args.precision)
-    rows, base = run_table(cases, opts, methods)
     import torch
+
+    if torch.cuda.is_available() and args.precision == "bf16":
+        opts["peak_tflops"] = datasheet_tflops(torch.cuda.get_device_name())
+    rows, base = run_table(cases, opts, methods)
 
     device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else f"cpu x{args.threads} threads"
     budget = f"our token budget {args.budget} (or one whole sequence)" if args.budget else "our token budget: defaults"
@@ -542,7 +581,8 @@ def main() -> None:
     data = "hh-rlhf contexts and answers" if args.data == "hh" else "synthetic"
     print(f"\nModel: {model} ({layers} layers, hidden {opts['model_kwargs']['hidden_size']}, {args.precision}); "
           f"data: {data}; B={cases[0]['prompts']} prompt(s) x G={args.generations}; {budget}; mean of "
-          f"{cases[0]['repeats']} calls after {cases[0]['warmup']} warm-up, each on a new batch; device {device}; "
+          f"{cases[0]['repeats']} calls after {cases[0]['warmup']} warm-up, each on a new batch, in each of "
+          f"{args.rounds} round(s) (methods interleaved, the order rotated each round); device {device}; "
           f"matmul {opts['gflops']:.0f} GFLOP/s ({args.precision if torch.cuda.is_available() else 'fp32'}); peak MB "
           f"is the process's peak (CPU: RSS, model included; CUDA: max allocated)\n"
           f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")

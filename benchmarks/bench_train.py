@@ -33,17 +33,20 @@ import multiprocessing as mp
 import os
 import random
 import resource
+import statistics
 import sys
 import time
 from pathlib import Path
 
 from floor import (  # benchmarks/floor.py (on sys.path)
+    datasheet_tflops,
     group_floor,
     load_line,
     matmul_gflops,
     rate_column,
-    run_in_child,
+    run_rounds,
     short_error,
+    spread,
 )
 
 HH_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
@@ -93,9 +96,11 @@ MODELS = {
     "small": dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=64),
     "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
+    "4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128),
 }
-METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared", "ours: packed"]
-DEFAULT_METHODS = METHODS[:4]  # `ours: packed` is opt-in (--methods)
+METHODS = ["TRL RewardTrainer", "TRL RewardTrainer: checkpointing", "ours: defaults", "ours: plain", "ours: shared",
+           "ours: packed", "ours: one micro-batch"]
+DEFAULT_METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared"]  # the others: --methods
 
 
 def load_records(kind: str, limit: int, hh_path: Path = HH_PATH) -> tuple[list[dict], str]:
@@ -119,42 +124,73 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def run_one(name: str, records: list[dict], opts: dict, queue) -> None:
-    """Train one configuration; put its measurements on `queue` (or `{"name", "error"}` if it fails)."""
+def run_many(names: list[str], records: list[dict], opts: dict, queue) -> None:
+    """Train each configuration of `names` in turn in this process (the model built once, copied for each; CUDA: peak
+    memory reset between them); put the list of their measurements on `queue` (`{"name", "error"}` for one that
+    fails)."""
+    import gc
+
+    import torch
+
     os.dup2(2, 1)  # the child's prints (e.g. DeepSpeed's accelerator warning) to stderr: the table alone on stdout
-    try:
-        train_one(name, records, opts, queue)
-    except BaseException as err:  # the row shows the error; the other methods still run
-        import traceback
+    results, base = [], None
+    for name in names:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            base = base if base is not None else build_model(opts)
+            results.append(train_one(name, records, opts, base))
+        except BaseException as err:  # the row shows the error; the other methods still run
+            import traceback
 
-        traceback.print_exc()
-        queue.put({"name": name, "error": f"{type(err).__name__}: {err}"})
+            traceback.print_exc()
+            results.append({"name": name, "error": f"{type(err).__name__}: {err}"})
+    queue.put(results)
 
 
-def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
+def build_model(opts: dict):
+    """The benchmark's reward model (random init from seed 0, on the CPU, in the run's dtype)."""
+    import torch
+
+    from trl_rm_env.tiny_models import build_tiny_reward_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_reward_model(
+        tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536, **opts["model_kwargs"]
+    )
+    return model.to(torch.bfloat16) if opts["precision"] == "bf16" else model
+
+
+def train_one(name: str, records: list[dict], opts: dict, base) -> dict:
+    import copy
+
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import RewardConfig, RewardTrainer
 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
-    from trl_rm_env.tiny_models import build_tiny_reward_model, build_tiny_tokenizer
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
 
     torch.set_num_threads(opts["threads"])
     tokenizer = build_tiny_tokenizer()
     tokenizer.model_max_length = 10**6
-    model = build_tiny_reward_model(
-        tokenizer, seed=0, attn_implementation="sdpa", max_position_embeddings=65536, **opts["model_kwargs"]
-    ).train()
+    model = copy.deepcopy(base).train()
     bf16 = opts["precision"] == "bf16"
-    if bf16:
-        model = model.to(torch.bfloat16)
+    accumulation = opts["grad_accum"]
+    batch_size = opts["batch_size"]
+    if name.endswith("one micro-batch"):  # defaults, the step's pairs in one micro-batch
+        batch_size, accumulation = batch_size * accumulation, 1
     common = dict(
         output_dir=os.path.join(opts["tmp"], name), max_steps=opts["steps"] + 1,
-        per_device_train_batch_size=opts["batch_size"], learning_rate=1e-4, lr_scheduler_type="constant",
+        per_device_train_batch_size=batch_size, gradient_accumulation_steps=accumulation, learning_rate=1e-4,
+        lr_scheduler_type="constant",
         logging_steps=1, save_strategy="no", report_to="none", seed=0, use_cpu=not torch.cuda.is_available(),
         bf16=bf16, max_length=opts["max_length"], disable_tqdm=True, dataloader_num_workers=0,
-        gradient_checkpointing=False, train_sampling_strategy="sequential",  # dataset order: the timed records known
+        gradient_checkpointing=name.endswith("checkpointing"),  # TRL's default is on; ours off
+        train_sampling_strategy="sequential",  # dataset order: the timed records known
     )
 
     class Timer(TrainerCallback):
@@ -171,6 +207,14 @@ def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
 
     def count(batch):
         """Tokens through the model per batch, from the collated batch: padded positions and real tokens."""
+        if "chunks" in batch:  # several forwards of one micro-batch (pack_max_tokens)
+            before = len(counts)
+            for chunk in batch["chunks"]:
+                count(chunk)
+            parts = counts[before:]
+            del counts[before:]
+            counts.append((sum(c[0] for c in parts), sum(c[1] for c in parts)))
+            return batch
         if "packed" in batch:  # one padding-free row of every sequence of the micro-batch
             padded = batch["input_ids"].numel()
             real = int(batch["packed_tokens"]) if "packed_tokens" in batch else padded
@@ -186,7 +230,7 @@ def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
         counts.append((padded, real))
         return batch
 
-    if name == "TRL RewardTrainer":
+    if name.startswith("TRL RewardTrainer"):
         rows = [
             {"prompt": r["context"], "chosen": r["completions"][0]["completion"],
              "rejected": r["completions"][1]["completion"]}
@@ -197,7 +241,8 @@ def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
     else:
         extra = {"defaults": {}, "plain": {"prefix_sharing": False}, "shared": {"prefix_sharing": True},
                  "packed": {"prefix_sharing": "packed"}}
-        trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra[name.split(": ")[1]]),
+        kind = name.split(": ")[1].replace("one micro-batch", "defaults")
+        trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra[kind]),
                                       train_dataset=Dataset.from_list(records), processing_class=tokenizer,
                                       callbacks=[timer])
     collate = trainer.data_collator
@@ -211,15 +256,20 @@ def train_one(name: str, records: list[dict], opts: dict, queue) -> None:
     steps = opts["steps"]
     seconds = timer.marks[-1] - timer.marks[0]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    timed = counts[1 : steps + 1]  # not the warm-up batch, nor the one the data loader fetches ahead
-    queue.put({
-        "name": name, "pairs_per_s": steps * opts["batch_size"] / seconds, "seconds": seconds,
+    # not the warm-up step's micro-batches, nor the one the data loader fetches ahead
+    timed = counts[accumulation : (steps + 1) * accumulation]
+    result = {
+        "name": name, "pairs_per_s": steps * batch_size * accumulation / seconds, "seconds": seconds,
         "padded": sum(c[0] for c in timed), "real": sum(c[1] for c in timed), "peak_mb": peak_memory_mb(), "losses": losses,
-        "records": n_records, "gflops": matmul_gflops(opts["threads"], opts["precision"]),  # the rate after the run
-    })
+        "records": n_records, "budget": getattr(trainer, "_forward_budget", None),
+    }
+    del trainer, model
+    result["gflops"] = matmul_gflops(opts["threads"], opts["precision"])  # the rate after the run
+    return result
 
 
 def timed_floor(records: list[dict], max_length: int, steps: int, batch_size: int, model_kwargs: dict) -> tuple[int, float]:
+    # batch_size: the pairs of one optimizer step (per-device batch x gradient accumulation)
     """(unique tokens, forward + backward GFLOP (3x forward)) of the timed records, the `steps * batch_size` records
     after the warm-up batch in dataset order (every run samples sequentially): context once, each completion once,
     causal attention of each completion over its context and itself."""
@@ -247,7 +297,12 @@ def main() -> None:
                         help="default: auto (hh-rlhf if present); --long: long")
     parser.add_argument("--records", type=int, default=400)
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 20; --long: 2)")
-    parser.add_argument("--batch-size", type=int, default=None, help="pairs per step (default 8; --long: 2)")
+    parser.add_argument("--batch-size", type=int, default=None, help="pairs per micro-batch (default 8; --long: 2)")
+    parser.add_argument("--grad-accum", type=int, default=1,
+                        help="micro-batches per optimizer step (pairs per step: --batch-size x this)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every method, interleaved (the order rotated each round); the table shows the "
+                        "median and the range. On CUDA one child process per round runs its methods in turn")
     parser.add_argument("--max-length", type=int, default=None, help="default 1024 (--long: context + 1024)")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
     parser.add_argument("--long", action="store_true", help="long contexts (--context tokens), wide model")
@@ -279,58 +334,77 @@ def main() -> None:
     else:
         records, description = load_records(data, args.records, args.hh_path)
     opts = {"steps": steps, "batch_size": batch_size, "max_length": max_length, "threads": args.threads,
-            "tmp": tempfile.mkdtemp(), "model_kwargs": model_kwargs, "precision": args.precision}
+            "tmp": tempfile.mkdtemp(), "model_kwargs": model_kwargs, "precision": args.precision,
+            "grad_accum": args.grad_accum}
     wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
     if unknown := [m for m in wanted if m not in METHODS]:
         raise SystemExit(f"unknown method(s) {unknown}; choose from {METHODS}")
     names = [m for m in METHODS if m in wanted]
     gflops = matmul_gflops(args.threads, args.precision)
     ctx = mp.get_context("spawn")
-    results = []
-    for name in names:
-        results.append(run_child(ctx, name, records, opts, args.timeout))
-        r = results[-1]
+    import torch
+
+    cuda = torch.cuda.is_available()
+
+    def log(name, r):
         print(f"  done: {name} " + (f"(error: {r['error']})" if "error" in r else
               f"({r['seconds']:.1f} s timed, {r['pairs_per_s']:.2f} pairs/s, peak {r['peak_mb']:.0f} MB)"),
               file=sys.stderr)
 
-    unique, floor = timed_floor(records, max_length, steps, batch_size, model_kwargs)
-    ok = [r for r in results if "error" not in r]
-    base = ok[0] if ok else None
+    runs = run_rounds(ctx, run_many, names, args.rounds, (records, opts), args.timeout, cuda, log)
+    pairs = batch_size * args.grad_accum
+    unique, floor = timed_floor(records, max_length, steps, pairs, model_kwargs)
     load = load_line()
-    print(f"\nData: {description}; {steps} timed steps of {batch_size} pairs; max_length {max_length}")
-    import torch
-
-    device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else f"cpu x{args.threads} threads"
+    print(f"\nData: {description}; {steps} timed steps of {pairs} pairs ({batch_size} x {args.grad_accum} "
+          f"accumulated; `ours: one micro-batch`: defaults, {pairs} x 1) after 1 warm-up step; max_length {max_length}; {args.rounds} "
+          f"round(s), methods interleaved (order rotated each round): median (min-max)")
+    device = f"cuda ({torch.cuda.get_device_name()})" if cuda else f"cpu x{args.threads} threads"
+    peak = datasheet_tflops(torch.cuda.get_device_name()) if cuda and args.precision == "bf16" else None
     print(f"Model: {model}, {model_kwargs['num_hidden_layers']} layers, hidden {model_kwargs['hidden_size']} (random "
           f"init, {args.precision}, SDPA); device: {device}; matmul {gflops:.0f} GFLOP/s "
-          f"({args.precision if torch.cuda.is_available() else 'fp32'})")
+          f"({args.precision if cuda else 'fp32'})" + (f"; datasheet bf16 peak {peak:.0f} TFLOP/s" if peak else ""))
     print(f"Unique tokens in the timed batches (context once + completions): {unique}; FLOP floor of the "
           f"timed steps (forward + backward): {floor:.0f} GFLOP")
     print(f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")
-    short = "TRL" if base is None or base["name"].startswith("TRL") else base["name"]
-    header = ["run", "pairs/s", f"vs {short}", "padded tokens", "real tokens", rate_column(), "peak MB",
-              f"max \\|loss - {short}\\|"]  # pipes escaped for Markdown
+    print_train_table(runs, floor, gflops, peak)
+
+
+def print_train_table(runs: dict[str, list[dict]], floor: float, gflops: float, peak: float | None) -> None:
+    """One row per method: median pairs/s (range), the median's ratio to TRL's median, tokens, MFU at the median
+    (at the measured matmul rate and, on CUDA in bf16, at the datasheet's peak), the largest peak memory, and the
+    largest per-step loss difference from TRL's first run (every run trains the same records from the same init)."""
+    ok = {name: [r for r in rs if "error" not in r] for name, rs in runs.items()}
+    base_name = next((n for n in runs if n.startswith("TRL") and ok[n]), next((n for n in runs if ok[n]), None))
+    short = "TRL" if base_name and base_name.startswith("TRL") else (base_name or "-")
+    base_median = spread([r["pairs_per_s"] for r in ok[base_name]])[0] if base_name else None
+    base_losses = ok[base_name][0]["losses"] if base_name else []
+    header = ["run", "pairs/s: median (min-max)", f"vs {short}", "padded tokens", "real tokens",
+              rate_column() + " (measured rate)"] + (["MFU % (datasheet)"] if peak else []) + [
+              "peak MB", f"max \\|loss - {short}\\|"]
     rows = []
-    for r in results:
-        if "error" in r:
-            rows.append([r["name"], "error: " + short_error(r["error"])] + ["-"] * (len(header) - 2))
+    for name, results in runs.items():
+        good = ok[name]
+        if not good:
+            error = next((r["error"] for r in results if "error" in r), "no run")
+            rows.append([name, "error: " + short_error(error)] + ["-"] * (len(header) - 2))
             continue
-        diff = max((abs(a - b) for a, b in zip(r["losses"], base["losses"])), default=float("nan"))
-        rows.append([r["name"], f"{r['pairs_per_s']:.2f}", f"{r['pairs_per_s'] / base['pairs_per_s']:.2f}x",
-                     str(r["padded"]), str(r["real"]), f"{100 * floor / max(gflops, r['gflops']) / r['seconds']:.0f}%",
-                     f"{r['peak_mb']:.0f}", "-" if r is base else f"{diff:.2e}"])
+        median, text = spread([r["pairs_per_s"] for r in good])
+        if len(good) < len(results):
+            text += f", {len(results) - len(good)} failed"
+        seconds = statistics.median(r["seconds"] for r in good)
+        rate = max([gflops] + [r["gflops"] for r in good])
+        diff = max((abs(a - b) for r in good for a, b in zip(r["losses"], base_losses)), default=float("nan"))
+        row = [name, text, f"{median / base_median:.2f}x" if base_median else "-", str(good[0]["padded"]),
+               str(good[0]["real"]), f"{100 * floor / rate / seconds:.0f}%"]
+        if peak:
+            row.append(f"{100 * floor / (peak * 1e3) / seconds:.0f}%")
+        row += [f"{max(r['peak_mb'] for r in good):.0f}", "-" if name == base_name else f"{diff:.2e}"]
+        rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for row in rows:
         print("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
-
-
-def run_child(ctx, name: str, records: list[dict], opts: dict, timeout: float) -> dict:
-    """Run one method in a fresh child process: its result, or `{"name", "error"}` when it fails, dies or takes
-    longer than `timeout` seconds (`floor.run_in_child`)."""
-    return {"name": name} | run_in_child(ctx, run_one, (name, records, opts), timeout)
 
 
 if __name__ == "__main__":

@@ -6,9 +6,53 @@ Imported by `bench_score.py` and `bench_train.py` (run from the repository root:
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+
+DATASHEET_BF16_TFLOPS = {"H100": 989.4, "H200": 989.4, "H800": 989.4, "A100": 312.0, "L40S": 362.0, "B200": 2250.0}
+"""Dense bf16 tensor-core peaks of NVIDIA's datasheets (TFLOP/s, no sparsity; SXM parts), by name fragment."""
+
+
+def datasheet_tflops(device_name: str) -> float | None:
+    """The datasheet's dense bf16 peak of a CUDA device by its name (`torch.cuda.get_device_name()`), or None."""
+    for fragment, tflops in DATASHEET_BF16_TFLOPS.items():
+        if fragment in device_name:
+            return tflops
+    return None
+
+
+def rotations(methods: Sequence[str], rounds: int) -> list[list[str]]:
+    """`rounds` orders of `methods`, each the last rotated by one (A B C, B C A, C A B, ...): no method always first."""
+    return [list(methods[r % len(methods):]) + list(methods[: r % len(methods)]) for r in range(rounds)]
+
+
+def run_rounds(ctx, target: Callable, methods: Sequence[str], rounds: int, args: tuple, timeout: float,
+               one_process_per_round: bool, log: Callable[[str, dict], None]) -> dict[str, list[dict]]:
+    """Every method `rounds` times, interleaved (`rotations`), each run `target(names, *args, queue)` in a fresh
+    child: one child per round running its methods in turn (CUDA: peak memory is reset between them) or, with
+    `one_process_per_round` False, one child per method and round (CPU: a peak RSS is the process's). `target` puts
+    one list of results, one per name. Returns each method's results, in round order; `log(name, result)` is called
+    as each arrives."""
+    results: dict[str, list[dict]] = {m: [] for m in methods}
+    for order in rotations(methods, rounds):
+        batches = [order] if one_process_per_round else [[m] for m in order]
+        for names in batches:
+            out = run_in_child(ctx, target, (names, *args), timeout * len(names))
+            out = out if isinstance(out, list) else [out] * len(names)  # a child that failed: each name's error
+            for name, result in zip(names, out):
+                results[name].append(result)
+                log(name, result)
+    return results
+
+
+def spread(values: Sequence[float], fmt: str = "{:.2f}") -> tuple[float, str]:
+    """(median, "median (min-max)") of `values` (one value: itself)."""
+    median = statistics.median(values)
+    if len(values) == 1:
+        return median, fmt.format(median)
+    return median, f"{fmt.format(median)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
 def group_floor(groups: Iterable[tuple[Sequence[Sequence[int]], int]], config: dict) -> tuple[int, float]:

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# One GPU benchmark run on a lent machine without network: training (bench_train.py), GRPO reward scoring
-# (bench_score.py) and a pointwise judge on transformers (bench_judge.py), Qwen3-0.6B's shape (28 layers, random
-# init, bf16), hh-rlhf harmless-base test data, in under 8 minutes. Run from the repository root with the wheels of
+# One GPU run on a lent machine without network, in under 9 minutes: the GPU tests (tests/gpu), then training
+# (bench_train.py) and GRPO reward scoring (bench_score.py) at Qwen3-0.6B's shape (28 layers, random init, bf16) on
+# hh-rlhf harmless-base test data, every method run in interleaved rounds (medians and ranges), at 64 pairs a step and
+# 16 x 8 and 64 x 16 completions; the profile of the packed calls (profile_packed.py); then, as time allows, a 4k-token
+# context set and Qwen3-4B's width (6 layers). Run from the repository root with the wheels of
 # .whl/ and the data of .gpudata/ carried (both ignored by git, never committed):
 #
 #     bash benchmarks/gpu.sh
@@ -15,7 +17,7 @@
 #     mkdir -p .gpudata && cp ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz .gpudata/
 #
 # (an image whose pyarrow is older than 24 also needs datasets 4.8.5 and requests' wheels in .whl/fallback/). Then
-# call the device with `carry: [".whl", ".gpudata"]` and a timeout of about 540 s.
+# call the device with `carry: [".whl", ".gpudata"]` and a timeout of about 560 s.
 #
 # The wheels (trl, transformers, datasets and what they need beyond the machine's own packages) go into $GPU_SH_SITE
 # (default /tmp/site), this checkout's package comes from PYTHONPATH. Each benchmark's table goes to $OUT/<name>.md,
@@ -26,9 +28,11 @@
 # Environment: PYTHON (default python3); GPU_SH_SMOKE=1: tiny settings (a CPU check of the script, minutes on one
 # thread); GPU_SH_THREADS (torch's CPU threads; default all cores); GPU_SH_NO_INSTALL=1: use the installed packages;
 # GPU_SH_PIP_ARGS: more pip arguments for the wheels (e.g. "--python-version 3.12" to check them on another Python);
-# GPU_SH_STEPS: timed training steps (default 30); GPU_SH_REPEATS: timed scoring calls (default 5); GPU_SH_TOTAL_S:
-# the script's time budget (default 455 s); GPU_SH_PROFILE=0 / GPU_SH_JUDGE=0: skip the profile / the judge;
-# GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS: the rows (comma-separated, as the scripts' --methods).
+# GPU_SH_STEPS: timed training steps per round (default 1, of 64 pairs); GPU_SH_REPEATS: timed scoring calls per
+# round (default 2); GPU_SH_ROUNDS: interleaved rounds (default 3); GPU_SH_TOTAL_S: the script's time budget (default
+# 520 s); GPU_SH_TESTS=0 / GPU_SH_PROFILE=0: skip the GPU tests / the profile; GPU_SH_TESTS_S: the tests' limit
+# (default 150 s); GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS: the rows (comma-separated, as the scripts' --methods).
+# The judge's benchmark (bench_judge.py) is no longer part of this run.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
@@ -40,7 +44,7 @@ OUTDIR=${OUT:-/tmp/gpu-bench}
 SITE=${GPU_SH_SITE:-/tmp/site}
 THREADS=${GPU_SH_THREADS:-$(nproc)}
 HH=.gpudata/harmless-base-test.jsonl.gz
-TOTAL=${GPU_SH_TOTAL_S:-455}  # the whole script's budget (s): every benchmark's timeout is cut to what is left
+TOTAL=${GPU_SH_TOTAL_S:-520}  # the whole script's budget (s): every benchmark's timeout is cut to what is left
 mkdir -p "$OUTDIR"
 : > "$OUTDIR/tables.md"
 
@@ -95,19 +99,6 @@ ok = torch.cuda.is_available() and varlen_usable(torch.device('cuda'), torch.bfl
 print('packed attention kernel on this device (bf16):', 'varlen' if ok else 'block mask',
       sorted(p()) if varlen_kernel() else '(no torch varlen_attn)')" 2>&1 | tee -a "$OUTDIR/versions.txt"
 
-# --- the benchmarks --------------------------------------------------------------------------------------------------
-if [[ $SMOKE == 1 ]]; then
-    TRAIN=(--model small --layers 2 --batch-size 2 --max-length 512 --steps 2 --records 40)
-    SCORE=(--model small --layers 2 --prompts 2 --generations 2 --repeats 1)
-    JUDGE=(--layers 1 --prompts 2 --generations 2 --repeats 1 --max-length 2048)
-    LIMITS=(240 240 120)
-else
-    TRAIN=(--model wide --layers 28 --batch-size 8 --max-length 1024 --steps "${GPU_SH_STEPS:-30}" --records 400)
-    SCORE=(--model wide --layers 28 --prompts 16 --generations 8 --repeats "${GPU_SH_REPEATS:-5}")
-    JUDGE=(--layers 28 --prompts 4 --generations 8 --repeats 2)
-    LIMITS=(170 230 60)
-fi
-
 # bench NAME LIMIT_S ARGS...: one benchmark, its table to $OUTDIR/NAME.md, its log to $OUTDIR/NAME.log
 bench() {
     local name=$1 limit=$2 rc arg cmd=""
@@ -140,21 +131,66 @@ bench() {
     say "$name: exit $rc"
 }
 
-# The packed scoring call profiled first (GPU_SH_PROFILE=0 skips it): the CPU side, the forward, the kernels.
-if [[ ${GPU_SH_PROFILE:-1} == 1 ]]; then
-    PROFILE=(--layers 28 --prompts 16)
-    [[ $SMOKE == 1 ]] && PROFILE=(--layers 1 --prompts 2)
-    bench profile 60 benchmarks/profile_packed.py --hh-path "$HH" --precision bf16 "${PROFILE[@]}"
+# --- the GPU tests ---------------------------------------------------------------------------------------------------
+# tests/gpu: the packed layout's varlen kernel against fp32 one-at-a-time scoring and the plain bf16 path (scores,
+# per-pair losses, gradients), and a broken layout that must fail. Their table goes to tables.md.
+if [[ ${GPU_SH_TESTS:-1} == 1 ]]; then
+    say "pytest -m gpu tests/gpu"
+    if [[ $SMOKE == 1 && ! $("$PY" -c 'import torch; print(torch.cuda.is_available())') == True ]]; then
+        export TRL_RM_ENV_GPU_TESTS_ON_CPU=1  # the smoke run on a CPU: the reference kernel in the CUDA kernel's place
+    fi
+    TRL_RM_ENV_GPU_REPORT="$OUTDIR/gpu_tests.md" timeout -k 10 "${GPU_SH_TESTS_S:-150}" "$PY" -m pytest -m gpu tests/gpu \
+        -q -p no:cacheprovider -rfEs > "$OUTDIR/gpu_tests.log" 2>&1
+    rc=$?
+    { printf '\n## gpu tests (`pytest -m gpu tests/gpu`, exit %s)\n\n```\n' "$rc"; tail -15 "$OUTDIR/gpu_tests.log"
+      printf '```\n'; [[ -f $OUTDIR/gpu_tests.md ]] && cat "$OUTDIR/gpu_tests.md"; } >> "$OUTDIR/tables.md"
+    say "gpu tests: exit $rc"
 fi
-TRAIN_METHODS=${GPU_SH_TRAIN_METHODS:-"TRL RewardTrainer,ours: defaults,ours: plain"}
-SCORE_METHODS=${GPU_SH_SCORE_METHODS:-"TRL GRPO model reward,fp32 one at a time,ours: defaults,ours: plain,ours: budget 16384,ours: budget 65536,ours: budget 131072"}
+
+# --- the benchmarks --------------------------------------------------------------------------------------------------
+# Every method runs ROUNDS times, interleaved (the order rotated each round), each after its own warm-up; the tables
+# show medians and ranges. Training: 64 pairs a step (8 x 8 accumulated, and 64 in one micro-batch for ours).
+ROUNDS=${GPU_SH_ROUNDS:-3}
+if [[ $SMOKE == 1 ]]; then
+    TRAIN=(--model small --layers 2 --batch-size 2 --grad-accum 2 --max-length 512 --steps 1 --records 40)
+    TRAIN_LONG=(--model small --layers 2 --batch-size 2 --grad-accum 1 --steps 1 --context 512)
+    SCORE=(--model small --layers 2 --prompts 2 --generations 2 --repeats 1)
+    SCORE_BIG=(--model small --layers 2 --prompts 3 --generations 4 --repeats 1)
+    TRAIN_4B=(--model small --layers 1 --batch-size 2 --grad-accum 1 --max-length 512 --steps 1 --records 40)
+    SCORE_4B=(--model small --layers 1 --prompts 2 --generations 2 --repeats 1)
+    PROFILE=(--layers 1 --prompts 2 --generations 2 --train-pairs 2 --rows 8)
+    LIMITS=(240 200 200 200 200 200 120)
+    ROUNDS=${GPU_SH_ROUNDS:-2}
+else
+    TRAIN=(--model wide --layers 28 --batch-size 8 --grad-accum 8 --max-length 4096 --steps "${GPU_SH_STEPS:-1}" --records 600)
+    TRAIN_LONG=(--model wide --layers 28 --batch-size 4 --grad-accum 2 --steps 1 --context 4096)
+    SCORE=(--model wide --layers 28 --prompts 16 --generations 8 --repeats "${GPU_SH_REPEATS:-2}")
+    SCORE_BIG=(--model wide --layers 28 --prompts 64 --generations 16 --repeats "${GPU_SH_REPEATS:-2}")
+    TRAIN_4B=(--model 4b --layers 6 --batch-size 8 --grad-accum 4 --max-length 4096 --steps 1 --records 400)
+    SCORE_4B=(--model 4b --layers 6 --prompts 64 --generations 16 --repeats 2)
+    PROFILE=(--layers 28 --prompts 64 --generations 16 --train-pairs 8,64 --rows 12)
+    LIMITS=(200 100 70 45 40 40 40)
+fi
+TRAIN_METHODS=${GPU_SH_TRAIN_METHODS:-"TRL RewardTrainer,TRL RewardTrainer: checkpointing,ours: defaults,ours: plain,ours: one micro-batch"}
+SCORE_METHODS=${GPU_SH_SCORE_METHODS:-"TRL GRPO model reward,fp32 one at a time,ours: defaults,ours: plain"}
 bench train "${LIMITS[0]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \
-    --timeout $((LIMITS[0] / 3)) --methods "$TRAIN_METHODS" "${TRAIN[@]}"
+    --rounds "$ROUNDS" --timeout $((LIMITS[0] / ROUNDS)) --methods "$TRAIN_METHODS" "${TRAIN[@]}"
 bench score "${LIMITS[1]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \
-    --budget auto --settle 1 --timeout $((LIMITS[1] / 4)) \
-    --methods "$SCORE_METHODS" "${SCORE[@]}"
-[[ ${GPU_SH_JUDGE:-1} == 1 ]] && bench judge "${LIMITS[2]}" benchmarks/bench_judge.py --hh-path "$HH" --precision bf16 --threads "$THREADS" \
-    --timeout $((LIMITS[2] - 10)) --methods "ours: pointwise" "${JUDGE[@]}"
+    --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[1] / ROUNDS)) --methods "$SCORE_METHODS" "${SCORE[@]}"
+bench score_64x16 "${LIMITS[2]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 \
+    --threads "$THREADS" --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[2] / ROUNDS)) \
+    --methods "TRL GRPO model reward,ours: defaults,ours: plain" "${SCORE_BIG[@]}"
+# The packed scoring call and training micro-batches profiled: the CPU side, the forward, the kernels.
+[[ ${GPU_SH_PROFILE:-1} == 1 ]] && bench profile "${LIMITS[3]}" benchmarks/profile_packed.py --hh-path "$HH" \
+    --precision bf16 "${PROFILE[@]}"
+bench train_long "${LIMITS[4]}" benchmarks/bench_train.py --data long --precision bf16 --threads "$THREADS" \
+    --rounds 2 --timeout $((LIMITS[4] / 2)) --methods "TRL RewardTrainer,ours: defaults" "${TRAIN_LONG[@]}"
+bench train_4b "${LIMITS[5]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 \
+    --threads "$THREADS" --rounds 2 --timeout $((LIMITS[5] / 2)) --methods "TRL RewardTrainer,ours: defaults" \
+    "${TRAIN_4B[@]}"
+bench score_4b "${LIMITS[6]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 \
+    --threads "$THREADS" --budget auto --rounds 2 --timeout $((LIMITS[6] / 2)) --methods "ours: defaults,ours: plain" \
+    "${SCORE_4B[@]}"
 
 echo
 echo "==================== all tables ($(elapsed) s) ===================="

@@ -1,7 +1,9 @@
-"""Where one packed scoring call spends its time: the CPU side (encode, plan, pack) and the GPU's kernels.
+"""Where one packed scoring call, and one packed training micro-batch, spend their time: the CPU side (encode, plan,
+pack), the key gather, the attention kernel and the rest of the GPU's kernels.
 
     python benchmarks/profile_packed.py --layers 28 --precision bf16        # on a GPU (hh-rlhf, 16 prompts x 8)
     python benchmarks/profile_packed.py --layers 1 --prompts 4              # a CPU check of the script
+    python benchmarks/profile_packed.py --train-pairs 8,64                  # also a training micro-batch of 8 and 64
 
 Scores hh-rlhf batches (`bench_score.py --data hh`) with `RewardModelEnvironment(..., prefix_sharing="packed")` at
 Qwen3-0.6B's width, then prints the seconds of a whole call, of `encode` alone and of the packed forward alone (the
@@ -39,6 +41,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
     parser.add_argument("--hh-path", default=str(HH_PATH))
     parser.add_argument("--rows", type=int, default=15, help="rows of the profiler's table")
+    parser.add_argument("--train-pairs", default="", help="comma-separated micro-batch sizes (hh-rlhf pairs) whose "
+                        "packed training forward + backward is timed and profiled too")
     args = parser.parse_args()
 
     from trl_rm_env import RewardModelEnvironment
@@ -85,6 +89,49 @@ def main() -> None:
             torch.cuda.synchronize()
     sort = "device_time_total" if device == "cuda" else "cpu_time_total"
     print(profile.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
+    for pairs in [int(x) for x in args.train_pairs.split(",") if x.strip()]:
+        profile_training(model, tokenizer, pairs, args, device, sort)
+
+
+def profile_training(model, tokenizer, pairs: int, args, device: str, sort: str) -> None:
+    """Time and profile a packed training micro-batch of `pairs` hh-rlhf pairs: collate, forward, backward."""
+    import gzip
+    import json
+
+    from trl_rm_env.data.loaders import load_rank_records
+    from trl_rm_env.sharing import packed_scores
+    from trl_rm_env.trainer.collator import DataCollatorForPackedContext
+    from trl_rm_env.trainer.examples import tokenize_rank_record
+    from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
+
+    with gzip.open(args.hh_path, "rt") as f:
+        rows = [json.loads(line) for line, _ in zip(f, range(4 * pairs + 64))]
+    records, _ = load_rank_records(rows, data_format="hh", on_invalid="skip", name="hh-rlhf")
+    examples = [e for e in (tokenize_rank_record(r, tokenizer, 4096, "none")[0] for r in records) if e][:pairs]
+    collator = DataCollatorForPackedContext(tokenizer.pad_token_id)
+    collate = timed(lambda: collator(examples), "cpu")
+    batch = collator(examples)
+    batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    model.train().requires_grad_(True)  # the reward environment froze it for scoring
+
+    def step():
+        scores, _ = packed_scores(model, batch)
+        ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"]).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step_s = timed(step, device, repeats=3)
+    tokens = batch["num_tokens"]
+    print(f"\ntraining micro-batch of {pairs} pairs: {tokens} packed tokens; collate {collate * 1e3:.1f} ms | "
+          f"forward + backward {step_s * 1e3:.1f} ms ({tokens / step_s:.0f} tokens/s)")
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as profile:
+        step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    print(profile.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
+    model.eval()
 
 
 if __name__ == "__main__":
