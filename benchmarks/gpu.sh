@@ -156,6 +156,7 @@ if [[ $SMOKE == 1 ]]; then
     TRAIN_LONG=(--model small --layers 2 --batch-size 2 --grad-accum 1 --steps 1 --context 512)
     SCORE=(--model small --layers 2 --prompts 2 --generations 2 --repeats 1)
     SCORE_BIG=(--model small --layers 2 --prompts 3 --generations 4 --repeats 1)
+    SCORE_TRL=(--model small --layers 2 --prompts 3 --generations 4 --repeats 1 --warmup 1)
     TRAIN_4B=(--model small --layers 1 --batch-size 2 --grad-accum 1 --max-length 512 --steps 1 --records 40)
     SCORE_4B=(--model small --layers 1 --prompts 2 --generations 2 --repeats 1)
     PROFILE=(--layers 1 --prompts 2 --generations 2 --train-pairs 2 --rows 8)
@@ -166,6 +167,7 @@ else
     TRAIN_LONG=(--model wide --layers 28 --batch-size 4 --grad-accum 2 --steps 1 --context 4096)
     SCORE=(--model wide --layers 28 --prompts 16 --generations 8 --repeats "${GPU_SH_REPEATS:-2}")
     SCORE_BIG=(--model wide --layers 28 --prompts 64 --generations 16 --repeats "${GPU_SH_REPEATS:-2}")
+    SCORE_TRL=(--model wide --layers 28 --prompts 64 --generations 16 --repeats 1 --warmup 1)
     TRAIN_4B=(--model 4b --layers 6 --batch-size 8 --grad-accum 4 --max-length 4096 --steps 1 --records 400)
     SCORE_4B=(--model 4b --layers 6 --prompts 64 --generations 16 --repeats 2)
     PROFILE=(--layers 28 --prompts 64 --generations 16 --train-pairs 8,64 --rows 12)
@@ -179,10 +181,15 @@ bench score "${LIMITS[1]}" benchmarks/bench_score.py --data hh --hh-path "$HH" -
     --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[1] / ROUNDS)) --methods "$SCORE_METHODS" "${SCORE[@]}"
 bench score_64x16 "${LIMITS[2]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 \
     --threads "$THREADS" --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[2] / ROUNDS)) \
-    --methods "TRL GRPO model reward,ours: defaults,ours: plain" "${SCORE_BIG[@]}"
+    --methods "ours: defaults,ours: plain" "${SCORE_BIG[@]}"
 # The packed scoring call and training micro-batches profiled: the CPU side, the forward, the kernels.
 [[ ${GPU_SH_PROFILE:-1} == 1 ]] && bench profile "${LIMITS[3]}" benchmarks/profile_packed.py --hh-path "$HH" \
     --precision bf16 "${PROFILE[@]}"
+# TRL's GRPO path at 64 x 16 (all 1,024 completions in one padded forward): one round, one call, on its own so that a
+# long or failed run of it costs none of the rows above.
+bench score_64x16_trl "${LIMITS[3]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 \
+    --threads "$THREADS" --budget auto --rounds 1 --repeats 1 --timeout "${LIMITS[3]}" \
+    --methods "TRL GRPO model reward,ours: plain" "${SCORE_TRL[@]}"
 bench train_long "${LIMITS[4]}" benchmarks/bench_train.py --data long --precision bf16 --threads "$THREADS" \
     --rounds 2 --timeout $((LIMITS[4] / 2)) --methods "TRL RewardTrainer,ours: defaults" "${TRAIN_LONG[@]}"
 bench train_4b "${LIMITS[5]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 \
