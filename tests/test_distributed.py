@@ -105,14 +105,17 @@ def train_rm(
 def rm_runs(tiny, data, tmp_path_factory):
     """`run(config) -> (output, output_dir)`: one 2-process train_rm run per config, shared by the tests of that
     config. Each saves resume checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`). ZeRO-3 and FSDP2 run
-    `prefix_sharing="packed"`."""
+    `prefix_sharing="packed"` with `pack_max_tokens=400` (several forwards per micro-batch)."""
     runs: dict[str, tuple[str, Path]] = {}
 
     def run(config: str) -> tuple[str, Path]:
         if config not in runs:
             output_dir = tmp_path_factory.mktemp(f"rm-{config.removesuffix('.yaml')}")
-            # ZeRO-3 and FSDP2 train with the packed layout (the GPU's default, forced here on the CPU).
-            packed = ("--prefix_sharing", "packed") if config in ("zero3_cpu.yaml", "fsdp2_cpu.yaml") else ()
+            # ZeRO-3 and FSDP2 train with the packed layout (the GPU's default, forced here on the CPU), each
+            # micro-batch of 16 records cut into forwards of at most 400 tokens (`pack_max_tokens`): the processes
+            # run different numbers of chunks, which they even out (ZeRO-3 and FSDP2 gather weights per forward).
+            packed = (("--prefix_sharing", "packed", "--pack_max_tokens", "400")
+                      if config in ("zero3_cpu.yaml", "fsdp2_cpu.yaml") else ())
             output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5", *packed)
             runs[config] = (output, output_dir)
         return runs[config]

@@ -192,42 +192,75 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         checkpointing recomputes layers in backward). A batch cut into `chunks` (`pack_max_tokens`) runs one forward
         and backward per chunk, each chunk's loss weighted by its share of the pairs, so the step's gradients and loss
         are the whole batch's; its metrics are computed once, over the whole batch."""
-        if "chunks" in inputs:
+        if "chunks" in inputs or self._even_forwards():
             return self._chunked_training_step(model, inputs, num_items_in_batch)
         packed = "packed" in inputs
         with packed_attention(model) if packed else contextlib.nullcontext():
             return super().training_step(model, inputs, num_items_in_batch)
 
-    def _chunked_training_step(self, model, inputs, num_items_in_batch):
-        chunks = list(inputs["chunks"])
-        pairs = [ranked_pairs(c["ranks"], c["record_index"])[0].numel() for c in chunks]
-        counts = torch.tensor([len(chunks), sum(pairs)], device=self.args.device)
-        if self.accelerator.num_processes > 1:
-            # Every process runs as many forwards (ZeRO-3 and FSDP gather each layer's weights in every forward):
-            # the last chunk again with weight 0 where a process has fewer. The pair share is the global one, as in
-            # `compute_loss` (each process's gradients are averaged).
-            gathered = self.accelerator.gather(counts[None])
+    def _even_forwards(self) -> bool:
+        """Whether every batch's forwards are counted across processes (`_forwards`): a forward budget cuts batches
+        into chunks, and processes must run as many forwards (ZeRO-3 and FSDP gather each layer's weights in each,
+        DDP syncs buffers)."""
+        return bool(self._forward_budget) and self._prefix_sharing in ("packed", "kv") and (
+            self.accelerator.num_processes > 1)
+
+    def _forwards(self, inputs) -> tuple[list[dict], int, list[int], int]:
+        """The forwards of a batch: its chunks (the batch itself when it has none), the last one repeated where another
+        process runs more (`_even_forwards`: their counts gathered, one bounded wait per batch); how many are real;
+        the pairs of each real chunk; and the pairs of the whole step over all processes, divided by their number."""
+        chunks = list(inputs["chunks"]) if "chunks" in inputs else [inputs]
+        pairs = [ranked_pairs(c["ranks"], c["record_index"])[0].numel() if "ranks" in c
+                 else len(c.get("score_index", c["input_ids"])) // 2 for c in chunks]  # TRL pairs: rows / 2
+        real, total = len(chunks), float(sum(pairs))
+        if self._even_forwards():
+            counts = torch.tensor([[len(chunks), sum(pairs)]], device=self.args.device)
+            gathered = self.accelerator.gather(counts)
             most, total = int(gathered[:, 0].max()), float(gathered[:, 1].sum()) / self.accelerator.num_processes
+            chunks += [chunks[-1]] * (most - len(chunks))
+        return chunks, real, pairs, total
+
+    @contextlib.contextmanager
+    def _accumulating(self, model):
+        """A backward whose gradients only accumulate (a chunk before the last of a step): no gradient sync across
+        processes and, under DeepSpeed (whose `backward` steps the optimizer at every boundary), no step."""
+        if self.is_deepspeed_enabled:
+            state = self.accelerator.gradient_state
+            previous = state.sync_gradients
+            state._set_sync_gradients(False)
+            try:
+                yield
+            finally:
+                state._set_sync_gradients(previous)
         else:
-            most, total = len(chunks), float(counts[1])
-        weights = [n / total if total else 0.0 for n in pairs] + [0.0] * (most - len(chunks))
-        chunks += [chunks[-1]] * (most - len(chunks))
+            with self.accelerator.no_sync(model):
+                yield
+
+    def _chunked_training_step(self, model, inputs, num_items_in_batch):
+        # The pair share is the global one, as in `compute_loss` (each process's gradients are averaged); a repeated
+        # chunk weighs 0.
+        chunks, real, pairs, total = self._forwards(inputs)
+        weights = [n / total if total else 0.0 for n in pairs] + [0.0] * (len(chunks) - real)
         self._chunk_outputs = []
         loss = 0.0
         try:
             for i, (chunk, weight) in enumerate(zip(chunks, weights)):
-                sync = i == len(chunks) - 1 or self.is_deepspeed_enabled
-                with contextlib.nullcontext() if sync else self.accelerator.no_sync(model):
-                    loss = loss + self.training_step(model, {**chunk, "loss_weight": weight}, num_items_in_batch)
+                with contextlib.nullcontext() if i == len(chunks) - 1 else self._accumulating(model):
+                    chunk = {k: v for k, v in chunk.items() if k != "chunks"}
+                    packed = "packed" in chunk
+                    with packed_attention(model) if packed else contextlib.nullcontext():
+                        loss = loss + super().training_step(model, {**chunk, "loss_weight": weight},
+                                                            num_items_in_batch)
             # Metrics once, over the whole batch, from each real chunk's detached scores and token count.
-            real = self._chunk_outputs[: len(inputs["chunks"])]
-            scores = torch.cat([s for s, _ in real])
-            token_count = sum(t for _, t in real)
+            outputs = self._chunk_outputs[:real]
+            scores = torch.cat([s for s, _ in outputs])
+            token_count = sum(t for _, t in outputs)
         finally:
             self._chunk_outputs = None
         ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
-        if "score_order" in inputs:  # TRL pairs: every chosen, then every rejected
+        if "score_order" in inputs:  # chunks of TRL pairs: every chosen, then every rejected
             scores = scores[inputs["score_order"].to(scores.device)]
+        if ranks is None:  # TRL's pair layout
             ranks, record_index = _pair_layout(scores.shape[0], scores.device)
         margin = inputs.get("margin")
         pairwise = ranked_bradley_terry_loss(
@@ -286,13 +319,21 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
     def _layout_scores(self, model, inputs) -> tuple[torch.Tensor, object, torch.Tensor]:
         """`(scores, outputs, token_count)` of a batch in its layout: one score per completion (in the batch's
         order), the model's outputs (the last chunk's for a batch in `chunks`) and the real tokens through it."""
-        if "chunks" in inputs:  # evaluation of a bounded batch: each chunk's forward, scores in record order
+        if "chunks" in inputs or (not self.model.training and self._even_forwards()):
+            # evaluation of a bounded batch: each chunk's forward (as many as the other processes run), scores in
+            # record order
+            chunks, real, _, _ = self._forwards(inputs)
             parts = []
-            for chunk in inputs["chunks"]:
-                chunk = {k: v for k, v in chunk.items() if k not in ("ranks", "record_index", "margin")}
+            for chunk in chunks:
+                chunk = {k: v for k, v in chunk.items() if k not in ("ranks", "record_index", "margin", "chunks")}
                 with packed_attention(model) if "packed" in chunk else contextlib.nullcontext():
-                    parts.append(self._layout_scores(model, chunk))
+                    parts.append(self._forward_scores(model, chunk))
+            parts = parts[:real]
             return torch.cat([p[0] for p in parts]), parts[-1][1], sum(p[2] for p in parts)
+        return self._forward_scores(model, inputs)
+
+    def _forward_scores(self, model, inputs) -> tuple[torch.Tensor, object, torch.Tensor]:
+        """`_layout_scores` of one forward's batch (no chunks)."""
         if "packed" in inputs:  # one padding-free row, each context once (`trl_rm_env.sharing.packed`)
             token_count = torch.tensor(inputs.pop("num_tokens"), device=inputs["input_ids"].device)
             scores, outputs = packed_scores(model, inputs)
