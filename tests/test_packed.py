@@ -655,3 +655,24 @@ def test_a_forward_that_never_ran_the_packed_attention_raises(tiny_tokenizer, mo
     with torch.no_grad(), pytest.raises(RuntimeError, match="ran its own attention"):
         packed_scores(model, batch)
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_training_token_budget_from_free_memory(tiny_tokenizer, monkeypatch):
+    """The default `pack_max_tokens` on CUDA: half the free memory less the gradients and Adam's moments to come,
+    over a token's activations in every layer (one hidden state per layer under checkpointing), clamped."""
+    from trl_rm_env.trainer.memory import MAX_TRAINING_TOKENS, MIN_TRAINING_TOKENS, training_token_budget
+
+    model = build_tiny_reward_model(tiny_tokenizer, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
+                                    num_key_value_heads=8, head_dim=128, num_hidden_layers=28)
+    cuda = torch.device("cuda")
+    free = [80 * 2**30]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free[0], 2 * free[0]))
+    budget = training_token_budget(model, False, torch.bfloat16, cuda)
+    per_token = 2 * 28 * (8 * 1024 + 4 * (2048 + 1024) + 6 * 3072)  # 2.2 MB: the H200 run measured 79 KB a layer
+    to_come = sum(p.numel() for p in model.parameters()) * 10
+    assert budget == int((free[0] - to_come) * 0.5 / per_token) // 1024 * 1024
+    assert training_token_budget(model, True, torch.bfloat16, cuda) > 10 * budget  # checkpointing keeps far less
+    free[0] = 2**30
+    assert training_token_budget(model, False, torch.bfloat16, cuda) == MIN_TRAINING_TOKENS
+    free[0] = 2**50
+    assert training_token_budget(model, True, torch.bfloat16, cuda) == MAX_TRAINING_TOKENS

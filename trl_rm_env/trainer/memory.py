@@ -8,7 +8,9 @@ MIN_TRAINING_TOKENS, MAX_TRAINING_TOKENS = 4096, 262144
 """The bounds of the default `pack_max_tokens` on a GPU (`training_token_budget`)."""
 
 
-def training_token_budget(model: torch.nn.Module, checkpointing: bool, dtype: torch.dtype, share: float = 0.5) -> int:
+def training_token_budget(
+    model: torch.nn.Module, checkpointing: bool, dtype: torch.dtype, device: torch.device, share: float = 0.5
+) -> int:
     """The default `pack_max_tokens` of the packed layout on CUDA: `share` of the free memory, less what training will
     still allocate (gradients and Adam's two float32 moments of the trainable parameters), over the activations one
     token keeps for backward in every decoder layer, `8 hidden + 4 (q + kv) + 6 ffn` elements (the norms' inputs and
@@ -29,7 +31,6 @@ def training_token_budget(model: torch.nn.Module, checkpointing: bool, dtype: to
     per_token = (size * hidden * layers + per_layer) if checkpointing else per_layer * layers
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     to_come = trainable * (size + 8)  # gradients in the compute dtype, Adam's moments in float32
-    device = next(model.parameters()).device
-    free, _ = torch.cuda.mem_get_info(device)
+    free, _ = torch.cuda.mem_get_info(device)  # the training device (DeepSpeed may not have moved the model yet)
     tokens = int(max(free - to_come, 0) * share / per_token) // 1024 * 1024
     return max(MIN_TRAINING_TOKENS, min(MAX_TRAINING_TOKENS, tokens))

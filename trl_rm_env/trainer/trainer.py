@@ -174,7 +174,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
                              "unset pack_max_tokens.")
         if budget is None and self._prefix_sharing == "packed" and self.args.device.type == "cuda":
             budget = training_token_budget(self.accelerator.unwrap_model(self.model),
-                                           checkpointing_enabled(self.args), self._compute_dtype())
+                                           checkpointing_enabled(self.args), self._compute_dtype(), self.args.device)
             logger.info("pack_max_tokens: %d tokens per packed training forward (from the GPU's free memory).", budget)
         return budget
 
