@@ -51,7 +51,8 @@ class RankedRewardConfig(RewardConfig):
         pack_max_tokens (`int` or `None`, *optional*, defaults to `None`):
             The most tokens one forward of a shared layout takes (each context counted once). Packed and KV layouts:
             a micro-batch with more runs as several forwards (consecutive records under the budget; a record over it
-            alone) in the same step, gradients accumulated: the loss and gradients are the micro-batch's. Unset
+            alone) in the same step, gradients accumulated: the loss and gradients are the micro-batch's (the KV
+            layout counts the records' tokens, not the padding of its passes). Unset
             under the packed layout on CUDA, it is sized from the GPU's free memory. Block-mask rows
             (`prefix_sharing=True` under activation checkpointing or FSDP on the CPU): several records packed into
             one row of up to this many tokens. Refused with `prefix_sharing=False`.

@@ -12,7 +12,8 @@ def training_token_budget(
     model: torch.nn.Module, checkpointing: bool, dtype: torch.dtype, device: torch.device, share: float = 0.5
 ) -> int:
     """The default `pack_max_tokens` of the packed layout on CUDA: `share` of the free memory, less what training will
-    still allocate (gradients and Adam's two float32 moments of the trainable parameters), over the activations one
+    still allocate (gradients and Adam's two float32 moments of the trainable parameters, and the weights themselves
+    where they are not on the GPU yet), over the activations one
     token keeps for backward in every decoder layer, `8 hidden + 4 (q + kv) + 6 ffn` elements (the norms' inputs and
     their float32 upcasts, q/k/v and the gathered keys, the attention output, the MLP's projections and activation;
     under activation checkpointing one hidden state per layer plus one layer's recompute), within
@@ -29,8 +30,13 @@ def training_token_budget(
     size = torch.empty((), dtype=dtype).element_size()
     per_layer = size * (8 * hidden + 4 * (heads * head_dim + kv) + 6 * ffn)
     per_token = (size * hidden * layers + per_layer) if checkpointing else per_layer * layers
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    to_come = trainable * (size + 8)  # gradients in the compute dtype, Adam's moments in float32
+    to_come = 0
+    for p in model.parameters():
+        numel = getattr(p, "ds_numel", p.numel())  # ZeRO-3 partitions report 0 elements; DeepSpeed keeps the count
+        if p.requires_grad:
+            to_come += numel * (p.element_size() + 8)  # gradients in the parameters' dtype, Adam's moments in fp32
+        if p.device.type != "cuda":  # not moved yet (DeepSpeed, FSDP prepare the model later)
+            to_come += numel * p.element_size()
     free, _ = torch.cuda.mem_get_info(device)  # the training device (DeepSpeed may not have moved the model yet)
     tokens = int(max(free - to_come, 0) * share / per_token) // 1024 * 1024
     return max(MIN_TRAINING_TOKENS, min(MAX_TRAINING_TOKENS, tokens))

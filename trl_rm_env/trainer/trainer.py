@@ -49,6 +49,7 @@ from .collator import (
     DataCollatorForRankedPreference,
     DataCollatorForSharedContextPairs,
     DataCollatorForSharedPrefixPairs,
+    _BoundedForwards,
 )
 from .config import RankedRewardConfig
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
@@ -172,7 +173,8 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
                    else "this model trains on the plain path (prefix_sharing resolved to no shared layout; see the log)")
             raise ValueError(f"pack_max_tokens={budget} bounds the forwards of the shared layouts, but {why}; "
                              "unset pack_max_tokens.")
-        if budget is None and self._prefix_sharing == "packed" and self.args.device.type == "cuda":
+        if budget is None and user_collator is None and self._prefix_sharing == "packed" and (
+                self.args.device.type == "cuda"):
             budget = training_token_budget(self.accelerator.unwrap_model(self.model),
                                            checkpointing_enabled(self.args), self._compute_dtype(), self.args.device)
             logger.info("pack_max_tokens: %d tokens per packed training forward (from the GPU's free memory).", budget)
@@ -198,12 +200,27 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         with packed_attention(model) if packed else contextlib.nullcontext():
             return super().training_step(model, inputs, num_items_in_batch)
 
+    def _track_num_input_tokens(self, inputs):
+        """Transformers' count of input tokens seen (`include_num_input_tokens_seen`), over every chunk of a batch cut
+        by `pack_max_tokens` (their `input_ids` together): the same count, and the same collective on every process,
+        as for a batch that fits."""
+        if "chunks" in inputs and all("input_ids" in c for c in inputs["chunks"]):
+            inputs = {"input_ids": torch.cat([c["input_ids"].reshape(-1) for c in inputs["chunks"]])[None]}
+        return super()._track_num_input_tokens(inputs)
+
+    def floating_point_ops(self, inputs) -> int:
+        """Transformers' FLOP estimate (`total_flos`), summed over the chunks of a batch cut by `pack_max_tokens`."""
+        if "chunks" in inputs:
+            return sum(super(RankedRewardTrainer, self).floating_point_ops(c) for c in inputs["chunks"])
+        return super().floating_point_ops(inputs)
+
     def _even_forwards(self) -> bool:
         """Whether every batch's forwards are counted across processes (`_forwards`): a forward budget cuts batches
-        into chunks, and processes must run as many forwards (ZeRO-3 and FSDP gather each layer's weights in each,
-        DDP syncs buffers)."""
-        return bool(self._forward_budget) and self._prefix_sharing in ("packed", "kv") and (
-            self.accelerator.num_processes > 1)
+        into chunks (the collator is a bounded one: ours with a `pack_max_tokens`), and processes must run as many
+        forwards (ZeRO-3 and FSDP gather each layer's weights in each, DDP syncs buffers)."""
+        collator = self.data_collator
+        bounded = isinstance(collator, _BoundedForwards) and bool(collator.pack_max_tokens)
+        return bounded and self.accelerator.num_processes > 1
 
     def _forwards(self, inputs) -> tuple[list[dict], int, list[int], int]:
         """The forwards of a batch: its chunks (the batch itself when it has none), the last one repeated where another
@@ -224,6 +241,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
     def _accumulating(self, model):
         """A backward whose gradients only accumulate (a chunk before the last of a step): no gradient sync across
         processes and, under DeepSpeed (whose `backward` steps the optimizer at every boundary), no step."""
+        if not self.accelerator.sync_gradients:  # the step's own micro-batch already defers (gradient accumulation)
+            yield
+            return
         if self.is_deepspeed_enabled:
             state = self.accelerator.gradient_state
             previous = state.sync_gradients
