@@ -199,7 +199,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     add_launch_parsers(sub)
+    underscore_spellings(parser)
     return parser
+
+
+def underscore_spellings(parser: argparse.ArgumentParser) -> None:
+    """Every dashed flag of `parser` and its subcommands also spelled with underscores (`--batch_size` for
+    `--batch-size`), as TRL's parser and our recipes take both; `--help` shows the dashed spelling only."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subparser in action.choices.values():
+                underscore_spellings(subparser)
+        for flag in action.option_strings:
+            if flag.startswith("--") and "-" in flag[2:]:
+                parser._option_string_actions.setdefault("--" + flag[2:].replace("-", "_"), action)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

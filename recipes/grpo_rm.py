@@ -89,6 +89,12 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
             weights.append(1.0)
     if rm_args.reward_per_attribute and training_args.reward_weights is None:
         training_args.reward_weights = weights  # the model's own attribute weights (TRL's default: all 1)
+    given_weights = training_args.reward_weights
+    if given_weights is not None and len(given_weights) != len(rewards):  # in our words, before TRL's message
+        built = ("one reward (reward_cascade_margin: the reward model's where it separates a group, else the "
+                 "judge's)" if margin is not None else f"{len(rewards)} reward function(s)")
+        raise ValueError(f"reward_weights has {len(given_weights)} weight(s) but the recipe builds {built}: give "
+                         f"{len(rewards)} weight(s) or drop reward_weights")
 
     # --- data ------------------------------------------------------------------------------------------------
     prompts = rm_args.load_prompts()

@@ -25,9 +25,26 @@ from trl_rm_env.trainer.saving import save_reward_model
 logger = logging.getLogger(__name__)
 
 
+def show_logs(level: int) -> None:
+    """Print `trl_rm_env`'s log messages of `level` and above to stderr when it is INFO or DEBUG (`--log_level info`,
+    the process's level as transformers computes it), as transformers prints its own; at the default level only
+    warnings reach the terminal, as before."""
+    if level > logging.INFO:
+        return
+    package = logging.getLogger("trl_rm_env")
+    package.setLevel(level)
+    if not any(getattr(h, "_trl_rm_env", False) for h in package.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        handler._trl_rm_env = True
+        package.addHandler(handler)
+
+
 def start(training_args: Any) -> str | None:
-    """First thing in a recipe: FSDP shards on CPU too (accelerate alone falls back to DDP there), and the resume
-    checkpoint is resolved, so a missing or incomplete one fails in one line before anything loads."""
+    """First thing in a recipe: our own log messages at `--log_level` (`show_logs`), FSDP shards on CPU too
+    (accelerate alone falls back to DDP there), and the resume checkpoint is resolved, so a missing or incomplete one
+    fails in one line before anything loads."""
+    show_logs(training_args.get_process_log_level())
     enable_fsdp_on_cpu()
     return resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
 

@@ -24,7 +24,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scoring", ("scoring",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
-    ("base", ("errors", "waiting", "model_source", "tiny_models", "testing", "distributed", "compat", "lazy", "options")),
+    ("base", ("errors", "waiting", "model_source", "tiny_models", "testing", "distributed", "compat", "lazy", "options",
+              "quiet")),
 )
 USERS_OF_A_REWARD_MODEL = ("environment", "judges", "scoring", "serving", "evaluation", "rewards")
 

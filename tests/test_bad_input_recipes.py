@@ -109,6 +109,15 @@ def test_cli_eval_missing_data_file_is_one_line(tiny_dir, tmp_path, capsys):
     assert code == 1 and err.startswith("trl-rm-env: error: ") and err.count("\n") == 1 and "x.jsonl" in err
 
 
+def test_cli_eval_of_a_hub_data_set_offline_is_one_line(tiny_dir, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = cli_main(["eval", "--model", str(tiny_dir / "reward_model"), "--data", "allenai/reward-bench-2",
+                     "--format", "rewardbench2"])
+    err = capsys.readouterr().err
+    assert code == 1 and err.startswith("trl-rm-env: error: ") and err.count("\n") == 1, err
+    assert "allenai/reward-bench-2" in err and "a local file needs neither" in err
+
+
 # --- recipes ------------------------------------------------------------------------------------------------------
 def run_script(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
@@ -216,3 +225,25 @@ def test_recipe_bad_data_is_one_line_naming_file_line_and_field(workdir, capsys)
     assert err.count("\n") == 1 and "error: " in err and "bad.jsonl" in err and "line 2" in err
     assert "completions[1].rank" in err and "Traceback" not in err
     assert not (workdir / "tiny-models").exists()  # failed before any model was built
+
+
+def test_log_level_info_shows_our_info_messages(capsys):
+    """`--log_level info` (a recipe's `steps.start`) prints our INFO messages (the docs' "logged"), once; the
+    default level leaves them out, as before."""
+    import logging
+
+    from trl_rm_env.recipes import steps
+
+    package = logging.getLogger("trl_rm_env")
+    before = (package.level, list(package.handlers))
+    try:
+        steps.show_logs(logging.WARNING)
+        logging.getLogger("trl_rm_env.sharing.mode").info("not shown")
+        steps.show_logs(logging.INFO)
+        steps.show_logs(logging.INFO)  # a second recipe start adds no second handler
+        logging.getLogger("trl_rm_env.sharing.mode").info("shown")
+        err = capsys.readouterr().err
+        assert "not shown" not in err and err.count("INFO trl_rm_env.sharing.mode: shown") == 1, err
+    finally:
+        package.setLevel(before[0])
+        package.handlers[:] = before[1]

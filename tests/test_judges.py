@@ -290,3 +290,9 @@ def test_grpo_recipe_with_a_cascade_margin_trains_on_one_routed_reward(tiny_dir,
         run_recipe(grpo_rm.make_parser, grpo_rm.main, [*bad[:-2], "--output_dir", str(tmp_path / "bad")])
     assert capsys.readouterr().err.endswith("error: reward_cascade_margin must be > 0, got 0.0\n")
     assert not (tmp_path / "bad").exists()
+    # The shipped config's two reward_weights with the margin's one reward: our flag named, not TRL's message.
+    two = [a for a in argv if a not in ("--reward_weights", "1.0")]
+    with pytest.raises(SystemExit):
+        run_recipe(grpo_rm.make_parser, grpo_rm.main, [*two[:-2], "--output_dir", str(tmp_path / "two")])
+    assert "error: reward_weights has 2 weight(s) but the recipe builds one reward (reward_cascade_margin" in (
+        capsys.readouterr().err)

@@ -469,3 +469,36 @@ def test_max_tokens_per_batch_is_built_once_on_each_path_and_has_one_owner(tiny_
     assert len(scoring_builds) == 1, scoring_builds  # eval --max-tokens-per-batch: built once, from the flags
     (scorer,) = scorers
     _one_owner(scorer, 2048)
+
+
+@pytest.mark.parametrize("command", ["eval", "serve"])
+def test_every_flag_takes_trls_underscore_spelling_too(command):
+    """`eval --batch_size 8` as `--batch-size 8` (TRL's habit; the recipes take both spellings)."""
+    base = [command, "--model", "m"] + (["--data", "d.jsonl"] if command == "eval" else [])
+    dashed = build_parser().parse_args([*base, "--batch-size", "8", "--max-tokens-per-batch", "4096"])
+    underscored = build_parser().parse_args([*base, "--batch_size", "8", "--max_tokens_per_batch", "4096"])
+    assert vars(dashed) == vars(underscored) and underscored.batch_size == 8
+
+
+@pytest.mark.slow
+def test_importing_the_extras_after_us_prints_no_noise():
+    """bitsandbytes' missing-`kernels` notice and DeepSpeed's "Setting accelerator to CPU" (both extras are installed
+    in CI; our recipes and trainers import them through transformers and accelerate) are filtered once `trl_rm_env`
+    is imported; imported without it, they print (the check can fail)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("bitsandbytes") is None or importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("needs the quantization and deepspeed extras")
+    code = "import bitsandbytes, deepspeed; deepspeed.get_accelerator()"
+    notices = ("gemm_4bit_forward", "Setting accelerator to CPU")
+    printed = {}
+    for prefix in ("", "import trl_rm_env; "):
+        run = subprocess.run([sys.executable, "-c", prefix + code], capture_output=True, text=True, timeout=300,
+                             stdin=subprocess.DEVNULL)
+        assert run.returncode == 0, run.stderr[-2000:]
+        printed[prefix] = [n for n in notices if n in run.stdout + run.stderr]
+    if not printed[""]:  # bitsandbytes prints its notice only on CPUs with AVX512-BF16, DeepSpeed only without a GPU
+        pytest.skip("neither package prints its notice on this machine")
+    assert printed["import trl_rm_env; "] == [], printed

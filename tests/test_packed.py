@@ -288,6 +288,12 @@ def test_pack_max_tokens_bounds_every_forward(tmp_path, tiny_tokenizer, layout, 
         torch.testing.assert_close(g, g_ref, atol=1e-5, rtol=1e-4)
     for key in ("eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"):  # evaluation reads the chunks too
         assert evaluation[key] == pytest.approx(runs[None][4][key], abs=1e-5)
+    if layout != "kv":  # transformers' token count and FLOP estimate read every chunk
+        trainer.args.include_num_input_tokens_seen = "all"
+        trainer._track_num_input_tokens(batch)
+        assert trainer.state.num_input_tokens_seen == sum(lengths)
+        whole = RankedRewardTrainer.floating_point_ops(trainer, {"input_ids": torch.zeros(1, sum(lengths))})
+        assert trainer.floating_point_ops(batch) == whole > 0
 
 
 def test_pack_max_tokens_is_refused_where_nothing_reads_it(tmp_path, tiny_tokenizer):

@@ -88,12 +88,16 @@ def test_health_and_vllm_response_shape(servers, local):
     assert body["data"][0]["data"][0] == pytest.approx(local.score_ids([ids])[0].item(), abs=1e-4)
 
 
-def test_remote_scores_equal_local_scores(servers, local):
+def test_remote_scores_equal_local_scores(servers, local, tiny_dir):
     pairs = conversations(40)
     items = [pair if i % 2 else [*pair[0], *pair[1]] for i, pair in enumerate(pairs)]  # pairs and whole chats
     remote = asyncio.run(RemoteScorer(servers["main"]).score(items))
     expected = local_scores(local, pairs)
     assert max(abs(r - e) for r, e in zip(remote, expected)) < 1e-4
+    # The tokenizer given as a path, as the environments take it: token ids encoded here, the same scores.
+    by_path = RemoteScorer(servers["main"], tokenizer=str(tiny_dir / "reward_model"))
+    assert by_path.remote_input == "tokens" and by_path.tokenizer.get_vocab() == local.tokenizer.get_vocab()
+    assert asyncio.run(by_path.score(items[:6])) == pytest.approx(expected[:6], abs=1e-4)
     # Already-rendered text through "input" (several per request, answered in order), as vLLM tokenizes it.
     texts = [render_conversation(local.tokenizer, [*c, *r]) for c, r in pairs[:3]]
     status, body, _ = asyncio.run(post(servers["main"], {"input": texts}))

@@ -9,6 +9,9 @@ name that needs them is used.
 from __future__ import annotations
 
 from .lazy import lazy_exports
+from .quiet import quiet_import_noise
+
+quiet_import_noise()
 
 __version__ = "0.1.0"
 

@@ -24,7 +24,10 @@ def debug_enabled() -> bool:
 
 def expected_errors() -> tuple[type[BaseException], ...]:
     """The exception types reported in one line: bad input, not bugs."""
-    errors: list[type[BaseException]] = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError]
+    errors: list[type[BaseException]] = [
+        FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError,
+        ConnectionError,  # a Hub id without the network (datasets raises the builtin one)
+    ]
     if "trl_rm_env.data.schema" in sys.modules:  # DataValidationError is a ValueError; listed for clarity
         errors.append(sys.modules["trl_rm_env.data.schema"].DataValidationError)
     return tuple(errors)
@@ -47,6 +50,8 @@ def report_expected_error(err: BaseException, prog: str | None = None) -> None:
     message = " ".join(str(err).split()) or type(err).__name__
     if isinstance(err, FileNotFoundError) and err.filename and str(err.filename) not in message:
         message = f"{message}: {err.filename}"
+    if isinstance(err, ConnectionError) and "Hub" in message:
+        message += " (a Hub id needs the network or a copy in the Hugging Face cache; a local file needs neither)"
     print(f"{prog + ': ' if prog else ''}error: {message}", file=sys.stderr, flush=True)
 
 

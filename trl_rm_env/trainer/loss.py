@@ -106,6 +106,13 @@ def ranked_bradley_terry_loss(
     return PairwiseOutput(loss=loss, better=better, worse=worse, pair_losses=pair_losses)
 
 
+def pair_layout(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(ranks, record_index)` of TRL's pair layout: rows 0..B-1 are the chosen, B..2B-1 the rejected."""
+    half = rows // 2
+    ranks = torch.cat([torch.zeros(half, dtype=torch.long), torch.ones(half, dtype=torch.long)]).to(device)
+    return ranks, torch.arange(half, device=device).repeat(2)
+
+
 def masked_mse_loss(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean squared error over the attribute values present (NeMo Aligner's regression RM loss).
 

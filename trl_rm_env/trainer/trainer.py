@@ -43,25 +43,24 @@ from ..compat import checkpointing_enabled
 from ..metrics import record_statistics, summarize_statistics
 from ..sharing import packed_attention, packed_scores, shared_context_scores, shared_prefix_scores, training_layout
 from ..sharing.mode import packs_fast
+from .bounded import BoundedForwardsMixin
 from .checkpoints import AtomicCheckpointMixin
 from .collator import (
     DataCollatorForPackedContextPairs,
     DataCollatorForRankedPreference,
     DataCollatorForSharedContextPairs,
     DataCollatorForSharedPrefixPairs,
-    _BoundedForwards,
 )
 from .config import RankedRewardConfig
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
-from .loss import ranked_bradley_terry_loss, ranked_pairs
-from .memory import training_token_budget
+from .loss import pair_layout, ranked_bradley_terry_loss
 
 logger = logging.getLogger(__name__)
 
 SET_METRICS = ("loss", "accuracy", "margin", "rewards_chosen_mean", "rewards_rejected_mean", "num_pairs")
 
 
-class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
+class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTrainer):
     """Train a Bradley-Terry reward model on ranked (N-way, ties allowed) preference data.
 
     Takes every argument of TRL's [`RewardTrainer`]; the differences are in the module docstring.
@@ -111,7 +110,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
         self._silent_logs = False
         self._last_scores: torch.Tensor | None = None
-        self._chunk_outputs: list | None = None  # (scores, tokens) of each chunk of a bounded step
         user_collator = data_collator
         if args.accelerator_config.dispatch_batches is None:
             # Accelerate dispatches iterable datasets by slicing and padding every batch tensor along dim 0 as if it
@@ -120,7 +118,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             args.accelerator_config.dispatch_batches = False
         super().__init__(model, args, data_collator, *a, **kwargs)
         self._prefix_sharing = self._check_prefix_sharing()
-        self._forward_budget = self._check_forward_budget(user_collator)
+        self._forward_budget = self._check_forward_budget(user_collator)  # `BoundedForwardsMixin`
         if user_collator is None:
             if self._prefix_sharing == "packed":
                 self.data_collator = DataCollatorForPackedContextPairs(
@@ -163,23 +161,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
             accelerator=packs_fast(self.args.device, self._compute_dtype()),
         )
 
-    def _check_forward_budget(self, user_collator) -> int | None:
-        """The most tokens one training forward takes (`pack_max_tokens`), for the packed and KV layouts (the block-mask
-        rows read it as their row length). Unset under the packed layout on CUDA: sized from the free memory
-        (`training_token_budget`). Refused, naming why, where nothing would read it."""
-        budget = self.args.pack_max_tokens
-        if budget is not None and (user_collator is not None or not self._prefix_sharing):
-            why = ("a data_collator was given (pack_max_tokens is read by ours)" if user_collator is not None
-                   else "this model trains on the plain path (prefix_sharing resolved to no shared layout; see the log)")
-            raise ValueError(f"pack_max_tokens={budget} bounds the forwards of the shared layouts, but {why}; "
-                             "unset pack_max_tokens.")
-        if budget is None and user_collator is None and self._prefix_sharing == "packed" and (
-                self.args.device.type == "cuda"):
-            budget = training_token_budget(self.accelerator.unwrap_model(self.model),
-                                           checkpointing_enabled(self.args), self._compute_dtype(), self.args.device)
-            logger.info("pack_max_tokens: %d tokens per packed training forward (from the GPU's free memory).", budget)
-        return budget
-
     def _compute_dtype(self) -> torch.dtype:
         """The dtype the attention computes in: bf16/fp16 under mixed precision, else the weights'."""
         if self.args.bf16:
@@ -199,96 +180,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         packed = "packed" in inputs
         with packed_attention(model) if packed else contextlib.nullcontext():
             return super().training_step(model, inputs, num_items_in_batch)
-
-    def _track_num_input_tokens(self, inputs):
-        """Transformers' count of input tokens seen (`include_num_input_tokens_seen`), over every chunk of a batch cut
-        by `pack_max_tokens` (their `input_ids` together): the same count, and the same collective on every process,
-        as for a batch that fits."""
-        if "chunks" in inputs and all("input_ids" in c for c in inputs["chunks"]):
-            inputs = {"input_ids": torch.cat([c["input_ids"].reshape(-1) for c in inputs["chunks"]])[None]}
-        return super()._track_num_input_tokens(inputs)
-
-    def floating_point_ops(self, inputs) -> int:
-        """Transformers' FLOP estimate (`total_flos`), summed over the chunks of a batch cut by `pack_max_tokens`."""
-        if "chunks" in inputs:
-            return sum(super(RankedRewardTrainer, self).floating_point_ops(c) for c in inputs["chunks"])
-        return super().floating_point_ops(inputs)
-
-    def _even_forwards(self) -> bool:
-        """Whether every batch's forwards are counted across processes (`_forwards`): a forward budget cuts batches
-        into chunks (the collator is a bounded one: ours with a `pack_max_tokens`), and processes must run as many
-        forwards (ZeRO-3 and FSDP gather each layer's weights in each, DDP syncs buffers)."""
-        collator = self.data_collator
-        bounded = isinstance(collator, _BoundedForwards) and bool(collator.pack_max_tokens)
-        return bounded and self.accelerator.num_processes > 1
-
-    def _forwards(self, inputs) -> tuple[list[dict], int, list[int], int]:
-        """The forwards of a batch: its chunks (the batch itself when it has none), the last one repeated where another
-        process runs more (`_even_forwards`: their counts gathered, one bounded wait per batch); how many are real;
-        the pairs of each real chunk; and the pairs of the whole step over all processes, divided by their number."""
-        chunks = list(inputs["chunks"]) if "chunks" in inputs else [inputs]
-        pairs = [ranked_pairs(c["ranks"], c["record_index"])[0].numel() if "ranks" in c
-                 else len(c.get("score_index", c["input_ids"])) // 2 for c in chunks]  # TRL pairs: rows / 2
-        real, total = len(chunks), float(sum(pairs))
-        if self._even_forwards():
-            counts = torch.tensor([[len(chunks), sum(pairs)]], device=self.args.device)
-            gathered = self.accelerator.gather(counts)
-            most, total = int(gathered[:, 0].max()), float(gathered[:, 1].sum()) / self.accelerator.num_processes
-            chunks += [chunks[-1]] * (most - len(chunks))
-        return chunks, real, pairs, total
-
-    @contextlib.contextmanager
-    def _accumulating(self, model):
-        """A backward whose gradients only accumulate (a chunk before the last of a step): no gradient sync across
-        processes and, under DeepSpeed (whose `backward` steps the optimizer at every boundary), no step."""
-        if not self.accelerator.sync_gradients:  # the step's own micro-batch already defers (gradient accumulation)
-            yield
-            return
-        if self.is_deepspeed_enabled:
-            state = self.accelerator.gradient_state
-            previous = state.sync_gradients
-            state._set_sync_gradients(False)
-            try:
-                yield
-            finally:
-                state._set_sync_gradients(previous)
-        else:
-            with self.accelerator.no_sync(model):
-                yield
-
-    def _chunked_training_step(self, model, inputs, num_items_in_batch):
-        # The pair share is the global one, as in `compute_loss` (each process's gradients are averaged); a repeated
-        # chunk weighs 0.
-        chunks, real, pairs, total = self._forwards(inputs)
-        weights = [n / total if total else 0.0 for n in pairs] + [0.0] * (len(chunks) - real)
-        self._chunk_outputs = []
-        loss = 0.0
-        try:
-            for i, (chunk, weight) in enumerate(zip(chunks, weights)):
-                with contextlib.nullcontext() if i == len(chunks) - 1 else self._accumulating(model):
-                    chunk = {k: v for k, v in chunk.items() if k != "chunks"}
-                    packed = "packed" in chunk
-                    with packed_attention(model) if packed else contextlib.nullcontext():
-                        loss = loss + super().training_step(model, {**chunk, "loss_weight": weight},
-                                                            num_items_in_batch)
-            # Metrics once, over the whole batch, from each real chunk's detached scores and token count.
-            outputs = self._chunk_outputs[:real]
-            scores = torch.cat([s for s, _ in outputs])
-            token_count = sum(t for _, t in outputs)
-        finally:
-            self._chunk_outputs = None
-        ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
-        if "score_order" in inputs:  # chunks of TRL pairs: every chosen, then every rejected
-            scores = scores[inputs["score_order"].to(scores.device)]
-        if ranks is None:  # TRL's pair layout
-            ranks, record_index = _pair_layout(scores.shape[0], scores.device)
-        margin = inputs.get("margin")
-        pairwise = ranked_bradley_terry_loss(
-            scores, ranks.to(scores.device), record_index.to(scores.device),
-            None if margin is None else margin.to(scores.device), self.args.center_rewards_coefficient,
-        )
-        self._log_train_metrics(scores, pairwise, record_index.to(scores.device), token_count)
-        return loss
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         return self._examples.prepare(dataset, processing_class, args, dataset_name)
@@ -310,7 +201,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         if score_order is not None:  # chunks of TRL pairs, concatenated in record order: TRL's pair layout
             scores = scores[score_order.to(scores.device)]
         if ranks is None:  # TRL's pair layout (ours or TRL's DataCollatorForPreference): every chosen, then rejected
-            ranks, record_index = _pair_layout(scores.shape[0], scores.device)
+            ranks, record_index = pair_layout(scores.shape[0], scores.device)
         if mode == "eval":
             self._last_scores = scores.detach()
         pairwise = ranked_bradley_terry_loss(
@@ -529,13 +420,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, RewardTrainer):
         config = self.accelerator.unwrap_model(self.model).config
         config.reward_mean, config.reward_std, config.reward_stats = mean, std, per_set
         return per_set
-
-
-def _pair_layout(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(ranks, record_index)` of TRL's pair layout: rows 0..B-1 are the chosen, B..2B-1 the rejected."""
-    half = rows // 2
-    ranks = torch.cat([torch.zeros(half, dtype=torch.long), torch.ones(half, dtype=torch.long)]).to(device)
-    return ranks, torch.arange(half, device=device).repeat(2)
 
 
 __all__ = ["RankedRewardTrainer"]

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -107,8 +108,8 @@ class RemoteScorer:
         urls: One server or several (`http://host:port`, or a full endpoint URL such as `.../pooling`); requests
             are spread over them round-robin and a retry goes to the next one.
         model: The `model` field sent with each request (None: omitted, the server's own model).
-        tokenizer: The reward model's tokenizer: conversations are encoded here (`remote_input`), or rendered into
-            text for `remote_api="openrlhf"`.
+        tokenizer: The reward model's tokenizer, or its path or Hub id (loaded here, as the environments load
+            one): conversations are encoded here (`remote_input`), or rendered into text for `remote_api="openrlhf"`.
         use_activation: Sent as `use_activation` (`pooling`/`classify`); False (default) asks for the raw
             Bradley-Terry logit.
         options, **values: The `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `backoff`,
@@ -137,6 +138,10 @@ class RemoteScorer:
         scoring: ScoringOptions | None = None,
         **values: Any,
     ):
+        if isinstance(tokenizer, str | os.PathLike):  # a path or Hub id, as the environments take it
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
         remote_values, scoring_values = route(values, RemoteOptions, ScoringOptions, what="option")
         options = build(RemoteOptions, options, **remote_values)
         scoring = ScoringOptions.build(scoring, **scoring_values)
