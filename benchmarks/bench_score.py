@@ -21,9 +21,11 @@ a CPU of few cores (`trl_rm_env.scoring.vllm.cpu_thread_env`). Every call of eve
 seen (vLLM's prefix cache would serve a repeated one from memory). `served: ...` score
 through `RewardModelEnvironment(remote_url=...)` with the RM's tokenizer (token ids) on vLLM's own server started
 directly (`vLLM server`), on `trl-rm-env serve --engine vllm` and on `trl-rm-env serve --engine hf` (ours). The
-vLLM and served rows need vLLM (`--methods` picks rows; they are left out where it is not installed). Each
-configuration runs in a fresh child process; peak memory is the peak RSS of that process and everything it started
-(CUDA: max allocated of the process), model included, for served rows the server's processes.
+vLLM and served rows need vLLM (`--methods` picks rows; they are left out where it is not installed). On the CPU each
+configuration runs in a fresh child process; peak memory is the peak RSS of that process and everything it started,
+model included, for served rows the server's processes. On CUDA one child per round runs the round's methods in turn
+(max allocated, reset between them). `--rounds R` runs every method R times, interleaved (the order rotated each
+round; the fp32 reference once): the table gives the median call's speed and the range.
 
 Models (offline Qwen3, random init, fp32, SDPA): `small` = 4 layers, hidden 256, 4 heads x 64 (2 KV heads), MLP 512;
 `wide` = Qwen3-0.6B's width (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072) with `--layers` layers (default 1,

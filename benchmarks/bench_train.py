@@ -6,8 +6,12 @@
     python benchmarks/bench_train.py --model wide --layers 28 --precision bf16 --methods "TRL RewardTrainer,ours: packed"
 
 Every run trains the same offline Qwen3 (random init from one seed) on the same records in the same order (sequential
-sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process (so peak memory
-is its own). `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
+sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process on the CPU (so
+its peak RSS is its own); on CUDA one child per round runs the round's methods in turn, peak memory reset between
+them. `--rounds R` runs every method R times, interleaved (the order rotated each round): the table gives the median
+pairs/s and the range. `--grad-accum K`: K micro-batches of `--batch-size` pairs per step; `TRL RewardTrainer:
+checkpointing` is TRL with its default gradient checkpointing; `ours: one micro-batch` is our defaults with the step's
+pairs in one micro-batch. `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
 against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`, `packed`
 (opt-in through `--methods`) `prefix_sharing="packed"`. A method that fails prints its error in its row. The table shows
 pairs/s over the timed steps (after one warm-up step), tokens through the model (padded positions and real tokens)
@@ -20,8 +24,9 @@ device's dense matmul rate in the run's dtype (8192^3 products, `floor.cuda_matm
 every method's model in torch.bfloat16 and `bf16=True` in its training arguments. Data: Anthropic hh-rlhf harmless-base test (real multi-turn
 conversations, long shared context) when `--hh-path` (default `../shared/data/hh-rlhf/...`) exists, else generated conversations with a similar
 length profile; `--long`: generated records with a `--context`-token context and two answers of about 200 tokens.
-Models: `small` (4 layers, hidden 256) or `wide` (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072; `--layers`,
-default 1).
+Models: `small` (4 layers, hidden 256), `wide` (Qwen3-0.6B's width: hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072)
+or `4b` (Qwen3-4B's: hidden 2560, 32 heads x 128, 8 KV heads, MLP 9728); `--layers` (wide default 1). On CUDA in bf16 a
+second MFU column uses the device's datasheet peak (`floor.datasheet_tflops`).
 """
 
 from __future__ import annotations
