@@ -66,6 +66,7 @@ from pathlib import Path
 
 from floor import (  # benchmarks/floor.py (on sys.path)
     datasheet_tflops,
+    fresh_memory,
     group_floor,
     load_line,
     matmul_gflops,
@@ -254,16 +255,9 @@ def wait_until_healthy(proc: subprocess.Popen, url: str, what: str, timeout: flo
 def run_many(methods: list[str], case: dict, opts: dict, queue) -> None:
     """Score each configuration of `methods` in turn in this process (CUDA: peak memory reset between them); put the
     list of their measurements on `queue` (`{"error"}` for one that fails)."""
-    import gc
-
-    import torch
-
     results: list[dict] = []
     for method in methods:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        fresh_memory()
         try:
             score_one(method, case, opts, results)
         except BaseException as err:  # the row shows the error; the other methods still run

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from floor import (  # benchmarks/floor.py (on sys.path)
     datasheet_tflops,
+    fresh_memory,
     group_floor,
     load_line,
     matmul_gflops,
@@ -133,17 +134,10 @@ def run_many(names: list[str], records: list[dict], opts: dict, queue) -> None:
     """Train each configuration of `names` in turn in this process (the model built once, copied for each; CUDA: peak
     memory reset between them); put the list of their measurements on `queue` (`{"name", "error"}` for one that
     fails)."""
-    import gc
-
-    import torch
-
     os.dup2(2, 1)  # the child's prints (e.g. DeepSpeed's accelerator warning) to stderr: the table alone on stdout
     results, base = [], None
     for name in names:
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        fresh_memory()
         try:
             base = base if base is not None else build_model(opts)
             results.append(train_one(name, records, opts, base))

@@ -23,6 +23,19 @@ def datasheet_tflops(device_name: str) -> float | None:
     return None
 
 
+def fresh_memory() -> None:
+    """Before a method runs in a process others ran in: garbage collected, and on CUDA the cache emptied and the peak
+    reset (so the method's peak memory is its own)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
 def rotations(methods: Sequence[str], rounds: int) -> list[list[str]]:
     """`rounds` orders of `methods`, each the last rotated by one (A B C, B C A, C A B, ...): no method always first."""
     return [list(methods[r % len(methods):]) + list(methods[: r % len(methods)]) for r in range(rounds)]

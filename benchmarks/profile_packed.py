@@ -80,20 +80,25 @@ def main() -> None:
           f"{args.precision}; {args.prompts} x {args.generations}; {tokens} packed tokens")
     print(f"whole call {whole * 1e3:.1f} ms | encode {encode * 1e3:.1f} ms | packed forward {forward_s * 1e3:.1f} ms "
           f"({tokens / forward_s:.0f} tokens/s)")
+    print_profile(lambda: env(*next(calls)), device, args.rows)
+    for pairs in [int(x) for x in args.train_pairs.split(",") if x.strip()]:
+        profile_training(model, tokenizer, pairs, args, device)
+
+
+def print_profile(fn, device: str, rows: int) -> None:
+    """The profiler's table of one run of `fn()` (CPU and, on CUDA, kernels, sorted by device time)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as profile:
-        env(*next(calls))
+        fn()
         if device == "cuda":
             torch.cuda.synchronize()
     sort = "device_time_total" if device == "cuda" else "cpu_time_total"
-    print(profile.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
-    for pairs in [int(x) for x in args.train_pairs.split(",") if x.strip()]:
-        profile_training(model, tokenizer, pairs, args, device, sort)
+    print(profile.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=60))
 
 
-def profile_training(model, tokenizer, pairs: int, args, device: str, sort: str) -> None:
+def profile_training(model, tokenizer, pairs: int, args, device: str) -> None:
     """Time and profile a packed training micro-batch of `pairs` hh-rlhf pairs: collate, forward, backward."""
     import gzip
     import json
@@ -123,14 +128,7 @@ def profile_training(model, tokenizer, pairs: int, args, device: str, sort: str)
     tokens = batch["num_tokens"]
     print(f"\ntraining micro-batch of {pairs} pairs: {tokens} packed tokens; collate {collate * 1e3:.1f} ms | "
           f"forward + backward {step_s * 1e3:.1f} ms ({tokens / step_s:.0f} tokens/s)")
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as profile:
-        step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-    print(profile.key_averages().table(sort_by=sort, row_limit=args.rows, max_name_column_width=60))
+    print_profile(step, device, args.rows)
     model.eval()
 
 
