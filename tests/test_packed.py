@@ -82,17 +82,12 @@ def test_block_mask_is_the_varlen_layout(tiny_tokenizer):
     masked = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=packed.block_mask()
     )[0].transpose(0, 1)
-    keys_k, keys_v = k[packed.key_index], v[packed.key_index]
-    cu_q, cu_k = packed.cu_seqlens_q.tolist(), packed.cu_seqlens_k.tolist()
-    emulated = torch.empty_like(q)
-    for s in range(len(cu_q) - 1):
-        sq, sk = cu_q[s + 1] - cu_q[s], cu_k[s + 1] - cu_k[s]
-        assert sq <= packed.max_q and sk <= packed.max_k
-        allowed = torch.ones(sq, sk, dtype=torch.bool).tril(diagonal=sk - sq)  # aligned to the end of the keys
-        emulated[cu_q[s]:cu_q[s + 1]] = torch.nn.functional.scaled_dot_product_attention(
-            q[cu_q[s]:cu_q[s + 1]].transpose(0, 1), keys_k[cu_k[s]:cu_k[s + 1]].transpose(0, 1),
-            keys_v[cu_k[s]:cu_k[s + 1]].transpose(0, 1), attn_mask=allowed,
-        ).transpose(0, 1)
+    from trl_rm_env.sharing.kernels import reference_varlen_attn
+
+    emulated = reference_varlen_attn(  # the varlen kernel's contract: each segment against its gathered keys
+        q, k[packed.key_index], v[packed.key_index], packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q,
+        packed.max_k, window_size=(-1, 0),
+    )
     torch.testing.assert_close(emulated, masked, atol=1e-6, rtol=0)
 
 

@@ -207,7 +207,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         pairwise = ranked_bradley_terry_loss(
             scores, ranks, record_index, margin, self.args.center_rewards_coefficient
         )
-        num_records = int(record_index.max().item()) + 1
         loss = pairwise.loss
         if mode == "train" and loss_weight is not None:  # its share of the step's pairs; metrics once per step
             self._chunk_outputs.append((scores.detach(), token_count))
@@ -220,6 +219,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
                 # the same global batch (processes hold different numbers of pairs with ranked records).
                 loss = loss * (pairwise.better.numel() * self.accelerator.num_processes / summary["num_pairs"])
         else:
+            num_records = int(record_index.max().item()) + 1
             stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
             self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
             # (min, max) per process; repeated padding samples of a last batch cannot change either.
