@@ -212,6 +212,53 @@ def test_hub_errors_name_dataset_config_and_split(monkeypatch):
         load_rank_dataset("org/prefs", hub_config="cfg", split="dev")
 
 
+def _hub_clone(root: Path, repo: str, config: str, splits: dict[str, list[dict]]) -> None:
+    """A folder laid out as a Hub data set's repository: data files per split, the config declared in README.md."""
+    lines = ["---", "configs:", f"- config_name: {config}", "  data_files:"]
+    for split, rows in splits.items():
+        (root / repo / config).mkdir(parents=True, exist_ok=True)
+        (root / repo / config / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        lines += [f"  - split: {split}", f"    path: {config}/{split}.jsonl"]
+    (root / repo / "README.md").write_text("\n".join([*lines, "---", ""]))
+
+
+def test_a_local_clone_of_a_hub_set_loads_as_its_id_does(tmp_path, monkeypatch):
+    """As `datasets.load_dataset` does: a folder named like the id comes before the Hub (config and splits read from
+    its README.md), e.g. a `git clone` of the data set's repository for an offline machine."""
+    row = {"domain": "general", "language": "english", "context": [{"role": "user", "content": "Hi?"}],
+           "response1": "Hello.", "response2": "Go away.", "overall_preference": -2}  # fmt: skip
+    _hub_clone(tmp_path, "nvidia/HelpSteer3", "preference", {"train": [row] * 3, "validation": [row]})
+    monkeypatch.chdir(tmp_path)
+    import datasets
+
+    # datasets caches a folder's table under its name, not its contents: another run's folder of that name would do
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    train = load_rank_dataset("nvidia/HelpSteer3:train", hub_config="preference", data_format="helpsteer3")
+    _, report = load_rank_records("nvidia/HelpSteer3", split="validation", hub_config="preference",
+                                  data_format="helpsteer3")  # fmt: skip
+    assert len(train) == 3 and report.kept == 1 and report.source == "nvidia/HelpSteer3[preference]:validation"
+    assert train[0]["completions"][0] == {"rank": 0, "completion": [{"role": "assistant", "content": "Hello."}]}
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="unsupported local data file"):  # a file that is no data set stays refused
+        load_rank_dataset("notes.txt")
+
+
+def test_the_bundled_samples_are_rank_records_whatever_the_data_format(tmp_path):
+    """`rm.yaml` puts `sample=sample:in_domain` beside its HelpSteer3 sets: `data_format` and `hub_config` are the Hub
+    sets', the sample is read as the rank records it is."""
+    from trl_rm_env.data.arguments import RankedDataArguments
+
+    row = {"context": [{"role": "user", "content": "Hi?"}], "response1": "Hello.", "response2": "No.",
+           "overall_preference": 1}  # fmt: skip
+    (tmp_path / "hs3.jsonl").write_text(json.dumps(row) + "\n")
+    arguments = RankedDataArguments(train_data=str(tmp_path / "hs3.jsonl"), data_format="helpsteer3",
+                                    hub_config="preference", eval_data=["sample=sample:in_domain"])  # fmt: skip
+    train, evals = arguments.load()
+    best = next(c for c in train[0]["completions"] if c["rank"] == 0)
+    assert best["completion"][0]["content"] == "No."  # helpsteer3: +1 prefers response2
+    assert len(evals["sample"]) == len(load_rank_dataset("sample:in_domain"))
+
+
 # --- data specs ---
 
 

@@ -5,13 +5,14 @@ same way and load them through `trl_rm_env.data.sources.load_named_sets`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from datasets import Dataset
 
 from .converters import ALL_CONVERTERS
 from .loaders import load_rank_dataset
 from .schema import MAX_COMPLETIONS_PER_RECORD
-from .sources import load_named_sets
+from .sources import SAMPLE_PREFIX, load_named_sets
 
 RANK_FORMATS = ("rank", *ALL_CONVERTERS)
 """Every `data_format` the rank loader accepts: the rank schema and each converter's name."""
@@ -29,7 +30,8 @@ class RankedDataArguments:
         eval_data: Named validation sets, each `name=source` (e.g. `in_domain=sample:in_domain`); every metric is
             reported per name (`eval_<name>_accuracy`, ...). A source without a name is called `eval`.
         data_format: `rank` (the rank schema), `binary` (prompt/chosen/rejected), `helpsteer3`, `tulu3`, `llmbar`,
-            `pandalm`, `hh` (`RANK_FORMATS`).
+            `pandalm`, `hh` (`RANK_FORMATS`), for every source but the bundled `sample:` sets, which are rank records
+            (so a config can add `sample=sample:in_domain` beside its Hub sets); `hub_config` likewise.
         prompt_key: Prompt column of `binary` data.
         chosen_key: Chosen column of `binary` data.
         rejected_key: Rejected column of `binary` data.
@@ -74,4 +76,9 @@ class RankedDataArguments:
             hub_config=self.hub_config,
             max_completions=max_completions,
         )
-        return load_named_sets(self.train_data, self.eval_data, lambda *a, **kw: load_rank_dataset(*a, **kw, **kwargs))
+        sample = {**kwargs, "data_format": "rank", "hub_config": None}
+
+        def load(source: str, **where: Any) -> Dataset:  # the bundled samples are rank records, whatever the format
+            return load_rank_dataset(source, **where, **(sample if source.startswith(SAMPLE_PREFIX) else kwargs))
+
+        return load_named_sets(self.train_data, self.eval_data, load)

@@ -248,9 +248,10 @@ def open_source(
         if _data_suffix(path) == ".jsonl":
             return source, read_jsonl(path), "line"
         return source, read_json(path), "row"
-    if path.exists():
+    if path.exists() and not path.is_dir():
         raise ValueError(f"{source}: unsupported local data file; use .jsonl (one object per line) or .json")
-    # A Hub dataset id, optionally with an inline split: "org/name:split".
+    # A Hub dataset id, optionally with an inline split: "org/name:split". As in `datasets.load_dataset`, a local
+    # folder of that name (a clone of the data set's repository, its configs in README.md) comes before the Hub.
     repo_id, inline_split = source, None
     if ":" in source:
         repo_id, _, inline_split = source.rpartition(":")

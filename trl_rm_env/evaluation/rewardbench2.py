@@ -157,8 +157,8 @@ def load_rewardbench2(
         from datasets import Dataset
 
         name, source = source, Dataset.from_parquet(source)
-    elif isinstance(source, str) and not Path(source).exists() and not source.startswith("sample:"):
-        split = split or (None if ":" in source else "test")  # the Hub set has one split, "test"
+    elif isinstance(source, str) and not Path(source).is_file() and not source.startswith("sample:"):
+        split = split or (None if ":" in source else "test")  # the Hub set (or a clone's folder): one split, "test"
     source_name, rows, row_label = open_source(source, split, None, name)
     report = LoadReport(source_name, tie_rule="none")
     convert = lambda row, row_num: rewardbench2_row_to_record(row, source_name, row_num, row_label)  # noqa: E731
