@@ -454,3 +454,21 @@ def test_vllm_cpu_worker_gets_every_core_of_a_small_machine(monkeypatch):
     assert cpu_thread_env({"VLLM_CPU_OMP_THREADS_BIND": "0-1"}) == {}
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(FEW_CPUS + 1)), raising=False)
     assert cpu_thread_env({}) == {}
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_before_vllm_starts():
+    """vLLM refuses it too, but as a traceback deep in its engine's log; `serve --engine vllm --max-length` and the
+    vLLM engine of the environment get one line naming both lengths. A scaled RoPE is vLLM's to judge."""
+    from types import SimpleNamespace
+
+    from trl_rm_env.scoring.options import ScoringOptions
+    from trl_rm_env.scoring.vllm import check_max_length, engine_arguments
+
+    config = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "default"}, hidden_size=64,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip
+    check_max_length(config, 4096)
+    check_max_length(config, None)
+    with pytest.raises(ValueError, match=r"max_length 8192 is beyond the model's 4096 positions .*use at most 4096"):
+        engine_arguments(config, ScoringOptions(max_length=8192))
+    check_max_length(SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "yarn"}), 8192)
+    check_max_length(SimpleNamespace(max_position_embeddings=4096, rope_scaling={"type": "linear"}), 8192)

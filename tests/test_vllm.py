@@ -324,3 +324,22 @@ def test_async_grpo_contract_with_vllm_server(tiny_dir, hf_model):
         torch.testing.assert_close(
             torch.tensor([m["rewards/vllm_rm"] for m in metrics]), torch.tensor(want[g]), atol=1e-4, rtol=0
         )
+
+
+def test_serve_engine_vllm_refuses_a_max_length_beyond_the_model_in_one_line(tiny_dir):
+    """Before any vLLM process starts: vLLM's own refusal is a traceback in its engine's log."""
+    import subprocess
+    import sys
+
+    config = json.loads((tiny_dir / "reward_model" / "config.json").read_text())
+    too_long = config["max_position_embeddings"] * 2
+    out = subprocess.run(
+        [sys.executable, "-m", "trl_rm_env", "serve", "--model", str(tiny_dir / "reward_model"), "--engine", "vllm",
+         "--max-length", str(too_long)],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert lines == [f"trl-rm-env: error: max_length {too_long} is beyond the model's "
+                     f"{config['max_position_embeddings']} positions (max_position_embeddings in its config.json), "
+                     f"which vLLM refuses: use at most {config['max_position_embeddings']}"], out.stderr  # fmt: skip

@@ -68,6 +68,7 @@ def engine_arguments(
     vLLM's default.
     """
     options = options or ScoringOptions()
+    check_max_length(config, options.max_length)
     dtype = PRECISIONS[options.precision]
     if dtype == "auto":  # fp32 on the CPU; on an accelerator the checkpoint's own dtype, named (vLLM's `auto` would
         # load an fp32 checkpoint in fp16)
@@ -96,6 +97,25 @@ def engine_arguments(
     elif not (own_device and vllm_device() != "cpu"):
         arguments["kv_cache_memory_bytes"] = kv_cache_bytes(config, dtype, batched + (longest or batched))
     return arguments
+
+
+def check_max_length(config: Any, max_length: int | None) -> None:
+    """Refuse a `max_length` beyond the model's positions before vLLM starts (vLLM refuses it too, as a traceback in
+    its engine's log). A scaled RoPE (`rope_type` other than "default") is left to vLLM, which derives its length.
+
+    Raises:
+        ValueError: naming both lengths.
+    """
+    positions = getattr(config, "max_position_embeddings", None)
+    if max_length is None or positions is None or max_length <= positions:
+        return
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type", "default")) not in (None, "default"):
+        return
+    raise ValueError(
+        f"max_length {max_length} is beyond the model's {positions} positions (max_position_embeddings in its "
+        f"config.json), which vLLM refuses: use at most {positions}"
+    )
 
 
 def vllm_installed() -> bool:
