@@ -79,6 +79,13 @@ def _without(items: list[str], subsequence: list[str]) -> list[str]:
     return rest
 
 
+LAUNCH_HELP = (
+    "Launch options: --config FILE (a YAML of the flags above: a shipped config's name, e.g. rm_tiny.yaml, or a "
+    "path; flags on the command line override it), --accelerate_config NAME|FILE (a shipped Accelerate config, e.g. "
+    "cpu, ddp_cpu, zero3, or a path), and any flag of `accelerate launch` (e.g. --num_processes 2)."
+)
+
+
 def add_launch_parsers(sub: Any) -> None:
     """The recipe commands of `trl-rm-env` (listed in its help; each parses its own flags, `--help` included)."""
     for command in RECIPES:
@@ -95,6 +102,7 @@ def launch(command: str, argv: list[str]) -> int:
     try:
         argv = _replace_value(_replace_value(argv, "--config", "configs"), "--accelerate_config", "accelerate_configs")
         parser = module.make_parser(prog=prog)
+        parser.epilog = LAUNCH_HELP
         *_, from_config, from_flags = parser.parse_args_and_config(
             argv, return_remaining_strings=True, separate_remaining_strings=True
         )

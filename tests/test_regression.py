@@ -147,6 +147,17 @@ def test_metrics_per_set_and_attribute_equal_one_at_a_time_reference(tmp_path, t
     assert metrics["eval_a_helpfulness_rmse"] != metrics["eval_b_helpfulness_rmse"]
 
 
+def test_the_recipe_table_prints_the_gain_in_percent_as_the_docs_show():
+    from trl_rm_env.trainer.saving import format_regression_table
+
+    metrics = {"eval_in_domain_helpfulness_rmse": 0.5, "eval_in_domain_helpfulness_mae": 0.25,
+               "eval_in_domain_helpfulness_pearson": 0.9}  # fmt: skip
+    table = format_regression_table(metrics, ["in_domain"], ["helpfulness"], baseline={"in_domain_helpfulness": 2.0})
+    header, _, row = table.splitlines()
+    assert header.split() == ["set", "attribute", "rmse", "mae", "pearson", "mean_rmse", "gain"]
+    assert row.split() == ["in_domain", "helpfulness", "0.5000", "0.2500", "0.9000", "2.0000", "75%"]
+
+
 def test_metric_name_collisions_are_refused():
     fake = RegressionRewardTrainer.__new__(RegressionRewardTrainer)  # only the name check, no model
     fake.attributes = ["b_c", "c"]

@@ -86,7 +86,7 @@ def format_regression_table(
     """A text table of the per-set, per-attribute metrics.
 
     With `baseline` (from `trl_rm_env.data.regression.mean_baseline_rmse`) it also shows the RMSE of predicting the
-    training mean and the relative gain `1 - rmse / mean_rmse`.
+    training mean and the relative gain `1 - rmse / mean_rmse`, in percent.
     """
     header = ["set", "attribute", "rmse", "mae", "pearson"] + (["mean_rmse", "gain"] if baseline else [])
     rows = []
@@ -96,7 +96,10 @@ def format_regression_table(
             if baseline:
                 reference = baseline.get(f"{name}_{attr}", math.nan)
                 values += [reference, 1 - values[0] / reference if reference else math.nan]
-            rows.append([name, attr, *(f"{v:.4f}" for v in values)])
+            cells = [f"{v:.4f}" for v in values]
+            if baseline:
+                cells[-1] = f"{values[-1]:.0%}" if math.isfinite(values[-1]) else "nan"  # as docs/regression.md shows
+            rows.append([name, attr, *cells])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
