@@ -91,3 +91,16 @@ def reference_varlen(monkeypatch):
     monkeypatch.setattr(kernels, "varlen_kernel", lambda: kernel)
     monkeypatch.setattr(kernels, "varlen_usable", lambda device, dtype: True)
     yield calls
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The documentation's census (tests/doc_runner.py) where its tests ran: how many blocks run, are parsed,
+    compared as output, illustrative (each with its reason in the page), vLLM's, CI's."""
+    if any(getattr(r, "nodeid", "").startswith("tests/test_docs_run.py") for rs in terminalreporter.stats.values()
+           for r in rs):  # fmt: skip
+        import doc_runner
+
+        terminalreporter.write_line(doc_runner.census_line())
+        slowest = sorted(doc_runner.TIMINGS, reverse=True)[:12]
+        if slowest:
+            terminalreporter.write_line("docs: slowest blocks: " + ", ".join(f"{w} {s:.0f}s" for s, w in slowest))
