@@ -1,0 +1,196 @@
+"""NeMo Gym's `genrm_compare` protocol, the pieces that need no model: what a pairwise generative reward model (GenRM)
+is sent, how its verdict is read, which pairs of a group are compared, and how a group's comparisons become one
+reward per sample. `rewards/shaping.py` holds the group adjustments that follow (bonuses, length, style).
+
+- **Messages**: the prompt's messages unchanged, then optionally a `principle` message, then `response_1` and
+  `response_2`, each a response's final answer (its reasoning left out; an empty answer is the string "None"). No
+  instruction is added: the GenRM's chat template renders these roles.
+- **Verdict**: `{"score_1": 1-5, "score_2": 1-5, "ranking": 1-6}` (ranking 1: response 1 much better, 6: response 2
+  much better). The fenced ```json blocks are read first (the first valid object wins), else every top-level `{...}` of
+  the text (the last valid one wins). An object is valid when it has at least one of the three keys (read inside
+  `"overall"` when that key holds an object); a missing key is the default (3, 3, 3.5); values go through `float()`,
+  and a value that is not a finite number makes the object invalid.
+- **Pairs**: `circular` (i against i+1 mod N) or `all_pairs` (i < j).
+- **Aggregation** into one reward per sample, the mean of what it received (`default_score` where it got nothing):
+  `simple_tiebreaker` (equal scores are split by the ranking: d = 3.5 - ranking, score_1 + d, score_2 - d),
+  `individual_scores` (the scores as given) or `weighted_win_loss` (points from the ranking, rounded half to even as
+  NeMo RL rounds: 1, .75, .6, .4, .25, 0 for response 1 from ranking 1 to 6, the rest of 1 for response 2; NeMo RL's
+  own gives the points of rankings 4 to 6 to response 2, the better one, so the loser scores higher there).
+
+The cases of NeMo Gym's tests for these functions pass as written (tests/test_genrm.py), its newest included: a
+non-finite value (NaN, Infinity) is no verdict. Not here yet: the judge mode that sends these messages to a GenRM and
+reads its answers in GRPO (issue 38).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEFAULT_SCORE = 3.0
+DEFAULT_RANKING = 3.5  # no preference
+EMPTY_ANSWER = "None"  # what the GenRM is shown for an empty answer
+PAIR_STRATEGIES = ("circular", "all_pairs")
+AGGREGATORS = ("simple_tiebreaker", "individual_scores", "weighted_win_loss")
+WIN_POINTS = {1: 1.0, 2: 0.75, 3: 0.6, 4: 0.4, 5: 0.25, 6: 0.0}  # response 1's points by ranking
+VERDICT_KEYS = ("score_1", "score_2", "ranking")
+FENCED_JSON = re.compile(r"```json\s*([\s\S]*?)\s*```", re.I)
+
+Verdict = tuple[float, float, float]
+
+
+class GenRMVerdictError(ValueError):
+    """A GenRM's text holds no valid verdict object."""
+
+
+def split_reasoning(text: str, end_of_reasoning: str = "</think>") -> tuple[str, str]:
+    """`(reasoning, answer)` of a completion's text: what precedes the last `end_of_reasoning` (an opening `<think>`
+    dropped) and what follows it; no marker: no reasoning."""
+    if end_of_reasoning not in text:
+        return "", text
+    reasoning, _, answer = text.rpartition(end_of_reasoning)
+    return reasoning.replace("<think>", "", 1).strip(), answer.lstrip()
+
+
+def genrm_messages(
+    prompt: Sequence[Mapping[str, Any]], answer_1: str, answer_2: str, principle: str | None = None
+) -> list[dict[str, Any]]:
+    """The messages a GenRM is sent for one comparison: the prompt's, an optional `principle`, the two answers."""
+    messages = [dict(m) for m in prompt]
+    if principle is not None:
+        messages.append({"role": "principle", "content": principle})
+    for role, answer in (("response_1", answer_1), ("response_2", answer_2)):
+        messages.append({"role": role, "content": answer if answer.strip() else EMPTY_ANSWER})
+    return messages
+
+
+def _objects(text: str) -> list[str]:
+    """The top-level `{...}` spans of `text`, braces inside JSON strings ignored; a `{` that never closes is skipped
+    and the scan goes on after it (an object inside it still counts)."""
+    found, i = [], 0
+    while i < len(text):
+        end = _closing_brace(text, i) if text[i] == "{" else None
+        if end is not None:
+            found.append(text[i : end + 1])
+            i = end
+        i += 1
+    return found
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """The index of the `}` that closes the `{` at `start`, or None."""
+    depth, in_string, escaped = 0, False, False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
+def _verdict(candidate: str, default_score: float, default_ranking: float) -> Verdict | None:
+    try:
+        value = json.loads(candidate)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(value, dict) and isinstance(value.get("overall"), dict):
+        value = value["overall"]
+    if not isinstance(value, dict) or not any(key in value for key in VERDICT_KEYS):
+        return None
+    defaults = (default_score, default_score, default_ranking)
+    try:
+        verdict = tuple(float(value.get(key, default)) for key, default in zip(VERDICT_KEYS, defaults))
+    except (TypeError, ValueError):
+        return None
+    return verdict if all(math.isfinite(v) for v in verdict) else None  # type: ignore[return-value]
+
+
+def parse_genrm_verdict(
+    text: str,
+    default_score: float = DEFAULT_SCORE,
+    default_ranking: float = DEFAULT_RANKING,
+    *,
+    raise_on_fail: bool = False,
+) -> Verdict:
+    """`(score_1, score_2, ranking)` read from a GenRM's answer (see the module docstring); the defaults where it
+    holds no valid verdict.
+
+    Raises:
+        GenRMVerdictError: no valid verdict, with `raise_on_fail`.
+    """
+    for block in FENCED_JSON.finditer(text):
+        for candidate in _objects(block.group(1)):
+            if (verdict := _verdict(candidate, default_score, default_ranking)) is not None:
+                return verdict
+    valid = [v for c in _objects(text) if (v := _verdict(c, default_score, default_ranking)) is not None]
+    if valid:
+        return valid[-1]
+    if raise_on_fail:
+        preview = text if len(text) <= 200 else text[:200] + "..."
+        raise GenRMVerdictError(f"no verdict object {{{', '.join(VERDICT_KEYS)}}} in the GenRM's answer: {preview!r}")
+    return default_score, default_score, default_ranking
+
+
+def comparison_pairs(strategy: str, n: int) -> list[tuple[int, int]]:
+    """The pairs `(i, j)` of a group of `n` to compare, `i` shown as response 1.
+
+    Raises:
+        ValueError: an unknown strategy, or fewer than 2 samples.
+    """
+    if strategy not in PAIR_STRATEGIES:
+        raise ValueError(f"Unknown comparison strategy {strategy!r}; choose one of {', '.join(PAIR_STRATEGIES)}")
+    if n < 2:
+        raise ValueError(f"Need at least 2 responses to compare, got {n}")
+    if strategy == "all_pairs":
+        return list(itertools.combinations(range(n), 2))
+    return [(i, (i + 1) % n) for i in range(n)]
+
+
+def aggregate_verdicts(
+    verdicts: Sequence[Verdict],
+    pairs: Sequence[tuple[int, int]],
+    n: int,
+    method: str = "simple_tiebreaker",
+    default_score: float = DEFAULT_SCORE,
+) -> tuple[list[float], float]:
+    """One reward per sample of a group of `n` from its comparisons (`verdicts[k]` judged `pairs[k]`; a pair judged
+    k times appears k times), and the share of comparisons whose scores tied (what the tie-breaker split).
+
+    Raises:
+        ValueError: an unknown method, or verdicts and pairs of different lengths.
+    """
+    if method not in AGGREGATORS:
+        raise ValueError(f"Unknown aggregator {method!r}; choose one of {', '.join(AGGREGATORS)}")
+    if len(verdicts) != len(pairs):
+        raise ValueError(f"one verdict per compared pair: {len(verdicts)} verdicts, {len(pairs)} pairs")
+    totals, counts, ties = [0.0] * n, [0] * n, 0
+    for (score_1, score_2, ranking), (i, j) in zip(verdicts, pairs):
+        ties += score_1 == score_2
+        if method == "weighted_win_loss":
+            score_1 = WIN_POINTS.get(min(6, max(1, round(ranking))), 0.5)
+            score_2 = 1.0 - score_1
+        elif method == "simple_tiebreaker" and score_1 == score_2:
+            shift = DEFAULT_RANKING - ranking
+            score_1, score_2 = score_1 + shift, score_2 - shift
+        totals[i] += score_1
+        totals[j] += score_2
+        counts[i] += 1
+        counts[j] += 1
+    rewards = [total / count if count else default_score for total, count in zip(totals, counts)]
+    return rewards, ties / len(verdicts) if verdicts else 0.0

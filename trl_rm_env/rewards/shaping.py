@@ -1,0 +1,136 @@
+"""Group shaping: reward adjustments that read a whole GRPO group (NeMo Gym's `genrm_compare` adjustments).
+
+Any reward of a group of N samples (a reward model's, a judge's, a GenRM's) can be shaped, in this order, each step
+only when its coefficient is > 0:
+
+1. **Top-performer bonuses.** The threshold is the `max(0, int(N * top_percentile) - 1)`-th best score (0-based,
+   best first). The sample with the shortest non-empty reasoning (the first of equals) gets `reasoning_bonus` if its
+   score reaches the threshold; then the sample with the shortest non-empty answer gets `answer_bonus` the same way
+   (its score counted with a reasoning bonus it just got).
+2. **Group length adjustment.** For lengths L (characters of the stripped text), w_k = 1 - (L_k - min L) /
+   (max L - min L), minus the group's mean of w (all 0 when every length is equal): shorter is higher, the group's
+   adjustments sum to 0. Reasoning and answer each with their coefficient.
+3. **Style.** The answer's style density, (markdown headers + numbered and bulleted list items + bold spans + emoji) /
+   characters, code blocks left out of both, weighted the same way (lower density higher) times the style coefficient.
+
+A group of one is left as it is. The formulas and the order are NeMo Gym's (tests/test_shaping.py holds its cases).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+CODE_BLOCK = re.compile(r"```[\s\S]*?```")
+HEADER = re.compile(r"^#{1,6}\s", re.M)
+ORDERED_ITEM = re.compile(r"^\s*\d+\.\s", re.M)
+BULLET_ITEM = re.compile(r"^\s*[-*+]\s", re.M)
+BOLD = re.compile(r"\*\*[^*\n]+\*\*|__[^_\n]+__")
+# Emoji: single code points in the common emoji blocks (a ZWJ sequence counts each of its emoji). Gym's ranges, kept
+# for parity: U+24C2..U+1F251 also holds the CJK ideographs, so Chinese or Japanese text counts as emoji-dense.
+EMOJI = re.compile(
+    "[\U0001f600-\U0001f64f\U0001f300-\U0001f5ff\U0001f680-\U0001f6ff\U0001f1e0-\U0001f1ff\u2702-\u27b0"
+    "\u24c2-\U0001f251\U0001f900-\U0001f9ff\U0001fa00-\U0001fa6f\U0001fa70-\U0001faff\u2600-\u26ff\u2700-\u27bf]"
+)
+
+
+def style_counts(text: str) -> dict[str, int]:
+    """Markdown headers (h1-h6), list items (numbered and bulleted), bold spans and emoji in `text`, code blocks
+    left out."""
+    text = CODE_BLOCK.sub("", text)
+    return {
+        "header_count": len(HEADER.findall(text)),
+        "list_count": len(ORDERED_ITEM.findall(text)) + len(BULLET_ITEM.findall(text)),
+        "bold_count": len(BOLD.findall(text)),
+        "emoji_count": len(EMOJI.findall(text)),
+    }
+
+
+def style_density(text: str) -> float:
+    """Style elements per character of `text` without its code blocks (stripped); 0 for nothing left."""
+    text = CODE_BLOCK.sub("", text)
+    length = len(text.strip())
+    return sum(style_counts(text).values()) / length if length else 0.0
+
+
+def centered_weights(values: Sequence[float]) -> list[float]:
+    """1 for the smallest value, 0 for the largest, linear between, minus their mean (all 0 when all are equal)."""
+    low, high = min(values), max(values)
+    if low == high:
+        return [0.0] * len(values)
+    raw = [1.0 - (v - low) / (high - low) for v in values]
+    mean = sum(raw) / len(raw)
+    return [w - mean for w in raw]
+
+
+@dataclass(frozen=True)
+class GroupShaping:
+    """The adjustments of a group's rewards (see the module docstring); every coefficient 0 (the default) is no
+    shaping.
+
+    Args:
+        reasoning_bonus: Added to the shortest non-empty reasoning's score when it is among the top scores.
+        answer_bonus: The same for the shortest non-empty answer.
+        top_percentile: The share of the group counted as top scores (at least the best one).
+        reasoning_length_coeff: Times the centred length weight of each reasoning (shorter scores higher).
+        answer_length_coeff: The same for answers.
+        style_coeff: Times the centred style-density weight of each answer (less markdown scores higher).
+    """
+
+    reasoning_bonus: float = 0.0
+    answer_bonus: float = 0.0
+    top_percentile: float = 0.2
+    reasoning_length_coeff: float = 0.0
+    answer_length_coeff: float = 0.0
+    style_coeff: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("reasoning_bonus", "answer_bonus", "reasoning_length_coeff", "answer_length_coeff", "style_coeff"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.top_percentile <= 1:
+            raise ValueError(f"top_percentile must be in [0, 1], got {self.top_percentile}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any adjustment applies."""
+        return any(c > 0 for c in (self.reasoning_bonus, self.answer_bonus, self.reasoning_length_coeff,
+                                   self.answer_length_coeff, self.style_coeff))  # fmt: skip
+
+    def apply(
+        self, scores: Sequence[float], reasonings: Sequence[str], answers: Sequence[str]
+    ) -> tuple[list[float], list[float]]:
+        """The group's shaped scores and each sample's total adjustment.
+
+        Args:
+            scores: One score per sample of the group.
+            reasonings: Each sample's reasoning text ("" where it has none).
+            answers: Each sample's final answer text.
+        """
+        if not len(scores) == len(reasonings) == len(answers):
+            raise ValueError(f"one reasoning and one answer per score: {len(scores)}, {len(reasonings)}, {len(answers)}")
+        shaped, adjustments = list(map(float, scores)), [0.0] * len(scores)
+        if len(scores) < 2 or not self.active:
+            return shaped, adjustments
+
+        def add(index: int, amount: float) -> None:
+            shaped[index] += amount
+            adjustments[index] += amount
+
+        reasoning_lengths = [len(r.strip()) for r in reasonings]
+        answer_lengths = [len(a.strip()) for a in answers]
+        threshold = sorted(shaped, reverse=True)[max(0, int(len(shaped) * self.top_percentile) - 1)]
+        for bonus, lengths in ((self.reasoning_bonus, reasoning_lengths), (self.answer_bonus, answer_lengths)):
+            candidates = [(length, i) for i, length in enumerate(lengths) if length > 0]
+            if bonus > 0 and candidates:
+                shortest = min(candidates)[1]
+                if shaped[shortest] >= threshold:
+                    add(shortest, bonus)
+        if self.reasoning_length_coeff > 0 or self.answer_length_coeff > 0:
+            for i, (w_r, w_a) in enumerate(zip(centered_weights(reasoning_lengths), centered_weights(answer_lengths))):
+                add(i, w_r * self.reasoning_length_coeff + w_a * self.answer_length_coeff)
+        if self.style_coeff > 0:
+            for i, weight in enumerate(centered_weights([style_density(a) for a in answers])):
+                add(i, weight * self.style_coeff)
+        return shaped, adjustments
