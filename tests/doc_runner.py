@@ -3,22 +3,25 @@
 A block is run unless the line right above its opening fence marks it, always with a reason:
 
     <!-- doc-test: illustrative: REASON -->   not run (a formula, a GPU-cluster script, a sketch)
-    <!-- doc-test: output: REASON -->         what the block above printed; JSON is compared key by key with it
+    <!-- doc-test: output: REASON -->         what the block above printed; JSON is compared with it (the same keys
+                                               and values, floats within 1e-4, but a reply's id and time)
     <!-- doc-test: parsed: REASON -->         commands checked, not run: every file they name exists and every
                                                flag (and every key of the YAML they pass) is one the program accepts
     <!-- doc-test: vllm -->                    run by the vLLM suite (its environment has vLLM)
     <!-- doc-test: ci -->                      the test command: `.ci/run` must run it verbatim
 
-What "run" means per language: `bash` (each command, continuation lines joined, in a fresh shell; exit 0 and no
-traceback; a `serve` command is started, waited for, and stopped at the end of the page), `python` (the page's
-blocks in one interpreter, in order, as a reader pastes them), `yaml` (every key is an option of a recipe), `json`
-(parses; a record in the rank or regression schema validates).
+What "run" means per language: `bash` (each command, continuation lines joined, `a && b` step by step, in a fresh
+shell; exit 0 and no traceback; a `serve` command is started, waited for, and stopped at the end of the page),
+`console` (each `$ command` runs; every line shown after it is printed, a traceback only where one is shown),
+`python` (the page's blocks in one namespace, in order, as a reader pastes them), `yaml` (every key is an option of
+a recipe), `json` (parses; a record in the rank or regression schema validates).
 
-Everything runs in one workspace folder per test session, where the reader's world is rebuilt small
-(`SUBSTITUTIONS` and `workspace()` declare all of it): the Hub ids the pages name are local folders of the same name
-(the tiny offline models, small data sets in the Hub sets' own schema: `transformers` and `datasets` load a local
-folder before the Hub), the page's data files exist as small fixtures, install steps are skipped (the suite runs
-inside that install), training runs a few steps, ports are free ones, remote hosts are a served tiny model.
+The pages run in two lanes (`LANES`), each in its own workspace folder, where the reader's world is rebuilt small
+(`SUBSTITUTIONS` and `build_workspace` declare all of it): the Hub ids the pages name are local folders of the same
+name (the tiny offline models, small data sets in the Hub sets' own schema: `transformers` and `datasets` load a
+local folder before the Hub), the pages' data files exist as small fixtures, install steps are checked and skipped
+(the suite runs inside that install), training runs a few steps, ports are free ones, remote hosts are a served
+tiny model, a command run before in the lane runs once.
 """
 
 from __future__ import annotations
@@ -212,13 +215,13 @@ SUBSTITUTIONS = {
                "RM for the Skywork RMs, the tiny causal LM for Qwen3 policies and judges), data sets are a few rows "
                "in the Hub set's own schema and configs",  # fmt: skip
     "data files": "the page's file names exist in the workspace as small fixtures in the documented format",
-    "install steps": "`python3 -m venv`, `. .venv/bin/activate`, `pip install/uninstall` are skipped: the suite runs "
-                     "inside that install",  # fmt: skip
+    "install steps": "`python3 -m venv`, `. .venv/bin/activate`, `pip install/uninstall` are skipped (the suite runs "
+                     "inside that install), their extras and pins checked against pyproject.toml and .ci/run",  # fmt: skip
     "training length": "`--max_steps 2` appended to a training command without one",
     "GPU configs": "rm.yaml, grpo_rm.yaml, rm_regression.yaml on the CPU: `--use_cpu true` (and GRPO's "
                    "`--max_completion_length 16`)",  # fmt: skip
     "ports": "8000 and 8001 are free ports",
-    "repeats": "a command run before in the session runs once; one that adds flags to it has those flags checked "
+    "repeats": "a command run before in the lane runs once; one that adds flags to it has those flags checked "
                "(names, as a `parsed` block's), not another run",  # fmt: skip
     "remote hosts": "http://10.0.0.x:8000, rm-0/rm-1 are the page's served tiny RM",
     "`...` in a Python call": "the arguments of the TRL script around the snippet (`GIVEN`)",
@@ -252,6 +255,7 @@ ELLIPSES = [
 
 
 def substitute_python(code: str, world: Workspace) -> str:
+    """A Python block as it runs here: `...` arguments from `GIVEN`, remote hosts the page's served model."""
     for pattern, replacement in ELLIPSES:
         code = re.sub(pattern, replacement, code)
     for host in ("http://10.0.0.5:8000", "http://10.0.0.6:8000", "http://rm-0:8000", "http://rm-1:8000"):
@@ -299,10 +303,17 @@ class Workspace:
     def interpreter(self) -> subprocess.Popen:
         """The Python blocks' interpreter (started once; each page resets its namespace)."""
         if self.python is None or self.python.poll() is not None:
-            self.python = subprocess.Popen([sys.executable, "-c", WORKER, GIVEN], cwd=self.root, env=self.env,
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                           text=True)  # fmt: skip
+            # stderr (logs, progress bars) to a file: a pipe nobody reads would block the interpreter once full
+            with open(self.root / "python-blocks.log", "a") as log:
+                self.python = subprocess.Popen([sys.executable, "-c", WORKER, GIVEN], cwd=self.root, env=self.env,
+                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                               text=True)  # fmt: skip
         return self.python
+
+    def log_tail(self, name: str) -> str:
+        """The end of a log file of this workspace."""
+        path = self.root / name
+        return path.read_text(errors="replace")[-4000:] if path.is_file() else ""
 
     def close(self) -> None:
         if self.python is not None:
@@ -477,11 +488,10 @@ class PageRun:
         if self.fresh:
             self.fresh = False
             if not self._ask({"reset": True}):
-                return Outcome(block, False, f"the interpreter ended:\n{self.world.python.stderr.read()[-4000:]}")
+                return Outcome(block, False, f"the interpreter ended:\n{self.world.log_tail('python-blocks.log')}")
         line = self._ask({"code": substitute_python(block.text, self.world), "where": block.where})
-        worker = self.world.python
         if not line:
-            return Outcome(block, False, f"the interpreter ended:\n{worker.stderr.read()[-4000:]}")
+            return Outcome(block, False, f"the interpreter ended:\n{self.world.log_tail('python-blocks.log')}")
         reply = json.loads(line)
         return Outcome(block, reply["ok"], reply.get("error", ""), reply["out"])
 
@@ -534,14 +544,15 @@ class PageRun:
         port = int(re.search(r"--port\s+(\d+)", command).group(1)) if "--port" in command else 8000
         if port in self.servers:  # the reader stops the server on that port first
             self._stop(self.servers.pop(port))
-        server = subprocess.Popen(["bash", "-c", command], cwd=self.world.root, env=self.world.env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        log = f"server-{port}.log"  # a file, not a pipe: a served run logs for as long as it lives
+        with open(self.world.root / log, "w") as out:
+            server = subprocess.Popen(["bash", "-c", command], cwd=self.world.root, env=self.world.env, stdout=out,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.servers[port] = server
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if server.poll() is not None:
-                return f"$ {command}\nthe server exited {server.returncode}:\n{server.stdout.read()[-5000:]}"
+                return f"$ {command}\nthe server exited {server.returncode}:\n{self.world.log_tail(log)}"
             with contextlib.suppress(OSError):
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
                 self.world.served_url = f"http://127.0.0.1:{port}"
@@ -869,6 +880,12 @@ def census_line(pages: list[Path] = PAGES) -> str:
 
 
 def iter_problems(pages: list[Path] = PAGES) -> Iterator[str]:
+    """Every block's problems (`problems_of`), and every mark that is not right above a fence (it would mark
+    nothing)."""
     for page in pages:
         for block in blocks_of(page):
             yield from problems_of(block)
+        lines = page.read_text(encoding="utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if line.startswith("<!-- doc-test") and (i + 1 == len(lines) or not FENCE.match(lines[i + 1])):
+                yield f"{page.name}:{i + 1}: a doc-test mark that is not right above a fence: {line}"

@@ -33,10 +33,12 @@ def test_the_census_counts_every_block():
 def test_an_unmarked_output_block_and_a_mark_without_reason_are_refused(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("```text\nsome output\n```\n\n<!-- doc-test: illustrative -->\n```bash\nls\n```\n"
-                    "<!-- doc-test: illustrative: a sketch -->\n```\nx\n```\n")  # fmt: skip
+                    "<!-- doc-test: illustrative: a sketch -->\n```\nx\n```\n"
+                    "<!-- doc-test: vllm -->\n\n```bash\nls\n```\n")  # fmt: skip
     problems = list(iter_problems([page]))
-    assert len(problems) == 2, problems
+    assert len(problems) == 3, problems
     assert "cannot run" in problems[0] and "needs a reason" in problems[1]
+    assert "not right above a fence" in problems[2]
 
 
 def test_commands_are_split_as_the_shell_reads_them():
