@@ -116,7 +116,7 @@ def test_a_renamed_option_in_a_page_fails_it(worlds, tmp_path):
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_vllm_blocks_run(worlds):
-    """The blocks marked `vllm` (vLLM's server from our command and from its own), in the vLLM suite."""
+    """The blocks marked `vllm` (`trl-rm-env serve --engine vllm`), in the vLLM suite."""
     if importlib.util.find_spec("vllm") is None:
         if os.environ.get("TRL_RM_ENV_REQUIRE_VLLM") == "1":
             raise RuntimeError("TRL_RM_ENV_REQUIRE_VLLM=1 but vLLM is not installed (see the README's test command)")
