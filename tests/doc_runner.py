@@ -139,8 +139,9 @@ def _chain(command: str) -> list[str]:
     return [*steps, command[start:].strip()]
 
 
-def _open_quote(command: str) -> bool:
-    """Whether `command` ends inside a quoted string."""
+def _scan(command: str) -> tuple[int, bool]:
+    """Where `command`'s trailing `# comment` starts (outside quotes; its length where it has none), and whether a
+    quote is still open there."""
     quote = None
     for i, ch in enumerate(command):
         if quote:
@@ -148,22 +149,18 @@ def _open_quote(command: str) -> bool:
         elif ch in "'\"":
             quote = ch
         elif ch == "#" and (i == 0 or command[i - 1].isspace()):
-            return False
-    return quote is not None
+            return i, False
+    return len(command), quote is not None
+
+
+def _open_quote(command: str) -> bool:
+    """Whether `command` ends inside a quoted string."""
+    return _scan(command)[1]
 
 
 def _strip_comment(command: str) -> str:
     """`command` without a trailing `# comment` (outside quotes)."""
-    quote, out = None, []
-    for i, ch in enumerate(command):
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or command[i - 1].isspace()):
-            break
-        out.append(ch)
-    return "".join(out).rstrip()
+    return command[: _scan(command)[0]].rstrip()
 
 
 VARIANT = re.compile(r"^(\s+--[\w-]+(\s+[^-\s]\S*)?)+$")  # flags added to a command
