@@ -205,7 +205,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     results = {}
     for method in methods:
-        results[method] = r = run_in_child(ctx, run_one, (method, opts), args.timeout)
+        results[method] = r = run_in_child(ctx, run_one, (method, opts), args.timeout)[0]
         print(f"  done: {method} " + (f"(error: {r['error']})" if "error" in r else f"({r['seconds']:.2f} s a call)"),
               file=sys.stderr)
         time.sleep(3)

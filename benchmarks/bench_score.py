@@ -23,8 +23,8 @@ through `RewardModelEnvironment(remote_url=...)` with the RM's tokenizer (token 
 directly (`vLLM server`), on `trl-rm-env serve --engine vllm` and on `trl-rm-env serve --engine hf` (ours). The
 vLLM and served rows need vLLM (`--methods` picks rows; they are left out where it is not installed). On the CPU each
 configuration runs in a fresh child process; peak memory is the peak RSS of that process and everything it started,
-model included, for served rows the server's processes. On CUDA one child per round runs the round's methods in turn
-(max allocated, reset between them). `--rounds R` runs every method R times, interleaved (the order rotated each
+model included, for served rows the server's processes. On CUDA one child runs every round's methods in turn (max
+allocated, reset between them; a method that hangs is killed and the rest go on in a fresh child). `--rounds R` runs every method R times, interleaved (the order rotated each
 round; the fp32 reference once): the table gives the median call's speed and the range.
 
 Models (offline Qwen3, random init, fp32, SDPA): `small` = 4 layers, hidden 256, 4 heads x 64 (2 KV heads), MLP 512;
@@ -75,6 +75,8 @@ from floor import (  # benchmarks/floor.py (on sys.path)
     short_error,
     spread,
 )
+
+START = time.monotonic()  # --deadline counts from here
 
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
 MODELS = {
@@ -254,18 +256,18 @@ def wait_until_healthy(proc: subprocess.Popen, url: str, what: str, timeout: flo
 
 def run_many(methods: list[str], case: dict, opts: dict, queue) -> None:
     """Score each configuration of `methods` in turn in this process (CUDA: peak memory reset between them); put the
-    list of their measurements on `queue` (`{"error"}` for one that fails)."""
-    results: list[dict] = []
+    measurements of each on `queue` as it finishes (`{"error"}` for one that fails)."""
     for method in methods:
         fresh_memory()
+        results: list[dict] = []
         try:
             score_one(method, case, opts, results)
+            queue.put(results[0])
         except BaseException as err:  # the row shows the error; the other methods still run
             import traceback
 
             traceback.print_exc()
-            results.append({"error": f"{type(err).__name__}: {err}"})
-    queue.put(results)
+            queue.put({"error": f"{type(err).__name__}: {err}"})
 
 
 def score_one(method: str, case: dict, opts: dict, results: list) -> None:
@@ -411,7 +413,7 @@ ONCE = {"fp32 one at a time"}
 def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[list[str]], str]:
     """The table's rows, and the name of the method the speed-ups and score differences are against (`TRL`,
     `plain`, or both when the cases differ). Every method runs `opts["rounds"]` times, interleaved (`run_rounds`: on
-    CUDA one child per round, its methods in turn; on the CPU one child per method and round); a row shows the median
+    CUDA one child for all rounds, its methods in turn; on the CPU one child per method and round); a row shows the median
     call time's speed and the range."""
     from transformers import AutoTokenizer
 
@@ -437,8 +439,10 @@ def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[l
 
         once = [m for m in wanted if m in ONCE]
         rest = [m for m in wanted if m not in ONCE]
-        results = run_rounds(ctx, run_many, once, 1, (case, opts), opts["timeout"], cuda, log) if once else {}
-        results |= run_rounds(ctx, run_many, rest, opts["rounds"], (case, opts), opts["timeout"], cuda, log)
+        results = run_rounds(ctx, run_many, once, 1, (case, opts), opts["timeout"], cuda, log,
+                             opts["deadline"]) if once else {}
+        results |= run_rounds(ctx, run_many, rest, opts["rounds"], (case, opts), opts["timeout"], cuda, log,
+                              opts["deadline"])
         timed = [batch_for(tokenizer, case, opts, i) for i in range(case["warmup"], case["warmup"] + case["repeats"])]
         floors = [floor_flops(tokenizer, *batch, config) for batch in timed]  # per batch, averaged like the times
         unique, flops = sum(u for u, _ in floors) // len(floors), sum(f for _, f in floors) / len(floors)
@@ -534,6 +538,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="every method's model dtype")
     parser.add_argument("--hh-path", type=Path, default=HH_PATH, help="hh-rlhf harmless-base test .jsonl.gz (--data hh)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds a method may take before it fails")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds from the start for the whole benchmark: then the method running is stopped, "
+                        "none starts, and the table shows what finished (the others as errors)")
     args = parser.parse_args()
     long = args.long
     model = args.model or ("wide" if long else "small")
@@ -542,6 +549,7 @@ def main() -> None:
         "model_kwargs": model_kwargs(model, args.layers),
         "trl_max_prompt": args.trl_max_prompt or (4096 if long else 10**9), "settle": args.settle,
         "data": args.data, "precision": args.precision, "hh_path": str(args.hh_path), "timeout": args.timeout,
+        "deadline": START + args.deadline if args.deadline else None,
         "rounds": args.rounds,
     }
     spec = args.cases or ("4096x200,16384x200" if long else "64x64,256x64,256x256,1024x64,1024x256")

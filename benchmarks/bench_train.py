@@ -7,8 +7,8 @@
 
 Every run trains the same offline Qwen3 (random init from one seed) on the same records in the same order (sequential
 sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process on the CPU (so
-its peak RSS is its own); on CUDA one child per round runs the round's methods in turn, peak memory reset between
-them. `--rounds R` runs every method R times, interleaved (the order rotated each round): the table gives the median
+its peak RSS is its own); on CUDA one child runs every round's methods in turn, the model built once, peak memory
+reset between them. `--rounds R` runs every method R times, interleaved (the order rotated each round): the table gives the median
 pairs/s and the range. `--grad-accum K`: K micro-batches of `--batch-size` pairs per step; `TRL RewardTrainer:
 checkpointing` is TRL with its default gradient checkpointing; `ours: one micro-batch` is our defaults with the step's
 pairs in one micro-batch. `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
@@ -54,6 +54,8 @@ from floor import (  # benchmarks/floor.py (on sys.path)
     short_error,
     spread,
 )
+
+START = time.monotonic()  # --deadline counts from here
 
 HH_PATH = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base-test.jsonl.gz"
 WORDS = "the a model reward answer question because people often think about why how when where it is not".split()
@@ -132,21 +134,20 @@ def peak_memory_mb() -> float:
 
 def run_many(names: list[str], records: list[dict], opts: dict, queue) -> None:
     """Train each configuration of `names` in turn in this process (the model built once, copied for each; CUDA: peak
-    memory reset between them); put the list of their measurements on `queue` (`{"name", "error"}` for one that
-    fails)."""
+    memory reset between them); put each one's measurements on `queue` as it finishes (`{"name", "error"}` for one
+    that fails)."""
     os.dup2(2, 1)  # the child's prints (e.g. DeepSpeed's accelerator warning) to stderr: the table alone on stdout
-    results, base = [], None
+    base = None
     for name in names:
         fresh_memory()
         try:
             base = base if base is not None else build_model(opts)
-            results.append(train_one(name, records, opts, base))
+            queue.put(train_one(name, records, opts, base))
         except BaseException as err:  # the row shows the error; the other methods still run
             import traceback
 
             traceback.print_exc()
-            results.append({"name": name, "error": f"{type(err).__name__}: {err}"})
-    queue.put(results)
+            queue.put({"name": name, "error": f"{type(err).__name__}: {err}"})
 
 
 def build_model(opts: dict):
@@ -301,7 +302,7 @@ def main() -> None:
                         help="micro-batches per optimizer step (pairs per step: --batch-size x this)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="runs of every method, interleaved (the order rotated each round); the table shows the "
-                        "median and the range. On CUDA one child process per round runs its methods in turn")
+                        "median and the range. On CUDA one child process runs every round's methods in turn")
     parser.add_argument("--max-length", type=int, default=None, help="default 1024 (--long: context + 1024)")
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
     parser.add_argument("--long", action="store_true", help="long contexts (--context tokens), wide model")
@@ -314,6 +315,9 @@ def main() -> None:
                         help="every method's model dtype (bf16: also bf16=True in the training arguments)")
     parser.add_argument("--hh-path", type=Path, default=HH_PATH, help="hh-rlhf harmless-base test .jsonl.gz")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a method may take before it fails")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds from the start for the whole benchmark: then the method running is stopped, "
+                        "none starts, and the table shows what finished (the others as errors)")
     args = parser.parse_args()
 
     import tempfile
@@ -350,7 +354,8 @@ def main() -> None:
               f"({r['seconds']:.1f} s timed, {r['pairs_per_s']:.2f} pairs/s, peak {r['peak_mb']:.0f} MB)"),
               file=sys.stderr)
 
-    runs = run_rounds(ctx, run_many, names, args.rounds, (records, opts), args.timeout, cuda, log)
+    runs = run_rounds(ctx, run_many, names, args.rounds, (records, opts), args.timeout, cuda, log,
+                      START + args.deadline if args.deadline else None)
     pairs = batch_size * args.grad_accum
     unique, floor = timed_floor(records, max_length, steps, pairs, model_kwargs)
     load = load_line()

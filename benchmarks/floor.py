@@ -42,21 +42,26 @@ def rotations(methods: Sequence[str], rounds: int) -> list[list[str]]:
 
 
 def run_rounds(ctx, target: Callable, methods: Sequence[str], rounds: int, args: tuple, timeout: float,
-               one_process_per_round: bool, log: Callable[[str, dict], None]) -> dict[str, list[dict]]:
-    """Every method `rounds` times, interleaved (`rotations`), each run `target(names, *args, queue)` in a fresh
-    child: one child per round running its methods in turn (CUDA: peak memory is reset between them) or, with
-    `one_process_per_round` False, one child per method and round (CPU: a peak RSS is the process's). `target` puts
-    one list of results, one per name. Returns each method's results, in round order; `log(name, result)` is called
-    as each arrives."""
+               one_process: bool, log: Callable[[str, dict], None], deadline: float | None = None,
+               ) -> dict[str, list[dict]]:
+    """Every method `rounds` times, interleaved (`rotations`), run by `target(names, *args, queue)` in a fresh child,
+    which puts one result on the queue per name as each finishes. With `one_process` (CUDA) one child runs every
+    round's methods in turn (the model built once; peak memory reset between them), else one child per method and
+    round (CPU: a peak RSS is the process's). A method may take `timeout` seconds (then its child is killed and the
+    methods after it run in a fresh one); at `deadline` (`time.monotonic()`) the child in flight is killed and
+    nothing more starts: those methods get `{"error"}` results and the caller still prints its table. Returns each method's results, in round order; `log(name, result)` is called as each arrives."""
     results: dict[str, list[dict]] = {m: [] for m in methods}
-    for order in rotations(methods, rounds):
-        batches = [order] if one_process_per_round else [[m] for m in order]
-        for names in batches:
-            out = run_in_child(ctx, target, (names, *args), timeout * len(names))
-            out = out if isinstance(out, list) else [out] * len(names)  # a child that failed: each name's error
-            for name, result in zip(names, out):
-                results[name].append(result)
-                log(name, result)
+    orders = rotations(methods, rounds)
+    batches = [[m for order in orders for m in order]] if one_process else [[m] for order in orders for m in order]
+    for names in batches:
+        while names:  # a child stopped at one method (killed, died): the methods after it in a fresh child
+            def arrived(index: int, result: dict, names: list[str] = names) -> None:
+                if not result.get("not_reached"):
+                    results[names[index]].append(result)
+                    log(names[index], result)
+
+            out = run_in_child(ctx, target, (names, *args), timeout, len(names), deadline, arrived)
+            names = names[len(out) - sum(bool(r.get("not_reached")) for r in out):]
     return results
 
 
@@ -144,28 +149,56 @@ def load_line() -> str:
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def run_in_child(ctx, target, args: tuple, timeout: float) -> dict:
-    """Run `target(*args, queue)` in a fresh child process of `ctx` and return what it puts on the queue, or
-    `{"error"}` when the child dies without a result or takes longer than `timeout` seconds (it is killed): a
-    child that died is an error, not a wait forever."""
+def run_in_child(ctx, target, args: tuple, timeout: float, count: int = 1, deadline: float | None = None,
+                 arrived: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Run `target(*args, queue)` in a fresh child process of `ctx` and return the `count` results it puts on the
+    queue, one at a time (`arrived(index, result)` called as each comes). A child that dies, or whose next result
+    takes longer than `timeout` seconds or comes past `deadline` (`time.monotonic()`; it is killed), leaves
+    `{"error"}` in the place of the result it did not give, and `{"error", "not_reached": True}` in those after it
+    (`{"error"}` past the deadline): a child that died is an error, not a wait forever."""
+    results: list[dict] = []
+
+    def add(result: dict) -> None:
+        results.append(result)
+        if arrived is not None:
+            arrived(len(results) - 1, result)
+
+    if deadline is not None and time.monotonic() >= deadline:
+        for _ in range(count):
+            add({"error": "not run: the benchmark's --deadline had passed"})
+        return results
     queue = ctx.Queue()
     proc = ctx.Process(target=target, args=(*args, queue))
     proc.start()
-    deadline = time.monotonic() + timeout
-    while True:
+    due = time.monotonic() + timeout
+    error = None
+    while len(results) < count:
         try:
-            result = queue.get(timeout=5)
-            break
+            add(queue.get(timeout=2))
+            due = time.monotonic() + timeout
         except Exception:
+            now = time.monotonic()
             if not proc.is_alive():
-                result = {"error": f"the benchmark process ended with status {proc.exitcode}"}
+                try:  # what it put just before it ended
+                    add(queue.get(timeout=1))
+                    continue
+                except Exception:
+                    error = f"the benchmark process ended with status {proc.exitcode}"
+            elif deadline is not None and now > deadline:
+                error = "stopped at the benchmark's --deadline"
+            elif now > due:
+                error = f"not done in {timeout:.0f} s"
+            if error:
                 break
-            if time.monotonic() > deadline:
-                proc.kill()
-                result = {"error": f"not done in {timeout:.0f} s"}
-                break
+    if error:
+        proc.kill()
     proc.join()
-    return result
+    if len(results) < count:
+        add({"error": error})
+    while len(results) < count:  # after the one it stopped at; not at the deadline: `run_rounds` runs them again
+        add({"error": error} if deadline is not None and time.monotonic() > deadline else
+            {"error": error, "not_reached": True})
+    return results
 
 
 def short_error(message: str, limit: int = 100) -> str:
