@@ -38,7 +38,8 @@ def options_reference() -> str:
     from trl_rm_env.judges.options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.scoring.options import ScoringOptions
-    from trl_rm_env.serving.options import RemoteOptions, ServerLimits
+    from trl_rm_env.serving.client.options import RemoteOptions
+    from trl_rm_env.serving.server.options import ServerLimits
 
     flags_by_option = command_flags(build_parser())
     nemo: dict[str, list[str]] = {}
@@ -49,8 +50,9 @@ def options_reference() -> str:
         ("`RewardOptions`", RewardOptions, "What the GRPO reward function does with the scores "
          "(`trl_rm_env.rewards.base`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
-         "(`trl_rm_env.serving.options`)."),
-        ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients (`trl_rm_env.serving.options`)."),
+         "(`trl_rm_env.serving.client.options`)."),
+        ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients "
+         "(`trl_rm_env.serving.server.options`)."),
         ("`JudgeSource`", JudgeSource, "Which judge `eval` and the GRPO recipe add, and where it runs "
          "(`trl_rm_env.judges.options`)."),
         ("`JudgeOptions`", JudgeOptions, "How a generative judge judges, and how its verdicts become rewards "

@@ -13,7 +13,7 @@ import argparse
 from typing import Any
 
 from trl_rm_env.options import changed
-from trl_rm_env.serving.options import SERVER_TOKEN_BUDGET, ServerLimits
+from trl_rm_env.serving.server.options import SERVER_TOKEN_BUDGET, ServerLimits
 
 from .spellings import add_flags, flags, options_from_flags
 

@@ -24,8 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("scoring", ("scoring",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
-    ("base", ("errors", "waiting", "model_source", "tiny_models", "testing", "distributed", "compat", "lazy", "options",
-              "quiet")),
+    ("base", ("errors", "waiting", "model_source", "tiny_models", "distributed", "compat", "lazy", "options", "quiet")),
 )
 USERS_OF_A_REWARD_MODEL = ("environment", "judges", "scoring", "serving", "evaluation", "rewards")
 
@@ -149,6 +148,29 @@ def test_no_module_over_450_lines():
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"modules over {MAX_LINES} lines (split them by concept): {long}"
+
+
+def only_reexports(source: str) -> bool:
+    """Whether a module's body is nothing but imports (a docstring, `__all__` and `if __name__ == "__main__"` aside):
+    an old path kept for a name that lives elsewhere."""
+    body = ast.parse(source).body
+    body = body[1:] if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) else body
+    rest = [
+        node for node in body
+        if not (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__all__"])
+        and not (isinstance(node, ast.If) and "__main__" in ast.unparse(node.test))
+    ]  # fmt: skip
+    return bool(rest) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in rest)
+
+
+def test_no_module_only_reexports_another():
+    assert only_reexports('"""Moved."""\nfrom .other import a, b  # noqa: F401\n')
+    assert not only_reexports('"""Real."""\nfrom .other import a\n\nB = a + 1\n')
+    shims = [
+        str(path.relative_to(ROOT)) for path in package_modules().values()
+        if path.name != "__init__.py" and only_reexports(path.read_text(encoding="utf-8"))
+    ]  # fmt: skip
+    assert not shims, f"modules that only re-export other modules' names (import from where they live): {shims}"
 
 
 def mode_name_tests(path: Path) -> list[int]:

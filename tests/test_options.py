@@ -33,7 +33,8 @@ from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, rec
 from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.scoring.loading import choose_engine
 from trl_rm_env.scoring.options import ScoringOptions
-from trl_rm_env.serving.options import RemoteOptions, ServerLimits
+from trl_rm_env.serving.client.options import RemoteOptions
+from trl_rm_env.serving.server.options import ServerLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTED = (*OPTION_CLASSES, JudgeOptions)  # JudgeEnvironment routes its keyword arguments over all four

@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from ..scoring.options import ScoringOptions
 from ..serving.client import RemoteScorer
-from ..serving.options import RemoteOptions
+from ..serving.client.options import RemoteOptions
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from ..rewards.pickling import PicklesByArguments, accelerator_type
 from ..rewards.placement import loaded_here
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import as_pairs
-from ..serving.options import RemoteOptions
+from ..serving.client.options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .local import checkpoint_statistics, local_scorer

@@ -19,7 +19,7 @@ from ..rewards.pickling import PicklesByArguments, accelerator_type
 from ..rewards.placement import loaded_here
 from ..scoring.options import ScoringOptions
 from ..scoring.scorer import strip_completion_reasoning
-from ..serving.options import RemoteOptions, local_only
+from ..serving.client.options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from . import templates as T
 from .engines import judge_tokenizer, load_judge_engine, plan_judge

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import check_choices, document, option
-from .modes import MAX_LIST, MODES  # noqa: F401 - MAX_LIST: where it was read before
+from .modes import MODES
 
 SCORINGS = ("logprobs", "generate")
 PAIRINGS = ("all", "circular")

@@ -19,8 +19,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..environment.remote import client_tokenizer
+from ..serving.client.options import RemoteOptions
 from ..serving.client.pool import RemoteScoringError, ServerPool
-from ..serving.options import RemoteOptions
 from ..serving.protocol import api_key_from_env
 
 TOP_LOGPROBS = 20
