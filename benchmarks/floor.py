@@ -49,7 +49,8 @@ def run_rounds(ctx, target: Callable, methods: Sequence[str], rounds: int, args:
     round's methods in turn (the model built once; peak memory reset between them), else one child per method and
     round (CPU: a peak RSS is the process's). A method may take `timeout` seconds (then its child is killed and the
     methods after it run in a fresh one); at `deadline` (`time.monotonic()`) the child in flight is killed and
-    nothing more starts: those methods get `{"error"}` results and the caller still prints its table. Returns each method's results, in round order; `log(name, result)` is called as each arrives."""
+    nothing more starts: those methods get `{"error"}` results and the caller still prints its table. Returns each
+    method's results, in round order; `log(name, result)` is called as each arrives."""
     results: dict[str, list[dict]] = {m: [] for m in methods}
     orders = rotations(methods, rounds)
     batches = [[m for order in orders for m in order]] if one_process else [[m] for order in orders for m in order]

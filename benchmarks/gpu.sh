@@ -119,7 +119,10 @@ bench() {
         return
     fi
     # the benchmarks stop their methods at --deadline and still print their table (what finished) before the limit
-    [[ $1 == *bench_train.py || $1 == *bench_score.py ]] && set -- "$@" --deadline $((limit * 9 / 10 - 5))
+    if [[ $1 == *bench_train.py || $1 == *bench_score.py ]]; then
+        set -- "$@" --deadline $((limit * 9 / 10 - 5))
+        cmd+="--deadline $((limit * 9 / 10 - 5)) "
+    fi
     say "$name (at most $limit s): $cmd"
     timeout -k 10 "$limit" "$PY" "$@" > "$OUTDIR/$name.md" 2> "$OUTDIR/$name.log"
     rc=$?
