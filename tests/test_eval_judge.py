@@ -98,7 +98,8 @@ def test_judge_accuracy_and_consistency_equal_one_at_a_time_reference(tiny_dir, 
 def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(tiny_dir, capsys, tmp_path):
     out = tmp_path / "results.json"
     code = cli_main(["eval", "--model", str(tiny_dir / "reward_model"), "--judge", str(tiny_dir / "policy"),
-                     "--judge-mode", "pairwise", "--cascade", "--cascade-margin", "0.05", "--data", "sample:in_domain",
+                     "--judge-engine", "hf", "--judge-mode", "pairwise", "--cascade", "--cascade-margin", "0.05",
+                     "--data", "sample:in_domain",
                      "--output", str(out), "--no-progress", "--scores", str(tmp_path / "scores.jsonl")])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out

@@ -249,6 +249,23 @@ def test_judge_keys_reach_the_judge_and_are_refused_without_one():
     assert RewardModelArguments().judge_kwargs() is None
 
 
+def test_the_judge_engine_has_its_own_key_and_flag():
+    args = RewardModelArguments(reward_judge="j", reward_judge_engine="hf")
+    assert args.judge_kwargs() == {"engine": "hf", "tokenizer": None}
+    cli = build_parser().parse_args(["eval", "--judge", "j", "--judge-engine", "vllm", "--data", "d"])
+    assert cli.judge_engine == "vllm"
+    for kwargs, message in (
+        (dict(reward_judge="j", reward_judge_engine="tpu"), r"^reward_judge_engine: judge_engine must be one of"),
+        (dict(reward_judge="j", reward_judge_engine="hf", reward_judge_options='{"engine": "vllm"}'),
+         r"^reward_judge_options: the judge's engine is reward_judge_engine$"),
+        (dict(reward_judge_url=["http://x"], reward_judge_engine="hf"),
+         r"^reward_judge_engine: applies to a judge loaded here; at reward_judge_url the servers run it$"),
+        (dict(reward_judge_engine="hf"), r"^reward_judge_engine: options of a judge; give reward_judge"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            RewardModelArguments(**kwargs).judge_kwargs()
+
+
 def test_recipe_options_for_the_wrong_place_are_refused_by_their_keys():
     with pytest.raises(ValueError, match="^reward_remote_timeout apply with reward_remote_url"):
         RewardModelArguments(reward_remote_timeout=5.0).environment_kwargs()

@@ -137,6 +137,10 @@ def check_choices(obj: Any, skip: Iterable[str] = ()) -> None:
             raise ValueError(f"{f.name} must be one of {list(choices)}, got {value!r}")
 
 
+ENGINES = ("auto", "vllm", "hf")
+"""What runs a model loaded in this process, for reward models and judges alike: vLLM, transformers (`hf`), or
+`auto` (vLLM where it is installed and can run the case, else transformers)."""
+
 TRUNCATION = ("left", "none")
 """`truncation`'s vocabulary, in training and in scoring alike: `left` cuts the context from the left (never the
 completion); `none` cuts nothing (training drops the record, as TRL does; scoring gives `overlength_reward`)."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import check_choices, document, option
+from ..options import ENGINES, check_choices, document, option
 from .modes import MODES
 
 SCORINGS = ("logprobs", "generate")
@@ -114,8 +114,8 @@ class JudgeOptions:
 @dataclass(frozen=True)
 class JudgeSource:
     """Which judge a command or a recipe adds, and where it runs: `trl-rm-env eval`'s `--judge`, `--judge-url`,
-    `--judge-tokenizer` and `--judge-options`, and the GRPO recipe's `reward_judge`, `reward_judge_url`, ... (both
-    generated from these fields). `arguments` turns them, with the `JudgeOptions` given, into `JudgeEnvironment`'s
+    `--judge-tokenizer`, `--judge-engine` and `--judge-options`, and the GRPO recipe's `reward_judge`,
+    `reward_judge_url`, ... (both generated from these fields). `arguments` turns them, with the `JudgeOptions` given, into `JudgeEnvironment`'s
     arguments."""
 
     judge: str | None = option(
@@ -136,17 +136,24 @@ class JudgeSource:
         help="The judge's tokenizer (default: the judge's own; with `judge_url`, judgements go as token ids rendered "
         "with it, else as messages).",
     )
+    judge_engine: str | None = option(
+        None,
+        choices=ENGINES,
+        help="What runs a judge loaded here: `vllm`, `hf` (transformers in this process) or `auto` (vLLM where it is "
+        "installed and can run the judge, else hf). None: `auto`. Not with `judge_url` (the servers run it).",
+    )
     judge_options: Mapping[str, Any] | str | None = option(
         None,
         help="More `JudgeEnvironment` options as a mapping (JSON on the command line): how the judge loads and runs "
-        "(`precision`, `max_length`, `template_kwargs`, `engine`, ...), its reward function (`name`, "
-        "`normalization`, ...) and its servers (`timeout`, ...).",
+        "(`precision`, `max_length`, `template_kwargs`, ...), its reward function (`name`, `normalization`, ...) "
+        "and its servers (`timeout`, ...).",
         text=dict,
     )
 
     def __post_init__(self) -> None:
         from ..scoring.options import json_object  # here: the command line reads this class without torch
 
+        check_choices(self)
         object.__setattr__(self, "judge_options", json_object(self.judge_options) or None)
 
     def arguments(
@@ -161,7 +168,7 @@ class JudgeSource:
                 named as it was spelled (`judge_options` that is not a JSON object fails when the class is built).
         """
         if self.judge is None and not self.judge_url:
-            given = [spelled(n) for n in ("judge_tokenizer", "judge_options") if getattr(self, n)]
+            given = [spelled(n) for n in ("judge_tokenizer", "judge_engine", "judge_options") if getattr(self, n)]
             given += [spelled(n) for n in sorted(options)]
             if given:
                 raise ValueError(
@@ -173,6 +180,15 @@ class JudgeSource:
             raise ValueError(
                 f"{spelled('judge_options')}: the judge is {spelled('judge')} and its servers {spelled('judge_url')}"
             )
+        if self.judge_engine is not None:
+            if "engine" in more:
+                raise ValueError(f"{spelled('judge_options')}: the judge's engine is {spelled('judge_engine')}")
+            if self.judge_url:
+                raise ValueError(
+                    f"{spelled('judge_engine')}: applies to a judge loaded here; at {spelled('judge_url')} the servers "
+                    "run it"
+                )
+            more["engine"] = self.judge_engine
         kwargs = {**defaults, **more, **options}
         if self.judge_tokenizer is not None:
             kwargs["tokenizer"] = self.judge_tokenizer

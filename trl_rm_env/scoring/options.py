@@ -16,6 +16,7 @@ from typing import Any
 
 from ..heads import parse_attribute_weights
 from ..options import (
+    ENGINES,
     TRUNCATION,
     build,
     changed,
@@ -38,7 +39,6 @@ PRECISIONS = {
 }
 """Precision names (ours, and torch's and NeMo RL's spellings) and the dtype each means, by torch's name (vLLM's
 `dtype` takes the same names). `auto`: the checkpoint's dtype on an accelerator, fp32 on the CPU (`load_dtype`)."""
-ENGINES = ("auto", "vllm", "hf")
 REWARD_MODEL_TYPES = ("bradley_terry", "regression")
 DEFAULT_BATCH_SIZE = 32  # sequences per forward pass when neither a row count nor a token budget is set
 
