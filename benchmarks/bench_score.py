@@ -24,8 +24,9 @@ directly (`vLLM server`), on `trl-rm-env serve --engine vllm` and on `trl-rm-env
 vLLM and served rows need vLLM (`--methods` picks rows; they are left out where it is not installed). On the CPU each
 configuration runs in a fresh child process; peak memory is the peak RSS of that process and everything it started,
 model included, for served rows the server's processes. On CUDA one child runs every round's methods in turn (max
-allocated, reset between them; a method that hangs is killed and the rest go on in a fresh child). `--rounds R` runs every method R times, interleaved (the order rotated each
-round; the fp32 reference once): the table gives the median call's speed and the range.
+allocated, reset between them; a method that hangs is killed and the rest go on in a fresh child). `--rounds R` runs
+every method R times, interleaved (the order rotated each round; the fp32 reference once): the table gives the
+median call's speed and the range.
 
 Models (offline Qwen3, random init, fp32, SDPA): `small` = 4 layers, hidden 256, 4 heads x 64 (2 KV heads), MLP 512;
 `wide` = Qwen3-0.6B's width (hidden 1024, 16 heads x 128, 8 KV heads, MLP 3072) with `--layers` layers (default 1,
@@ -413,8 +414,8 @@ ONCE = {"fp32 one at a time"}
 def run_table(cases: list[dict], opts: dict, methods: list[str]) -> tuple[list[list[str]], str]:
     """The table's rows, and the name of the method the speed-ups and score differences are against (`TRL`,
     `plain`, or both when the cases differ). Every method runs `opts["rounds"]` times, interleaved (`run_rounds`: on
-    CUDA one child for all rounds, its methods in turn; on the CPU one child per method and round); a row shows the median
-    call time's speed and the range."""
+    CUDA one child for all rounds, its methods in turn; on the CPU one child per method and round); a row shows the
+    median call time's speed and the range."""
     from transformers import AutoTokenizer
 
     from trl_rm_env.tiny_models import tiny_qwen3_config

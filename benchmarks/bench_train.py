@@ -8,8 +8,8 @@
 Every run trains the same offline Qwen3 (random init from one seed) on the same records in the same order (sequential
 sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process on the CPU (so
 its peak RSS is its own); on CUDA one child runs every round's methods in turn, the model built once, peak memory
-reset between them. `--rounds R` runs every method R times, interleaved (the order rotated each round): the table gives the median
-pairs/s and the range. `--grad-accum K`: K micro-batches of `--batch-size` pairs per step; `TRL RewardTrainer:
+reset between them. `--rounds R` runs every method R times, interleaved (the order rotated each round): the table
+gives the median pairs/s and the range. `--grad-accum K`: K micro-batches of `--batch-size` pairs per step; `TRL RewardTrainer:
 checkpointing` is TRL with its default gradient checkpointing; `ours: one micro-batch` is our defaults with the step's
 pairs in one micro-batch. `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
 against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`, `packed`

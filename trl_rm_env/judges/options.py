@@ -115,8 +115,8 @@ class JudgeOptions:
 class JudgeSource:
     """Which judge a command or a recipe adds, and where it runs: `trl-rm-env eval`'s `--judge`, `--judge-url`,
     `--judge-tokenizer`, `--judge-engine` and `--judge-options`, and the GRPO recipe's `reward_judge`,
-    `reward_judge_url`, ... (both generated from these fields). `arguments` turns them, with the `JudgeOptions` given, into `JudgeEnvironment`'s
-    arguments."""
+    `reward_judge_url`, ... (both generated from these fields). `arguments` turns them, with the `JudgeOptions`
+    given, into `JudgeEnvironment`'s arguments."""
 
     judge: str | None = option(
         None,
@@ -164,8 +164,9 @@ class JudgeSource:
         the user spells a field or option, for messages; `defaults`: options a command sets unless given.
 
         Raises:
-            ValueError: options of a judge without one, or `judge_options` that names the model or its servers; each
-                named as it was spelled (`judge_options` that is not a JSON object fails when the class is built).
+            ValueError: options of a judge without one, `judge_options` that names the model or its servers (or an
+                engine beside `judge_engine`), or `judge_engine` with `judge_url`; each named as it was spelled
+                (`judge_options` that is not a JSON object, or an unknown engine, fails when the class is built).
         """
         if self.judge is None and not self.judge_url:
             given = [spelled(n) for n in ("judge_tokenizer", "judge_engine", "judge_options") if getattr(self, n)]
