@@ -120,8 +120,9 @@ bench() {
     fi
     # the benchmarks stop their methods at --deadline and still print their table (what finished) before the limit
     if [[ $1 == *bench_train.py || $1 == *bench_score.py ]]; then
-        set -- "$@" --deadline $((limit * 9 / 10 - 5))
-        cmd+="--deadline $((limit * 9 / 10 - 5)) "
+        local deadline=$((limit * 9 / 10 - 5))
+        set -- "$@" --deadline "$deadline"
+        cmd+="--deadline $deadline "
     fi
     say "$name (at most $limit s): $cmd"
     timeout -k 10 "$limit" "$PY" "$@" > "$OUTDIR/$name.md" 2> "$OUTDIR/$name.log"
