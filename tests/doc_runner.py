@@ -424,15 +424,27 @@ def build_workspace(root: Path) -> Workspace:
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # fmt: skip
     env.pop("PYTEST_CURRENT_TEST", None)
     world = Workspace(root, env, {8000: free_port(), 8001: free_port()})
-    # The reward models the pages read before (or without) training them: two steps each, both at once.
-    commands = ("trl-rm-env train --config rm_tiny.yaml --max_steps 2",
-                "trl-rm-env train-regression --config rm_regression_tiny.yaml --max_steps 2")  # fmt: skip
-    runs = [subprocess.Popen(c, shell=True, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, stdin=subprocess.DEVNULL) for c in commands]  # fmt: skip
-    for command, run in zip(commands, runs):
+    # The reward models the pages read before (or without) training them, by the pages' own commands (both at once):
+    # they count as run in every lane (`Workspace.ran`), so the page that has them does not run them again.
+    runs = {}
+    for command in WORKSPACE_COMMANDS:
+        assert any(command in _chain(c) for page in PAGES for b in blocks_of(page) if b.lang == "bash"
+                   for c in commands_of(b.text)), f"no page has the workspace's command {command!r}"  # fmt: skip
+        runs[command] = subprocess.Popen(substitute_command(command, world), shell=True, cwd=root, env=env,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                         stdin=subprocess.DEVNULL)  # fmt: skip
+    for command, run in runs.items():
         out, err = run.communicate(timeout=600)
         assert run.returncode == 0, f"workspace: {command} failed:\n{out[-2000:]}\n{err[-3000:]}"
+        world.ran[command] = out
     return world
+
+
+WORKSPACE_COMMANDS = (
+    "accelerate launch --config_file accelerate_configs/cpu.yaml recipes/train_rm.py "
+    "--config recipes/configs/rm_tiny.yaml",  # the README's quickstart: outputs/rm-tiny
+    "accelerate launch recipes/train_regression_rm.py --config recipes/configs/rm_regression_tiny.yaml",  # regression.md
+)
 
 
 # --- running a page ----------------------------------------------------------------------------------------------
@@ -620,12 +632,14 @@ def runnable(block: Block, vllm: bool = False) -> bool:
 
 # Two lanes, one per core: each command is mostly one process importing torch and transformers, so two pages at a
 # time take half the time. A lane's pages share a workspace, in this order (the quickstart's outputs for the pages
-# after it, a command run once per lane); the lanes' workspaces are copies.
+# after it, a command run once per lane: the pages that repeat the README's quickstart commands, reward_training.md
+# and environment.md, run in its lane); the lanes' workspaces are copies. The lanes take about as long (measured:
+# `python -m pytest tests/test_docs_run.py --durations=0` and the slowest blocks printed at the end of the session).
 LANES = (
-    ("README.md", "docs/quickstart.md", "docs/reliability.md", "docs/regression.md", "docs/judges.md",
+    ("README.md", "docs/quickstart.md", "docs/reward_training.md", "docs/environment.md", "docs/reliability.md",
      "docs/coming_from_trl.md", "docs/index.md", "docs/performance.md"),
-    ("docs/reward_training.md", "docs/evaluate_and_serve.md", "docs/environment.md", "docs/distributed.md",
-     "docs/data_format.md"),
+    ("docs/evaluate_and_serve.md", "docs/regression.md", "docs/judges.md", "docs/data_format.md",
+     "docs/distributed.md"),
 )  # fmt: skip
 
 
@@ -646,7 +660,7 @@ def copy_workspace(world: Workspace, root: Path) -> Workspace:
             link.unlink()
             link.symlink_to(target, target_is_directory=True)
     env = {**world.env, "HF_DATASETS_CACHE": str(root / ".datasets-cache")}
-    return Workspace(root, env, {port: free_port() for port in world.ports})
+    return Workspace(root, env, {port: free_port() for port in world.ports}, ran=dict(world.ran))
 
 
 def run_pages(worlds: list[Workspace], pages: list[Path]) -> dict[Path, list[Outcome]]:

@@ -5,6 +5,7 @@ training and GRPO arguments, `accelerate launch` of the recipes, and `trl-rm-env
 from __future__ import annotations
 
 import asyncio
+import json
 import multiprocessing as mp
 import os
 import pickle
@@ -200,6 +201,33 @@ def launch(
     )
     variables.update(extra)
     return run_process(cmd, cwd, variables, timeout, f"{config} {script}")
+
+
+PROBE = ROOT / "tests" / "scripts" / "exit_probe"
+
+
+def probe_env(probe_dir: Path) -> dict[str, str]:
+    """Variables that make every process of a launch report how it ended (`tests/scripts/exit_probe`) in `probe_dir`."""
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    return {"PYTHONPATH": str(PROBE), "TRL_RM_ENV_EXIT_PROBE_DIR": str(probe_dir)}
+
+
+def assert_quiet(output: str) -> None:
+    """Nothing a user cannot act on: no DeepSpeed deprecation FutureWarnings, no DDP `find_unused_parameters` warning,
+    DeepSpeed's "Setting accelerator to CPU" at most once (the launcher's own)."""
+    assert "FutureWarning" not in output, output[-4000:]
+    assert "find_unused_parameters=True" not in output, output[-4000:]
+    assert output.count("Setting accelerator to CPU") <= 1, output[-4000:]
+
+
+def assert_clean_exits(probe_dir: Path) -> None:
+    """Both workers ran their exit handlers, and none reached interpreter finalization with a gloo thread alive
+    (see tests/test_clean_exit.py)."""
+    ran = sorted(p.name.split(".")[0] for p in probe_dir.glob("*.atexit.json"))
+    assert [r for r in ran if r != "launcher"] == ["0", "1"], ran
+    for path in probe_dir.glob("*.finalized.json"):
+        threads = json.loads(path.read_text())
+        assert not [t for t in threads if "gloo" in t], f"{path.name}: finalization with gloo threads alive: {threads}"
 
 
 def run_process(cmd: list[str], cwd: Path, env: dict[str, str], timeout: int, what: str) -> str:

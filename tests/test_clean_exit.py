@@ -1,11 +1,11 @@
 """Launched recipes finish with exit 0 on any machine of our kind: nothing hangs, nothing aborts at exit.
 
 - From a fresh checkout (no `tiny-models/`, run from an empty folder as the README's commands would be): both
-  recipes build the tiny offline models and finish under DDP, DeepSpeed ZeRO-3 and FSDP2 (2 CPU processes). Under
+  recipes build the tiny offline models and finish under DDP, DeepSpeed ZeRO-3 and FSDP2 (2 CPU processes), quiet
+  and with clean exits. Those runs are tests/test_distributed.py's own (`test_a_fresh_folder_builds_...`): under
   ZeRO-3 building a model on one process while the others wait used to hang forever (`zero.Init` is a collective);
   the build now runs in a child process, and the other processes wait for the folder, bounded.
-- What a run prints is what a user can act on: no DeepSpeed deprecation FutureWarnings, no DDP
-  `find_unused_parameters` warning, DeepSpeed's "Setting accelerator to CPU" at most once (from the launcher).
+- What a run prints is what a user can act on (`helpers.assert_quiet`).
 - The 2-process DDP GRPO recipe runs 5 times in a row and exits 0 every time, and no process reaches interpreter
   finalization with a gloo thread alive (`tests/scripts/exit_probe`), while every process ran its exit handlers.
   Tearing a gloo process group down joins its worker threads, which may need the GIL to free a finished work item's
@@ -22,73 +22,18 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from helpers import ROOT, free_port, launch, needs_deepspeed
+from helpers import ROOT, assert_clean_exits, free_port, launch, probe_env
 
 from trl_rm_env.model_source import ensure_tiny_model
 from trl_rm_env.waiting import WaitTimeoutError, wait_for_everyone, wait_for_path
 
 pytestmark = pytest.mark.slow  # end to end: trainers, servers or spawned processes (`-m "not slow"` skips them)
 
-PROBE = ROOT / "tests" / "scripts" / "exit_probe"
-RM_TINY = str(ROOT / "recipes" / "configs" / "rm_tiny.yaml")
 GRPO_TINY = str(ROOT / "recipes" / "configs" / "grpo_rm_tiny.yaml")
 SHORT_GRPO = ("--max_steps", "2", "--per_device_train_batch_size", "8", "--num_generations", "4",
               "--max_completion_length", "8", "--disable_tqdm", "true")  # fmt: skip
-
-
-def assert_quiet(output: str) -> None:
-    """Nothing a user cannot act on: see the module docstring."""
-    assert "FutureWarning" not in output, output[-4000:]
-    assert "find_unused_parameters=True" not in output, output[-4000:]
-    assert output.count("Setting accelerator to CPU") <= 1, output[-4000:]  # the DeepSpeed launcher's own
-
-
-def assert_clean_exits(probe_dir: Path) -> None:
-    """Both workers ran their exit handlers, and none reached interpreter finalization with a gloo thread alive."""
-    ran = sorted(p.name.split(".")[0] for p in probe_dir.glob("*.atexit.json"))
-    assert [r for r in ran if r != "launcher"] == ["0", "1"], ran
-    for path in probe_dir.glob("*.finalized.json"):
-        threads = json.loads(path.read_text())
-        assert not [t for t in threads if "gloo" in t], f"{path.name}: finalization with gloo threads alive: {threads}"
-
-
-# ------------------------------------------------------------------------------------------- a fresh checkout
-@pytest.mark.distributed
-@pytest.mark.slow
-@pytest.mark.parametrize("config", ["ddp_cpu.yaml", pytest.param("zero3_cpu.yaml", marks=needs_deepspeed),
-                                    "fsdp2_cpu.yaml"])  # fmt: skip
-def test_fresh_checkout_builds_the_tiny_models_and_both_recipes_finish(config, tmp_path):
-    rm_run, grpo_run = tmp_path / "rm", tmp_path / "grpo"
-    rm_run.mkdir()
-    grpo_run.mkdir()
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    env = {"PYTHONPATH": str(PROBE), "TRL_RM_ENV_EXIT_PROBE_DIR": str(probe)}
-
-    output = launch(config, "recipes/train_rm.py", "--config", RM_TINY, "--max_steps", "2", "--disable_tqdm", "true",
-                    cwd=rm_run, env=env)  # fmt: skip
-    assert output.count("tiny-models/reward_model not found: building the tiny offline models") == 1, output[-3000:]
-    assert "Reward model saved to outputs/rm-tiny" in output
-    for name in ("reward_model", "policy"):
-        assert (rm_run / "tiny-models" / name / "config.json").is_file()
-    assert not [p.name for p in (rm_run / "tiny-models").iterdir() if p.name.startswith(".")]  # no staging left
-    assert_quiet(output)
-    assert_clean_exits(probe)
-
-    # GRPO from another empty folder: its policy is missing too (the RM is the one just trained).
-    probe = tmp_path / "probe-grpo"
-    probe.mkdir()
-    env["TRL_RM_ENV_EXIT_PROBE_DIR"] = str(probe)
-    output = launch(config, "recipes/grpo_rm.py", "--config", GRPO_TINY, "--reward_model",
-                    str(rm_run / "outputs" / "rm-tiny"), *SHORT_GRPO, cwd=grpo_run, env=env)  # fmt: skip
-    assert output.count("tiny-models/policy not found: building the tiny offline models") == 1, output[-3000:]
-    assert "Policy saved to outputs/grpo-tiny" in output
-    assert (grpo_run / "outputs" / "grpo-tiny" / "model.safetensors").is_file()
-    assert_quiet(output)
-    assert_clean_exits(probe)
 
 
 # ------------------------------------------------------------------------------------------- exit, repeatedly
@@ -97,11 +42,10 @@ def test_fresh_checkout_builds_the_tiny_models_and_both_recipes_finish(config, t
 def test_ddp_grpo_exits_cleanly_five_times_in_a_row(tiny_dir, tmp_path):
     for run in range(5):
         probe = tmp_path / f"probe-{run}"
-        probe.mkdir()
         launch("ddp_cpu.yaml", "recipes/grpo_rm.py", "--config", GRPO_TINY,
                "--model_name_or_path", str(tiny_dir / "policy"), "--reward_model", str(tiny_dir / "reward_model"),
                "--output_dir", str(tmp_path / f"grpo-{run}"), *SHORT_GRPO,
-               env={"PYTHONPATH": str(PROBE), "TRL_RM_ENV_EXIT_PROBE_DIR": str(probe)})  # fmt: skip
+               env=probe_env(probe))  # fmt: skip
         assert_clean_exits(probe)
 
 

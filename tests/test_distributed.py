@@ -16,7 +16,10 @@ in a subprocess (2 CPU processes, gloo) and checks what a user gets:
 - under ZeRO-3 and FSDP2 the environment's RM is sharded (half the parameters per process) and scores exactly;
 - grpo_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 trains with the reward model as its reward function. The RM that
   `RewardModelEnvironment` loads is sharded (ZeRO-3: by `zero.Init`; FSDP2: by `fully_shard`); its first-step
-  rewards must equal the DDP run's.
+  rewards must equal the DDP run's;
+- under DDP, ZeRO-3 and FSDP2 both recipes start from an empty folder, as on a fresh checkout (`FRESH`): each builds
+  the tiny offline models itself (the same weights `make_tiny` gives, so every comparison above holds), prints
+  nothing a user cannot act on, and every process ends cleanly (tests/test_clean_exit.py says why that matters).
 
 Runs are short (10 training steps, 3 GRPO steps, small data); timings on 2 CPU cores are in docs/distributed.md.
 """
@@ -26,10 +29,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from helpers import SAMPLE, launch, needs_deepspeed
+from helpers import ROOT, SAMPLE, assert_clean_exits, assert_quiet, launch, needs_deepspeed, probe_env
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -37,6 +41,8 @@ MAX_STEPS = 10
 PER_DEVICE_EVAL_BATCH = 8  # 2 processes x 8 = 16 records per eval step
 EVAL_SIZES = {"in_domain": 37, "harder": 23}  # 37 = 2*16 + 5 and 23 = 16 + 7: uneven, padded last batches
 MAX_LENGTH, TRUNCATION = 256, "left"  # as in recipes/configs/rm_tiny.yaml
+FRESH = ("ddp_cpu.yaml", "zero3_cpu.yaml", "fsdp2_cpu.yaml")  # their first runs start in an empty folder
+RM_TINY, GRPO_TINY = (str(ROOT / "recipes" / "configs" / name) for name in ("rm_tiny.yaml", "grpo_rm_tiny.yaml"))
 
 
 def held_share(output: str) -> float:
@@ -74,6 +80,15 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
+def fresh_launch(fresh: Path | None, config: str, script: str, model: tuple[str, ...], *args: str, **kw) -> str:
+    """`launch`, from the empty folder `fresh/work` when given (the tiny model is then the config's own
+    `tiny-models/...`, built there, and every process's end is probed into `fresh/probe`), else with `model`."""
+    if fresh is None:
+        return launch(config, script, *model, *args, **kw)
+    (fresh / "work").mkdir()
+    return launch(config, script, *args, cwd=fresh / "work", env=probe_env(fresh / "probe"), **kw)
+
+
 def train_rm(
     config: str,
     tiny: Path,
@@ -82,11 +97,11 @@ def train_rm(
     *extra: str,
     processes: int | None = None,
     batch: int = 16,
+    fresh: Path | None = None,
 ) -> str:
-    return launch(
-        config, "recipes/train_rm.py",
-        "--config", "recipes/configs/rm_tiny.yaml",
-        "--model_name_or_path", str(tiny / "reward_model"),
+    return fresh_launch(
+        fresh, config, "recipes/train_rm.py", ("--model_name_or_path", str(tiny / "reward_model")),
+        "--config", RM_TINY,
         "--output_dir", str(output_dir),
         "--train_data", str(data["train"]),
         "--eval_data", *(f"{name}={data[name]}" for name in EVAL_SIZES),
@@ -101,26 +116,41 @@ def train_rm(
     )  # fmt: skip
 
 
+class Runs:
+    """Launched runs shared by the tests of a config: `runs(config)` is the run's result, launched on first use;
+    `runs.fresh[config]` the folder a `FRESH` config's run started in (`work/`, and `probe/` for its exits)."""
+
+    def __init__(self, tmp_path_factory, prefix: str, start) -> None:
+        self.tmp_path_factory, self.prefix, self.start = tmp_path_factory, prefix, start
+        self.results: dict[str, Any] = {}
+        self.fresh: dict[str, Path] = {}
+
+    def __call__(self, config: str):
+        if config not in self.results:
+            name = f"{self.prefix}-{config.removesuffix('.yaml')}"
+            if config in FRESH:
+                self.fresh[config] = self.tmp_path_factory.mktemp(f"fresh-{name}")
+            self.results[config] = self.start(config, self.tmp_path_factory.mktemp(name), self.fresh.get(config))
+        return self.results[config]
+
+
 @pytest.fixture(scope="module")
-def rm_runs(tiny, data, tmp_path_factory):
-    """`run(config) -> (output, output_dir)`: one 2-process train_rm run per config, shared by the tests of that
-    config. Each saves resume checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`). ZeRO-3 and FSDP2 run
-    `prefix_sharing="packed"` with `pack_max_tokens=400` (several forwards per micro-batch)."""
-    runs: dict[str, tuple[str, Path]] = {}
+def rm_runs(tiny, data, tmp_path_factory) -> Runs:
+    """`rm_runs(config) -> (output, output_dir)`: one 2-process train_rm run per config. Each saves resume
+    checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`). ZeRO-3 and FSDP2 run `prefix_sharing="packed"`
+    with `pack_max_tokens=400` (several forwards per micro-batch)."""
 
-    def run(config: str) -> tuple[str, Path]:
-        if config not in runs:
-            output_dir = tmp_path_factory.mktemp(f"rm-{config.removesuffix('.yaml')}")
-            # ZeRO-3 and FSDP2 train with the packed layout (the GPU's default, forced here on the CPU), each
-            # micro-batch of 16 records cut into forwards of at most 400 tokens (`pack_max_tokens`): the processes
-            # run different numbers of chunks, which they even out (ZeRO-3 and FSDP2 gather weights per forward).
-            packed = (("--prefix_sharing", "packed", "--pack_max_tokens", "400")
-                      if config in ("zero3_cpu.yaml", "fsdp2_cpu.yaml") else ())
-            output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5", *packed)
-            runs[config] = (output, output_dir)
-        return runs[config]
+    def start(config: str, output_dir: Path, fresh: Path | None) -> tuple[str, Path]:
+        # ZeRO-3 and FSDP2 train with the packed layout (the GPU's default, forced here on the CPU), each
+        # micro-batch of 16 records cut into forwards of at most 400 tokens (`pack_max_tokens`): the processes
+        # run different numbers of chunks, which they even out (ZeRO-3 and FSDP2 gather weights per forward).
+        packed = (("--prefix_sharing", "packed", "--pack_max_tokens", "400")
+                  if config in ("zero3_cpu.yaml", "fsdp2_cpu.yaml") else ())
+        output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5", *packed,
+                          fresh=fresh)  # fmt: skip
+        return output, output_dir
 
-    return run
+    return Runs(tmp_path_factory, "rm", start)
 
 
 @pytest.fixture(scope="module")
@@ -292,11 +322,10 @@ def test_resume_from_checkpoint_cpu(config, rm_runs, tiny, data, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------- grpo_rm
-def grpo_rm(config: str, tiny: Path, output_dir: Path) -> tuple[str, list[dict]]:
-    output = launch(
-        config, "recipes/grpo_rm.py",
-        "--config", "recipes/configs/grpo_rm_tiny.yaml",
-        "--model_name_or_path", str(tiny / "policy"),
+def grpo_rm(config: str, tiny: Path, output_dir: Path, fresh: Path | None = None) -> tuple[str, list[dict]]:
+    output = fresh_launch(
+        fresh, config, "recipes/grpo_rm.py", ("--model_name_or_path", str(tiny / "policy")),
+        "--config", GRPO_TINY,
         "--reward_model", str(tiny / "reward_model"),
         "--output_dir", str(output_dir),
         "--max_steps", "3",
@@ -321,12 +350,13 @@ def grpo_rm(config: str, tiny: Path, output_dir: Path) -> tuple[str, list[dict]]
 
 
 @pytest.fixture(scope="module")
-def grpo_ddp(tiny, tmp_path_factory) -> tuple[str, list[dict]]:
-    return grpo_rm("ddp_cpu.yaml", tiny, tmp_path_factory.mktemp("grpo-ddp"))
+def grpo_runs(tiny, tmp_path_factory) -> Runs:
+    """`grpo_runs(config) -> (output, logged steps)`: one 2-process grpo_rm run per config (3 steps)."""
+    return Runs(tmp_path_factory, "grpo", lambda config, output_dir, fresh: grpo_rm(config, tiny, output_dir, fresh))
 
 
-def test_grpo_rm_ddp_cpu(grpo_ddp):
-    output, _ = grpo_ddp
+def test_grpo_rm_ddp_cpu(grpo_runs):
+    output, _ = grpo_runs("ddp_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: MULTI_CPU x2")
 
 
@@ -338,18 +368,18 @@ def test_grpo_rm_ddp_cpu(grpo_ddp):
         ("fsdp2_cpu.yaml", "FSDP"),
     ],
 )
-def test_grpo_rm_sharded_cpu(config, backend, tiny, tmp_path, grpo_ddp):
+def test_grpo_rm_sharded_cpu(config, backend, grpo_runs):
     """ZeRO-2 keeps whole weights (the RM is a plain replica); under ZeRO-3 the RM is loaded after the training
     arguments, so `from_pretrained` partitions it (`zero.Init`), and under FSDP2 the environment applies
     `fully_shard`. TRL prepares only reward *models*, so the environment gathers the RM's weights itself to score."""
-    output, steps = grpo_rm(config, tiny, tmp_path / "grpo")
+    output, steps = grpo_runs(config)
     assert distributed_line(output).startswith(f"Distributed: {backend} x2")
     if config == "zero2_cpu.yaml":
         assert held_share(output) == 1.0
     else:
         assert held_share(output) < 0.55  # the policy is sharded too
     # Same seed, same initial policy, same prompts: the first generation batch and its rewards are the DDP run's.
-    _, ddp_steps = grpo_ddp
+    _, ddp_steps = grpo_runs("ddp_cpu.yaml")
     assert steps[0]["rewards/tiny_rm/mean"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/mean"], abs=1e-4)
     assert steps[0]["rewards/tiny_rm/std"] == pytest.approx(ddp_steps[0]["rewards/tiny_rm/std"], abs=1e-4)
 
@@ -390,6 +420,29 @@ def test_reward_model_is_sharded_and_scores_exactly(config, sharding, tiny, tmp_
         assert r["indices"] == list(range(r["rank"], len(items), 2))
         assert r["rewards"] == pytest.approx([reference[i] for i in r["indices"]], abs=1e-4)
     assert sum(r["local"] for r in ranks) >= total
+
+
+# ---------------------------------------------------------------------------------------------------- fresh folders
+@pytest.mark.parametrize("config", ["ddp_cpu.yaml", pytest.param("zero3_cpu.yaml", marks=needs_deepspeed),
+                                    "fsdp2_cpu.yaml"])  # fmt: skip
+def test_a_fresh_folder_builds_the_tiny_models_and_every_process_ends_cleanly(config, rm_runs, grpo_runs, tiny):
+    """Both recipes, each from its own empty folder: one process builds the tiny offline models (in a child process:
+    under ZeRO-3 building in the training process while the other waits hung in `zero.Init`), the others wait for
+    the folder; the build is whole (no staging folder left) and is `make_tiny`'s, weight for weight."""
+    from safetensors.torch import load_file
+
+    assert set(FRESH) >= {config}
+    for runs, missing in ((rm_runs, "reward_model"), (grpo_runs, "policy")):
+        output = runs(config)[0]
+        fresh = runs.fresh[config]
+        built = fresh / "work" / "tiny-models"
+        assert output.count(f"tiny-models/{missing} not found: building the tiny offline models") == 1, output[-3000:]
+        assert sorted(p.name for p in built.iterdir()) == ["policy", "reward_model"]  # no staging folder left
+        for name in ("policy", "reward_model"):
+            ours, reference = load_file(built / name / "model.safetensors"), load_file(tiny / name / "model.safetensors")
+            assert ours.keys() == reference.keys() and all(torch.equal(ours[k], reference[k]) for k in ours), name
+        assert_quiet(output)
+        assert_clean_exits(fresh / "probe")
 
 
 # ---------------------------------------------------------------------------------------------------- regression
