@@ -6,8 +6,10 @@
   ZeRO-3 building a model on one process while the others wait used to hang forever (`zero.Init` is a collective);
   the build now runs in a child process, and the other processes wait for the folder, bounded.
 - What a run prints is what a user can act on (`helpers.assert_quiet`).
-- The 2-process DDP GRPO recipe runs 5 times in a row and exits 0 every time, and no process reaches interpreter
+- The 2-process DDP GRPO recipe runs 3 times in a row and exits 0 every time, and no process reaches interpreter
   finalization with a gloo thread alive (`tests/scripts/exit_probe`), while every process ran its exit handlers.
+  The probe is what catches a regression, on any one run (test_distributed's fresh-folder runs are probed too); the
+  abort it guards against came now and then, so the runs repeat.
   Tearing a gloo process group down joins its worker threads, which may need the GIL to free a finished work item's
   tensors: during finalization such a thread aborted the process now and then (SIGABRT, "terminate called without
   an active exception") after the policy was saved; freed earlier, from the thread holding the GIL, it deadlocks. The
@@ -39,8 +41,8 @@ SHORT_GRPO = ("--max_steps", "2", "--per_device_train_batch_size", "8", "--num_g
 # ------------------------------------------------------------------------------------------- exit, repeatedly
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_ddp_grpo_exits_cleanly_five_times_in_a_row(tiny_dir, tmp_path):
-    for run in range(5):
+def test_ddp_grpo_exits_cleanly_three_times_in_a_row(tiny_dir, tmp_path):
+    for run in range(3):
         probe = tmp_path / f"probe-{run}"
         launch("ddp_cpu.yaml", "recipes/grpo_rm.py", "--config", GRPO_TINY,
                "--model_name_or_path", str(tiny_dir / "policy"), "--reward_model", str(tiny_dir / "reward_model"),
