@@ -359,11 +359,15 @@ def score_one(method: str, case: dict, opts: dict, results: list) -> None:
         if opts["budget"] and "max_tokens_per_batch" not in kwargs:  # `--budget auto`: our defaults size the passes
             kwargs["max_tokens_per_batch"] = budget
         env = RewardModelEnvironment(model_dir, device=device, precision=opts["precision"], **kwargs)
+        ran: list[int] = []  # transformers: the padded positions of each forward pass (every pass embeds its ids)
+        if isinstance(getattr(env.scorer.engine, "model", None), torch.nn.Module):
+            env.scorer.engine.model.get_input_embeddings().register_forward_hook(
+                lambda module, args, out: ran.append(out.shape[0] * out.shape[1]))
 
         def score(prompts, completions):
+            ran.clear()
             rewards = torch.tensor(env(prompts, completions))
-            shapes = env.scorer.last_batch_shapes  # transformers: the padded positions it ran; vLLM: none
-            return rewards, sum(r * n for r, n in shapes) if shapes else None
+            return rewards, sum(ran) if ran else None  # vLLM: none
 
     try:
         for batch in batches[: case["warmup"]]:

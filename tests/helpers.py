@@ -5,6 +5,7 @@ training and GRPO arguments, `accelerate launch` of the recipes, and `trl-rm-env
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -21,6 +22,55 @@ from typing import Any
 
 import pytest
 import torch
+
+
+# ---------------------------------------------------------------------------------------------------- watching passes
+class Passes:
+    """What a scoring engine ran, watched from outside (`watch_passes`); the package keeps no such state.
+
+    - `shapes`: `(rows, length)` of every forward pass, in order (a forward hook on the input embeddings: every pass,
+      plain, context, completion or packed row, embeds its token ids once);
+    - `key_shapes`: `(rows, keys)` of each completion pass run against a shared context, as planned (`plan_passes`);
+    - `shared`: the items scored against a shared context (`share_plan`'s groups), in the engine's numbering (the
+      caller's where every item was scored).
+    """
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, int]] = []
+        self.key_shapes: list[tuple[int, int]] = []
+        self.shared: list[int] = []
+
+
+@contextlib.contextmanager
+def watch_passes(target: Any):
+    """`Passes` of what `target` (a model, or a scorer, environment or server holding one) runs meanwhile."""
+    import trl_rm_env.scoring.hf as hf
+
+    model = target
+    while not isinstance(model, torch.nn.Module):
+        model = next(getattr(model, name) for name in ("scorer", "engine", "model") if hasattr(model, name))
+    passes = Passes()
+    embeddings = model.get_input_embeddings()
+    handle = embeddings.register_forward_hook(lambda module, args, out: passes.shapes.append(tuple(out.shape[:2])))
+    share_plan, plan_passes = hf.share_plan, hf.plan_passes
+
+    def watched_share_plan(*args, **kwargs):
+        groups, plain = share_plan(*args, **kwargs)
+        passes.shared = sorted(i for _, members in groups for i in members)
+        return groups, plain
+
+    def watched_plan_passes(lengths, max_rows=None, max_tokens=None, extra=None, **kwargs):
+        chunks = plan_passes(lengths, max_rows, max_tokens, extra, **kwargs)
+        if extra is not None:  # completion passes: their keys are the longest context's plus their own
+            passes.key_shapes += [(len(rows), max(extra[i] for i in rows) + length) for rows, length in chunks]
+        return chunks
+
+    hf.share_plan, hf.plan_passes = watched_share_plan, watched_plan_passes
+    try:
+        yield passes
+    finally:
+        handle.remove()
+        hf.share_plan, hf.plan_passes = share_plan, plan_passes
 
 
 # ---------------------------------------------------------------------------------------------------- reference scoring

@@ -173,6 +173,22 @@ def test_no_module_only_reexports_another():
     assert not shims, f"modules that only re-export other modules' names (import from where they live): {shims}"
 
 
+TEST_STATE = ("_LAYER_CALLS", "last_batch_shapes", "last_key_shapes", "last_shared", "num_forwards")
+
+
+def test_production_objects_keep_no_state_for_tests():
+    """What a test wants to see of a call (its passes' shapes, the items shared, the forwards made) it watches from
+    outside (`helpers.watch_passes`, a forward hook): no attribute every call writes for it."""
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {name}"
+        for path in package_modules().values()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for name in [node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)]
+        if name in TEST_STATE
+    ]  # fmt: skip
+    assert not found, found
+
+
 def mode_name_tests(path: Path) -> list[int]:
     """The lines of `path` that compare something with a built-in judge mode's name (`==`, `!=`, `in`), or index a
     mapping by one."""

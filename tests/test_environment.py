@@ -17,6 +17,7 @@ from helpers import (  # noqa: F401
     reference_scores,
     reference_text,
     score_one,
+    watch_passes,
 )
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -93,17 +94,18 @@ def batch_reference(tiny_rm, tiny_tokenizer):
 def test_call_parity(make_env, batch_reference, options, sharing):
     prompts, completions, want = batch_reference
     env = make_env(prefix_sharing=sharing, **options)
-    rewards = env(prompts=prompts, completions=completions, completion_ids=None)
+    with watch_passes(env) as passes:
+        rewards = env(prompts=prompts, completions=completions, completion_ids=None)
     assert isinstance(rewards, list) and len(rewards) == len(prompts)
     assert all(isinstance(r, float) for r in rewards)
     assert_scores(rewards, want)
     assert want.unique().numel() == len(prompts)  # distinct scores, so an order mix-up would be seen
-    shapes = env.scorer.last_batch_shapes
+    shapes = passes.shapes
     if sharing:  # every item of a group shares its prompt; passes keep to the row and token bounds
-        assert env.scorer.last_shared == list(range(len(prompts)))
+        assert passes.shared == list(range(len(prompts)))
         assert max(rows for rows, _ in shapes) <= options.get("batch_size", 32)
         if "max_tokens_per_batch" in options:
-            assert all(rows * keys <= 256 for rows, keys in env.scorer.last_key_shapes)
+            assert all(rows * keys <= 256 for rows, keys in passes.key_shapes)
     elif "max_tokens_per_batch" in options:
         assert all(rows * length <= 256 for rows, length in shapes) and len(shapes) > 1
     else:
@@ -454,10 +456,11 @@ def test_from_config(saved_rm):
     direct = RewardModelEnvironment(path, device="cpu")
     prompts, completions = grpo_batch()
     want = reference_scores(model, tok, prompts, completions)
-    rewards = env(prompts, completions)
+    with watch_passes(env) as passes:
+        rewards = env(prompts, completions)
     assert_scores(rewards, want)
     assert_scores(rewards, torch.tensor(direct(prompts, completions)), atol=1e-5)
-    assert all(rows <= 4 and rows * length <= 2048 for rows, length in env.scorer.last_batch_shapes)
+    assert passes.shapes and all(rows <= 4 and rows * length <= 2048 for rows, length in passes.shapes)
     # Our own keys ride along; bf16 precision is mapped.
     env = RewardModelEnvironment.from_config(
         nemo_rl_config(path, precision="bfloat16", clip=0.5, dynamic_batching={"enabled": False}), device="cpu"

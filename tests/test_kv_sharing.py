@@ -9,7 +9,7 @@ import random
 
 import pytest
 import torch
-from helpers import _one_thread, assert_same_loss_and_gradients, score_one  # noqa: F401
+from helpers import _one_thread, assert_same_loss_and_gradients, score_one, watch_passes  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RewardScorer, load_rank_dataset
 from trl_rm_env.options import normalize_prefix_sharing
@@ -176,15 +176,16 @@ def test_scorer_shares_groups_exactly_within_the_budget(request, tokenizer_name,
     prompts, completions = chat_groups(5, 4, seed=3)
     reference = one_at_a_time(model, tokenizer, prompts, completions)
     scorer = RewardScorer(model, tokenizer, batch_size=batch_size, max_tokens_per_batch=budget, prefix_sharing=True)
-    scores = scorer.score(prompts, completions)
+    with watch_passes(scorer) as passes:
+        scores = scorer.score(prompts, completions)
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
-    assert scorer.last_shared == list(range(len(prompts)))
+    assert passes.shared == list(range(len(prompts)))
     assert scorer.last_outputs.shape == (len(prompts), 1)
     if budget is not None:
-        assert all(rows * n <= budget for rows, n in scorer.last_batch_shapes)
-        assert all(rows * keys <= budget for rows, keys in scorer.last_key_shapes)  # keys: context + completion
+        assert all(rows * n <= budget for rows, n in passes.shapes)
+        assert all(rows * keys <= budget for rows, keys in passes.key_shapes)  # keys: context + completion
     if batch_size is not None:
-        assert all(rows <= batch_size for rows, _ in scorer.last_batch_shapes)
+        assert all(rows <= batch_size for rows, _ in passes.shapes)
     back = scorer.score(prompts[::-1], completions[::-1])  # input order is kept
     torch.testing.assert_close(back, reference.flip(0), atol=1e-4, rtol=0)
 
@@ -224,12 +225,14 @@ def test_score_ids_finds_the_groups_and_scores_exactly(request, tokenizer_name):
     ids = [ids[i] for i in order]
     reference = torch.tensor([score_one(model, seq) for seq in ids])
     scorer = RewardScorer(model, tokenizer, batch_size=3, max_tokens_per_batch=300)
-    torch.testing.assert_close(scorer.score_ids(ids), reference, atol=1e-4, rtol=0)
-    assert scorer.last_shared == list(range(len(ids)))
-    assert all(rows * keys <= 300 for rows, keys in scorer.last_key_shapes)
+    with watch_passes(scorer) as passes:
+        torch.testing.assert_close(scorer.score_ids(ids), reference, atol=1e-4, rtol=0)
+    assert passes.shared == list(range(len(ids)))
+    assert passes.key_shapes and all(rows * keys <= 300 for rows, keys in passes.key_shapes)
     plain = RewardScorer(model, tokenizer, prefix_sharing=False)
-    torch.testing.assert_close(plain.score_ids(ids), reference, atol=1e-4, rtol=0)
-    assert plain.last_shared == [] and plain.last_key_shapes == []
+    with watch_passes(plain) as passes:
+        torch.testing.assert_close(plain.score_ids(ids), reference, atol=1e-4, rtol=0)
+    assert passes.shared == [] and passes.key_shapes == []
 
 
 @pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
@@ -248,8 +251,9 @@ def test_left_truncation_with_sharing(request, tokenizer_name):
     if tokenizer.bos_token_id is not None:
         assert all(ids[0] == tokenizer.bos_token_id for ids in plain.encode(prompts, completions).ids)
     scorer = RewardScorer(model, tokenizer, max_length=60, prefix_sharing=True)
-    torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
-    assert scorer.last_shared[:2] == [0, 1]  # same length after the template: same cut, one shared context
+    with watch_passes(scorer) as passes:
+        torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
+    assert passes.shared[:2] == [0, 1]  # same length after the template: same cut, one shared context
 
 
 def test_nonfinite_rows_stay_apart(tiny_tokenizer):

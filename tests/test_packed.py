@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from helpers import _one_thread, ranked_trainer  # noqa: F401
+from helpers import _one_thread, ranked_trainer, watch_passes  # noqa: F401
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
@@ -357,17 +357,19 @@ def test_scorer_packs_groups_exactly_within_the_budget(request, tokenizer_name, 
     scorer = RewardScorer(model, tokenizer, batch_size=batch_size, max_tokens_per_batch=budget,
                           prefix_sharing="packed")
     assert scorer.prefix_sharing == "packed"
-    scores = scorer.score(prompts, completions)
+    with watch_passes(scorer) as passes:
+        scores = scorer.score(prompts, completions)
     torch.testing.assert_close(scores, reference, atol=1e-5, rtol=0)
-    assert scorer.last_shared == list(range(len(prompts)))
-    assert all(rows == 1 for rows, _ in scorer.last_batch_shapes)  # one packed row per forward
+    assert passes.shared == list(range(len(prompts)))
+    shapes = passes.shapes
+    assert shapes and all(rows == 1 for rows, _ in shapes)  # one packed row per forward
     longest = max(len(ids) for ids in encoded.ids)
-    assert all(n <= max(budget or 8192, longest) for _, n in scorer.last_batch_shapes)
+    assert all(n <= max(budget or 8192, longest) for _, n in shapes)
     groups = [encoded.ids[i:i + 4] for i in range(0, len(prompts), 4)]  # each prompt once per forward
     unique = sum(shared_prefix_length(g) + sum(len(s) - shared_prefix_length(g) for s in g) for g in groups)
-    assert sum(n for _, n in scorer.last_batch_shapes) >= unique
+    assert sum(n for _, n in shapes) >= unique
     if budget is None and batch_size is None:
-        assert sum(n for _, n in scorer.last_batch_shapes) == unique and len(scorer.last_batch_shapes) == 1
+        assert sum(n for _, n in shapes) == unique and len(shapes) == 1
     back = scorer.score(prompts[::-1], completions[::-1])  # input order is kept
     torch.testing.assert_close(back, reference.flip(0), atol=1e-5, rtol=0)
     ids = scorer.score_ids(encoded.ids[::-1])  # token ids without contexts: the groups are found
@@ -507,16 +509,16 @@ def test_gpu_proxies_of_packed_scoring(tiny_tokenizer):
     handle = model.model.register_forward_pre_hook(lambda *a: forwards.append(1))
     counter = OpCounter(model)
     try:
-        with counter:
+        with counter, watch_passes(scorer) as passes:
             scorer.score(prompts, answers)
     finally:
         handle.remove()
         for h in counter.handles:
             h.remove()
-    assert len(forwards) == 1 and scorer.last_batch_shapes == [(1, scorer.last_batch_shapes[0][1])]
+    assert len(forwards) == 1 and len(passes.shapes) == 1 and passes.shapes[0][0] == 1
     groups = [encoded.ids[i:i + 8] for i in range(0, 32, 8)]
     unique = sum(shared_prefix_length(g) + sum(len(s) - shared_prefix_length(g) for s in g) for g in groups)
-    assert scorer.last_batch_shapes[0][1] == unique
+    assert passes.shapes[0][1] == unique
     assert not {"item", "_local_scalar_dense", "nonzero"} & set(counter.in_layers)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_same_loss_and_gradients, ranked_trainer
+from helpers import assert_same_loss_and_gradients, ranked_trainer, watch_passes
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
@@ -222,16 +222,18 @@ def test_group_shared_scoring_equals_one_at_a_time(request, tokenizer_name, budg
         ])
     scorer = RewardScorer(model, tokenizer, max_tokens_per_batch=budget, prefix_sharing=True)
     assert scorer.prefix_sharing
-    scores = scorer.score(prompts, completions)
+    with watch_passes(scorer) as passes:
+        scores = scorer.score(prompts, completions)
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+    assert passes.key_shapes  # completions ran against shared contexts
     if budget is not None:
-        assert all(rows * length <= budget for rows, length in scorer.last_batch_shapes)
-    if budget is not None:
-        assert all(rows * keys <= budget for rows, keys in scorer.last_key_shapes)
+        assert all(rows * length <= budget for rows, length in passes.shapes)
+        assert all(rows * keys <= budget for rows, keys in passes.key_shapes)
     plain = RewardScorer(model, tokenizer, max_tokens_per_batch=budget, prefix_sharing=False)
-    plain.score(prompts, completions)
-    used = sum(r * n for r, n in scorer.last_batch_shapes)
-    assert used < sum(r * n for r, n in plain.last_batch_shapes)  # fewer token positions through the model
+    with watch_passes(plain) as plain_passes:
+        plain.score(prompts, completions)
+    used = sum(r * n for r, n in passes.shapes)
+    assert used < sum(r * n for r, n in plain_passes.shapes)  # fewer token positions through the model
 
 
 def test_group_shared_scoring_through_the_environment(tiny_rm, tiny_tokenizer):
@@ -272,8 +274,10 @@ def test_auto_shares_where_the_cost_model_says_and_stays_exact(
         ])
     scorer = RewardScorer(tiny_rm, tiny_tokenizer)
     assert scorer.prefix_sharing == "auto"
-    torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
-    assert scorer.last_shared == (list(range(6)) if shared else [])
+    with watch_passes(scorer) as passes:
+        torch.testing.assert_close(scorer.score(prompts, completions), reference, atol=1e-4, rtol=0)
+    assert passes.shared == (list(range(6)) if shared else [])
     forced = RewardScorer(tiny_rm, tiny_tokenizer, prefix_sharing=True)
-    torch.testing.assert_close(forced.score(prompts, completions), reference, atol=1e-4, rtol=0)
-    assert forced.last_shared == list(range(6))
+    with watch_passes(forced) as passes:
+        torch.testing.assert_close(forced.score(prompts, completions), reference, atol=1e-4, rtol=0)
+    assert passes.shared == list(range(6))

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from helpers import _one_thread, reference_ids, reference_scores, reference_text, score_one  # noqa: F401
+from helpers import _one_thread, reference_ids, reference_scores, reference_text, score_one, watch_passes  # noqa: F401
 
 from trl_rm_env.scoring.scorer import RewardScorer, as_pairs, split_conversation, strip_reasoning_text
 from trl_rm_env.tiny_models import SAMPLE_DIR, build_tiny_reward_model
@@ -55,11 +55,12 @@ def conv_reference(tiny_rm, tiny_tokenizer):
 def test_parity_with_one_at_a_time_scoring(tiny_rm, tiny_tokenizer, conv_reference, batch_size):
     prompts, completions, want = conv_reference
     scorer = RewardScorer(tiny_rm, tiny_tokenizer, batch_size=batch_size, prefix_sharing=False)
-    got = scorer.score(prompts, completions)
+    with watch_passes(scorer) as passes:
+        got = scorer.score(prompts, completions)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
     n = len(prompts)
-    rows = [r for r, _ in scorer.last_batch_shapes]
+    rows = [r for r, _ in passes.shapes]
     assert sum(rows) == n
     expected_rows = min(batch_size or 32, n)
     assert max(rows) == expected_rows
@@ -77,9 +78,10 @@ def test_parity_with_token_budget(tiny_rm, tiny_tokenizer, conv_reference, facto
     budget = int(factor * max(lengths))
     scorer = RewardScorer(tiny_rm, tiny_tokenizer, max_tokens_per_batch=budget, prefix_sharing=False)
     assert scorer.options.rows_per_pass() is None  # the budget alone limits the batches
-    got = scorer.score(prompts, completions)
+    with watch_passes(scorer) as passes:
+        got = scorer.score(prompts, completions)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
-    shapes = scorer.last_batch_shapes
+    shapes = passes.shapes
     assert sum(rows for rows, _ in shapes) == len(prompts)
     for rows, length in shapes:
         assert rows * length <= budget
@@ -122,8 +124,9 @@ def test_mixed_lengths_exact_per_row(tiny_rm, tiny_tokenizer):
     long = tiny_tokenizer(LONG)["input_ids"]
     assert len(long) > 20 * len(short)
     scorer = RewardScorer(tiny_rm, tiny_tokenizer, batch_size=8)
-    got = scorer.score_ids([short, long, short[:1]])
-    assert scorer.last_batch_shapes == [(3, len(long))]
+    with watch_passes(scorer) as passes:
+        got = scorer.score_ids([short, long, short[:1]])
+    assert passes.shapes == [(3, len(long))]
     want = torch.tensor([score_one(tiny_rm, short), score_one(tiny_rm, long), score_one(tiny_rm, short[:1])])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
@@ -157,9 +160,10 @@ def test_token_budget_bounds_every_batch_at_scale(tiny_tokenizer):
     encoded = scorer.encode(prompts, completions)
     lengths = [len(ids) for ids in encoded.ids]
     assert not encoded.truncated and 400 < sum(lengths) / len(lengths) < 600
-    scores = scorer.score(prompts, completions)
+    with watch_passes(scorer) as passes:
+        scores = scorer.score(prompts, completions)
     assert scores.shape == (512,) and torch.isfinite(scores).all()
-    shapes = scorer.last_batch_shapes
+    shapes = passes.shapes
     assert sum(rows for rows, _ in shapes) == 512
     for rows, length in shapes:
         assert rows * length <= budget, (rows, length)
@@ -198,15 +202,17 @@ def test_sequence_longer_than_budget(tiny_rm, tiny_tokenizer):
     long = tiny_tokenizer(LONG)["input_ids"]
     short = long[:10]
     assert len(long) > budget
-    got = scorer.score_ids([short, long, short])
-    assert scorer.last_batch_shapes == [(1, len(long)), (2, 10)]
+    with watch_passes(scorer) as passes:
+        got = scorer.score_ids([short, long, short])
+    assert passes.shapes == [(1, len(long)), (2, 10)]
     want = torch.tensor([score_one(tiny_rm, short), score_one(tiny_rm, long), score_one(tiny_rm, short)])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
     prompt = [{"role": "user", "content": LONG}]
     completion = [{"role": "assistant", "content": "Done."}]
-    scorer.score([prompt], [completion])
-    assert scorer.last_batch_shapes == [(1, budget)]
+    with watch_passes(scorer) as passes:
+        scorer.score([prompt], [completion])
+    assert passes.shapes == [(1, budget)]
 
 
 # ---------------------------------------------------------------------------------------------------- truncation

@@ -16,7 +16,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp", reason="the serving extra (aiohttp) is not installed")
 
 import torch  # noqa: E402
-from helpers import ServerProcess, conversations, grpo_config, score_one  # noqa: E402
+from helpers import ServerProcess, conversations, grpo_config, score_one, watch_passes  # noqa: E402
 
 from trl_rm_env.scoring.scorer import RewardScorer  # noqa: E402
 from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError  # noqa: E402
@@ -289,11 +289,12 @@ def test_a_grpo_request_of_token_ids_shares_each_prompt_and_scores_exactly(tiny_
             response = await client.post("/pooling", json={"input": ids})
             return response.status, await response.json()
 
-    status, body = asyncio.run(run())
+    with watch_passes(server) as passes:
+        status, body = asyncio.run(run())
     assert status == 200
     assert [d["data"][0] for d in body["data"]] == pytest.approx(reference, abs=1e-4)
-    assert server.scorer.last_shared == list(range(len(ids)))
-    assert len(server.scorer.last_key_shapes) >= 1  # the completions ran against cached prompts
+    assert passes.shared == list(range(len(ids)))
+    assert len(passes.key_shapes) >= 1  # the completions ran against cached prompts
 
 
 # ChatML whose role names are capitals when the template's keyword argument `loud_roles` is set.

@@ -97,7 +97,6 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             self.sharding, self.remote_url = "none", scorer.urls
             statistics, attributes = None, ()
         self.show_progress = scoring.show_progress
-        self.num_forwards = 0  # scoring calls of `attribute_rewards` (one per batch)
         self._setup(
             scorer,
             reward,
@@ -168,12 +167,11 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         return [AttributeReward(shared, k, name, w) for k, (name, w) in enumerate(zip(self.attributes, weights))]
 
     def _attribute_outputs(self, prompts: Samples, completions: Samples, kwargs: dict[str, Any]) -> torch.Tensor:
-        """`(N, attributes)` outputs of a batch for `attribute_rewards` (one forward; counted in `num_forwards`)."""
+        """`(N, attributes)` outputs of a batch for `attribute_rewards` (one scoring call for all of them)."""
         empty, to_score, _ = self._plan(prompts, completions)
         outputs = torch.full((len(prompts), len(self.attributes)), float("nan"), dtype=torch.float32)
         with self._calls, full_weights(self.model, self.sharding):  # every rank enters: a collective under ZeRO-3
             if to_score:
-                self.num_forwards += 1
                 with self._nonfinite_named(to_score, "completions"):  # the scorer's fallbacks, named here
                     outputs[torch.tensor(to_score)] = self.scorer.attribute_outputs(
                         [prompts[i] for i in to_score], [completions[i] for i in to_score]

@@ -143,7 +143,6 @@ class HFJudgeEngine:
         self.max_length = options.longest_sequence(model.config)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
-        self.last_batch_shapes: list[tuple[int, int]] = []
 
     @property
     def device(self) -> torch.device:
@@ -160,7 +159,6 @@ class HFJudgeEngine:
         for k, row in enumerate(rows):
             input_ids[k, length - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
             mask[k, length - len(row) :] = 1
-        self.last_batch_shapes.append((len(rows), length))
         return {"input_ids": input_ids.to(self.device), "attention_mask": mask.to(self.device)}
 
     @torch.inference_mode()
@@ -168,7 +166,6 @@ class HFJudgeEngine:
         self, prompts: Sequence[Sequence[int]], label_ids: Sequence[int], labels: Sequence[str] = ()
     ) -> list[list[float]]:
         """Each prompt's full-vocabulary log-probabilities of `label_ids` at its next position."""
-        self.last_batch_shapes = []
         out: list[list[float]] = [[] for _ in prompts]
         labels = torch.tensor(list(label_ids), dtype=torch.long)
         was_training = self.model.training
@@ -190,7 +187,6 @@ class HFJudgeEngine:
         self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, seed: int
     ) -> list[str]:
         """The judge's text for each prompt (greedy at temperature 0, else sampled with `seed`)."""
-        self.last_batch_shapes = []
         out = [""] * len(prompts)
         sample = temperature > 0
         kwargs = {"do_sample": sample, "max_new_tokens": max_new_tokens, "pad_token_id": self.pad_token_id}

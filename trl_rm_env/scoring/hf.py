@@ -115,9 +115,6 @@ class HFEngine:
         self.options = options
         self.prefix_sharing = scoring_mode(model, options.prefix_sharing)  # the mode that runs, for this model
         self.cost_ratio = linear_to_attention_cost(getattr(model, "config", None))
-        self.last_batch_shapes: list[tuple[int, int]] = []  # (rows, length) of each forward pass of the last call
-        self.last_key_shapes: list[tuple[int, int]] = []  # (rows, keys) of each shared completion pass
-        self.last_shared: list[int] = []  # items of the last call scored against a shared context
 
     @property
     def num_labels(self) -> int:
@@ -136,7 +133,6 @@ class HFEngine:
     ) -> torch.Tensor:
         """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`; with `context_lengths` (how many leading
         tokens of each are its context) the items that share one may be scored against it (`prefix_sharing`)."""
-        self.last_batch_shapes, self.last_key_shapes, self.last_shared = [], [], []
         if self.prefix_sharing == "packed":
             return self._packed_outputs(sequences, context_lengths, progress)
         if self.prefix_sharing and context_lengths is not None:
@@ -148,7 +144,7 @@ class HFEngine:
         return padded_batches(lengths, self.options.rows_per_pass(), self.options.max_tokens_per_batch)
 
     def _plain_outputs(self, sequences: Sequence[Sequence[int]], progress: bool | None) -> torch.Tensor:
-        """`(N, num_labels)` fp32 outputs, one padded row per sequence (appends to `last_batch_shapes`)."""
+        """`(N, num_labels)` fp32 outputs, one padded row per sequence."""
         outputs = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
         if not sequences:
             return outputs
@@ -162,7 +158,6 @@ class HFEngine:
                 for row, i in enumerate(batch):
                     input_ids[row, : len(sequences[i])] = torch.as_tensor(sequences[i])
                     attention_mask[row, : len(sequences[i])] = 1
-                self.last_batch_shapes.append((len(batch), length))
                 logits = self.model(
                     input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=False
                 ).logits
@@ -173,7 +168,6 @@ class HFEngine:
         self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int], progress: bool | None
     ) -> torch.Tensor:
         groups, plain = share_plan(sequences, context_lengths, self.prefix_sharing is True, self.cost_ratio)
-        self.last_shared = sorted(i for _, members in groups for i in members)
         outputs = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
         if plain:
             outputs[torch.tensor(plain)] = self._plain_outputs([sequences[i] for i in plain], progress)
@@ -193,11 +187,6 @@ class HFEngine:
                 own = inputs["completion_mask"].sum(1).tolist()
                 context_of = [prefix_lengths[g] for g in inputs["group_index"].tolist()]
                 inputs["completion_chunks"] = plan_passes(own, self.options.rows_per_pass(), self.options.max_tokens_per_batch, context_of)
-                for rows, length in inputs["prefix_chunks"]:
-                    self.last_batch_shapes.append((len(rows), length))
-                for rows, length in inputs["completion_chunks"]:
-                    self.last_batch_shapes.append((len(rows), length))
-                    self.last_key_shapes.append((len(rows), max(context_of[i] for i in rows) + length))
                 inputs = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
                 values, _ = shared_context_scores(self.model, inputs, label_index=None)
                 items = [i for _, members in chosen for i in members]
@@ -216,7 +205,6 @@ class HFEngine:
             groups, plain = [], list(range(len(sequences)))
         else:
             groups, plain = share_plan(sequences, context_lengths, True, self.cost_ratio)
-        self.last_shared = sorted(i for _, members in groups for i in members)
         lengths = [len(s) for s in sequences]
         units = [(p, members) for p, members in groups] + [(0, [i]) for i in plain]
         budget = self.options.max_tokens_per_batch or device_token_budget(self.model)
@@ -225,7 +213,6 @@ class HFEngine:
             for row in iterator:
                 batch = pack_groups([[sequences[i] for i in items] for _, items in row], [p for p, _ in row],
                                     self.pad_token_id)
-                self.last_batch_shapes.append(tuple(batch["input_ids"].shape))
                 batch = {k: (v.to(self.device) if torch.is_tensor(v) else v) for k, v in batch.items()}
                 values, _ = packed_scores(self.model, batch, label_index=None)
                 outputs[torch.tensor([i for _, items in row for i in items])] = values.float().cpu()

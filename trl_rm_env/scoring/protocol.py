@@ -39,8 +39,7 @@ class Engine(Protocol):
     outputs out, in input order, each equal to running that sequence alone (fp32: within 1e-4).
 
     Optional members, read when present: `prefix_sharing` (truthy: the engine uses `context_lengths` to score the
-    items that share a context against one encoding of it, and names them in `last_shared`), `device`, and the
-    diagnostics `last_batch_shapes` / `last_key_shapes` of its last call (`HFEngine` has them all).
+    items that share a context against one encoding of it) and `device` (`HFEngine` has both).
     """
 
     name: str

@@ -120,9 +120,8 @@ class RewardScorer:
         self.engine = engine or HFEngine(model, tokenizer.pad_token_id, o)
         self.last_outputs: torch.Tensor | None = None  # (N, num_labels) of the last `score` call; NaN: not scored
         self.last_nonfinite: list[int] = []  # items of the last call given `nonfinite_reward` (the environment warns)
-        self.last_shared: list[int] = []  # items of the last call scored against a shared context
 
-    # ------------------------------------------------------------------ options and the engine's diagnostics
+    # ------------------------------------------------------------------ options and what the engine reports
     @property
     def nonfinite_reward(self) -> float | None:
         """The `Scorer` protocol's reward for a NaN/inf score (`options.nonfinite_reward`)."""
@@ -131,8 +130,6 @@ class RewardScorer:
     # What an engine may report (`Engine`'s optional members); an engine without them shares nothing itself.
     prefix_sharing = property(lambda self: getattr(self.engine, "prefix_sharing", False))  # the mode that runs
     device = property(lambda self: getattr(self.engine, "device", torch.device("cpu")))
-    last_batch_shapes = property(lambda self: getattr(self.engine, "last_batch_shapes", []))  # (rows, length) a pass
-    last_key_shapes = property(lambda self: getattr(self.engine, "last_key_shapes", []))  # (rows, keys) a shared pass
 
     # ------------------------------------------------------------------ encoding
     def encode(
@@ -178,7 +175,6 @@ class RewardScorer:
         if self.prefix_sharing and len(sequences) > 1:
             found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=self.prefix_sharing in (True, "packed"))
             return self.score_ids_shared(sequences, found, progress)
-        self.last_shared = []
         return self._reward_of(self.engine.outputs(sequences, None, progress))
 
     def score_ids_shared(
@@ -186,9 +182,7 @@ class RewardScorer:
     ) -> torch.Tensor:
         """Like `score_ids`, with the items that share a context scored against one encoding of it (where
         `prefix_sharing` and its cost model say so; the rest plainly)."""
-        outputs = self.engine.outputs(sequences, context_lengths, progress)
-        self.last_shared = list(getattr(self.engine, "last_shared", []))
-        return self._reward_of(outputs)
+        return self._reward_of(self.engine.outputs(sequences, context_lengths, progress))
 
     def _reward_of(self, outputs: torch.Tensor) -> torch.Tensor:
         if self.output_weights is not None:
@@ -209,12 +203,10 @@ class RewardScorer:
         encoded = self.encode(contexts, completions)
         present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
         outputs = torch.full((len(encoded.ids), self.config.num_labels), float("nan"), dtype=torch.float32)
-        self.last_shared = []
         if present:
             ids = [encoded.ids[i] for i in present]
             context_lengths = [encoded.context_lengths[i] for i in present] if self.prefix_sharing else None
             outputs[torch.tensor(present)] = self.engine.outputs(ids, context_lengths, progress)
-            self.last_shared = [present[i] for i in getattr(self.engine, "last_shared", [])]
         self.last_outputs = outputs if present else None
         return outputs, present, encoded.overlength
 

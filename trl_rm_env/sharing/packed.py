@@ -24,6 +24,7 @@ Exactness: every score equals running the context and that completion alone (tes
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import logging
 from collections.abc import Iterator, Sequence
@@ -40,9 +41,10 @@ logger = logging.getLogger(__name__)
 
 PACKED_ATTENTION = "trl_rm_env_packed"
 """The attention implementation name the packed forward runs under (registered with transformers on first use)."""
-_LAYER_CALLS = [0]
-"""Calls of the packed attention in this process: `packed_scores` checks that its forward made some (a counter kept
-outside the layout, which wrappers may copy: FSDP2 rebuilds dataclass inputs to cast them)."""
+_CALLS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar("packed_attention_calls", default=None)
+"""The packed attention's calls during the current `packed_scores` forward (of this thread or task), which checks that
+there were some. Kept beside the layout, not on it: wrappers may copy the layout (FSDP2 rebuilds dataclass inputs to
+cast them)."""
 
 
 @dataclass
@@ -202,7 +204,9 @@ def packed_attention_forward(
         )
     if query.shape[0] != 1:
         raise ValueError(f"A packed forward takes one row; got a batch of {query.shape[0]}.")
-    _LAYER_CALLS[0] += 1
+    calls = _CALLS.get()
+    if calls is not None:
+        calls[0] += 1
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     dtype = query.dtype
     if query.is_cuda and torch.is_autocast_enabled("cuda"):  # as SDPA does under autocast
@@ -275,7 +279,8 @@ def packed_scores(
     packed: PackedAttention = inputs["packed"].to(input_ids.device, non_blocking=True)
     captured: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, output: captured.append(output))
-    calls_before = _LAYER_CALLS[0]
+    calls = [0]
+    token = _CALLS.set(calls)
     try:
         with packed_attention(model):
             outputs = model(
@@ -284,7 +289,8 @@ def packed_scores(
             )
     finally:
         handle.remove()
-    if _LAYER_CALLS[0] == calls_before:  # the model's attention does not go through transformers' AttentionInterface
+        _CALLS.reset(token)
+    if calls[0] == 0:  # the model's attention does not go through transformers' AttentionInterface
         raise RuntimeError(
             f"{type(classifier(model)).__name__} ran its own attention, not the packed layout's: its scores would mix "
             "completions. Use prefix_sharing=False (or True / 'auto', which do not pack this model)."
