@@ -19,6 +19,7 @@ from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.sources import parse_data_spec
 from trl_rm_env.environment.reward_model import OPTION_CLASSES
 from trl_rm_env.judges.options import JudgeOptions, JudgeSource
+from trl_rm_env.rewards.sources import RewardSources
 from trl_rm_env.scoring.options import ScoringOptions
 from trl_rm_env.serving.client.options import RemoteOptions, local_only
 
@@ -120,6 +121,19 @@ class RewardModelRecipeArguments:
         openrlhf = kwargs.get("remote_api") == "openrlhf"
         tokenizer = self.reward_tokenizer or (self.reward_model if openrlhf else None)
         return dict(kwargs, remote_url=list(self.reward_remote_url), tokenizer=tokenizer)
+
+    def reward_sources(self) -> RewardSources:
+        """What the run is rewarded by (`trl_rm_env.rewards.sources`): the reward model and the judge with their
+        options (`environment_kwargs`, `judge_kwargs`), the cascade and the per-attribute split.
+
+        Raises:
+            ValueError: a bad `reward_*` value, or a combination of keys that cannot apply, named by its keys.
+        """
+        return RewardSources(
+            reward_model=self.reward_model, reward_options=self.environment_kwargs(), judge=self.reward_judge,
+            judge_options=self.judge_kwargs(), cascade_margin=self.reward_cascade_margin,
+            per_attribute=self.reward_per_attribute,
+        )  # fmt: skip
 
     def load_prompts(self) -> Dataset:
         """A dataset with a `prompt` column (messages or text), as `GRPOTrainer` expects."""

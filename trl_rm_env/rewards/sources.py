@@ -1,0 +1,102 @@
+"""The reward functions of a GRPO run, from what it names as its reward sources.
+
+A run's reward is a reward model (loaded here, or behind servers), a generative judge, both (two reward functions,
+in that order, weighed by TRL's `reward_weights`), a cascade of the two (one reward: the reward model's where it
+separates a group by `cascade_margin`, else the judge's), or a regression reward model's attributes as one reward
+function each (GDPO). `RewardSources` holds that choice and refuses a combination that cannot apply, in the options'
+own names, for the GRPO recipe (`reward_*` keys) and a library user alike.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..options import changed
+
+
+@dataclass
+class RewardSources:
+    """What a GRPO run is rewarded by (see the module docstring); `check()` on creation.
+
+    Args:
+        reward_model: The reward model's path or Hub id (None: no reward model, or one behind servers).
+        reward_options: `RewardModelEnvironment`'s keyword arguments besides the model: `options` (its
+            `ScoringOptions`), `remote_url` for servers, and the others given.
+        judge: The judge model's path or Hub id (None with `judge_options`: the judge is behind a server).
+        judge_options: `JudgeEnvironment`'s keyword arguments besides the model, or None: no judge.
+        cascade_margin: One cascade reward, the reward model's for groups it separates by this margin, else the
+            judge's (`CascadeReward`).
+        per_attribute: A regression reward model's attributes as one reward function each.
+    """
+
+    reward_model: str | None = None
+    reward_options: Mapping[str, Any] = field(default_factory=dict)
+    judge: str | None = None
+    judge_options: Mapping[str, Any] | None = None
+    cascade_margin: float | None = None
+    per_attribute: bool = False
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    @property
+    def with_reward_model(self) -> bool:
+        """Whether a reward model scores (loaded here, or the servers' own at `remote_url`)."""
+        return self.reward_model is not None or bool(self.reward_options.get("remote_url"))
+
+    def check(self) -> None:
+        """Refuse a combination that cannot apply (`ValueError`, naming the recipe's keys)."""
+        with_rm, with_judge, margin = self.with_reward_model, self.judge_options is not None, self.cascade_margin
+        if not with_rm and not with_judge:
+            raise ValueError("reward_model is null and no reward_judge is given: GRPO needs a reward source")
+        options = self.reward_options.get("options")
+        others = [n for n, v in self.reward_options.items() if n != "options" and (n != "tokenizer" or v)]
+        given = sorted([*(changed(options) if options is not None else ()), *others])
+        if not with_rm and given:
+            raise ValueError(f"reward_model is null (no reward model), but options of one are given: {', '.join(given)}")
+        if self.per_attribute and not with_rm:
+            raise ValueError("reward_per_attribute needs a reward model (reward_model is null)")
+        if margin is None:
+            return
+        if not (math.isfinite(margin) and margin > 0):
+            raise ValueError(f"reward_cascade_margin must be > 0, got {margin}")
+        if not (with_rm and with_judge):
+            raise ValueError("reward_cascade_margin routes between a reward model and a judge: give reward_judge and "
+                             "a reward model (reward_model or reward_remote_url)")  # fmt: skip
+        if self.per_attribute:
+            raise ValueError("reward_cascade_margin routes one reward model's rewards; reward_per_attribute splits them")
+
+    def build(self, reward_weights: list[float] | None = None) -> tuple[list[Callable], list[float] | None]:
+        """The reward functions, loaded, in TRL's order, and the weights to train with: `reward_weights` as given
+        (one per function, else a `ValueError` naming both counts, before TRL's own message), else the regression
+        model's attribute weights under `per_attribute`, else None (TRL's default: all 1)."""
+        from ..environment.reward_model import RewardModelEnvironment
+        from ..judges.cascade import CascadeReward
+        from ..judges.environment import JudgeEnvironment
+
+        rewards: list[Callable] = []
+        attribute_weights: list[float] | None = None
+        if self.with_reward_model:
+            environment = RewardModelEnvironment(self.reward_model, **self.reward_options)
+            if self.per_attribute:  # GDPO: each attribute normalized within its group on its own
+                rewards += environment.attribute_rewards()
+                attribute_weights = environment.attribute_weights or [1.0] * len(rewards)
+            else:
+                rewards.append(environment)
+        if self.judge_options is not None:
+            judge = JudgeEnvironment(self.judge, **self.judge_options)
+            if self.cascade_margin is not None:  # one reward: the RM where it separates a group, else the judge
+                rewards = [CascadeReward([rewards[0], judge], margin=self.cascade_margin)]
+            else:
+                rewards.append(judge)
+        if reward_weights is None:
+            return rewards, attribute_weights
+        if len(reward_weights) != len(rewards):
+            built = ("one reward (reward_cascade_margin: the reward model's where it separates a group, else the "
+                     "judge's)" if self.cascade_margin is not None else f"{len(rewards)} reward function(s)")  # fmt: skip
+            raise ValueError(f"reward_weights has {len(reward_weights)} weight(s) but the recipe builds {built}: give "
+                             f"{len(rewards)} weight(s) or drop reward_weights")  # fmt: skip
+        return rewards, list(reward_weights)
