@@ -80,13 +80,25 @@ def data(tmp_path_factory) -> dict[str, Path]:
     return paths
 
 
-def fresh_launch(fresh: Path | None, config: str, script: str, model: tuple[str, ...], *args: str, **kw) -> str:
-    """`launch`, from the empty folder `fresh/work` when given (the tiny model is then the config's own
-    `tiny-models/...`, built there, and every process's end is probed into `fresh/probe`), else with `model`."""
-    if fresh is None:
-        return launch(config, script, *model, *args, **kw)
-    (fresh / "work").mkdir()
-    return launch(config, script, *args, cwd=fresh / "work", env=probe_env(fresh / "probe"), **kw)
+def run_recipe(
+    config: str, script: str, output_dir: Path, model: tuple[str, ...], *args: str, fresh: Path | None = None,
+    processes: int | None = None,
+) -> str:
+    """`launch` the recipe `script` (writing to `output_dir`); from the empty folder `fresh/work` when given (the tiny
+    model is then the config's own `tiny-models/...`, built there), else with `model`. A 2-process run's processes
+    are probed (`tests/scripts/exit_probe`): each ran its exit handlers, none reached finalization with a gloo thread
+    alive (tests/test_clean_exit.py says why), so every such run here checks the clean exit."""
+    probe = fresh / "probe" if fresh else output_dir.with_name(output_dir.name + "-probe")
+    cwd = ROOT
+    if fresh is not None:
+        cwd = fresh / "work"
+        cwd.mkdir()
+    env = probe_env(probe) if processes in (None, 2) else None  # the configs' own count is 2
+    output = launch(config, script, *(() if fresh else model), "--output_dir", str(output_dir), *args, cwd=cwd,
+                    env=env, processes=processes)  # fmt: skip
+    if env is not None:
+        assert_clean_exits(probe)
+    return output
 
 
 def train_rm(
@@ -99,10 +111,9 @@ def train_rm(
     batch: int = 16,
     fresh: Path | None = None,
 ) -> str:
-    return fresh_launch(
-        fresh, config, "recipes/train_rm.py", ("--model_name_or_path", str(tiny / "reward_model")),
+    return run_recipe(
+        config, "recipes/train_rm.py", output_dir, ("--model_name_or_path", str(tiny / "reward_model")),
         "--config", RM_TINY,
-        "--output_dir", str(output_dir),
         "--train_data", str(data["train"]),
         "--eval_data", *(f"{name}={data[name]}" for name in EVAL_SIZES),
         "--max_steps", str(MAX_STEPS),
@@ -112,6 +123,7 @@ def train_rm(
         "--logging_steps", "1",
         "--disable_tqdm", "true",
         *extra,
+        fresh=fresh,
         processes=processes,
     )  # fmt: skip
 
@@ -323,16 +335,16 @@ def test_resume_from_checkpoint_cpu(config, rm_runs, tiny, data, tmp_path):
 
 # ---------------------------------------------------------------------------------------------------- grpo_rm
 def grpo_rm(config: str, tiny: Path, output_dir: Path, fresh: Path | None = None) -> tuple[str, list[dict]]:
-    output = fresh_launch(
-        fresh, config, "recipes/grpo_rm.py", ("--model_name_or_path", str(tiny / "policy")),
+    output = run_recipe(
+        config, "recipes/grpo_rm.py", output_dir, ("--model_name_or_path", str(tiny / "policy")),
         "--config", GRPO_TINY,
         "--reward_model", str(tiny / "reward_model"),
-        "--output_dir", str(output_dir),
         "--max_steps", "3",
         "--per_device_train_batch_size", "8",
         "--num_generations", "4",
         "--max_completion_length", "8",
         "--disable_tqdm", "true",
+        fresh=fresh,
     )  # fmt: skip
     history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
     steps = [h for h in history if "rewards/tiny_rm/mean" in h]
@@ -453,11 +465,10 @@ def train_regression_rm(tmp: Path, output_dir: Path, processes: int, batch: int)
         if not sample[split].exists():
             lines = (SAMPLE / f"regression_{split}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
             sample[split].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    launch(
-        "ddp_cpu.yaml", "recipes/train_regression_rm.py",
+    run_recipe(
+        "ddp_cpu.yaml", "recipes/train_regression_rm.py", output_dir,
+        ("--model_name_or_path", str(tmp / "regression_model")),  # built by the first run (build_tiny_model: true)
         "--config", "recipes/configs/rm_regression_tiny.yaml",
-        "--model_name_or_path", str(tmp / "regression_model"),  # built by the first run (build_tiny_model: true)
-        "--output_dir", str(output_dir),
         "--train_data", str(sample["train"]),
         "--eval_data", f"in_domain={sample['in_domain']}",
         "--max_steps", str(MAX_STEPS),
