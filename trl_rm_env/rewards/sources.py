@@ -71,29 +71,32 @@ class RewardSources:
 
     def build(self, reward_weights: list[float] | None = None) -> tuple[list[Callable], list[float] | None]:
         """The reward functions, loaded, in TRL's order, and the weights to train with: `reward_weights` as given
-        (one per function, else a `ValueError` naming both counts, before TRL's own message), else the regression
-        model's attribute weights under `per_attribute`, else None (TRL's default: all 1)."""
+        (one per function, else a `ValueError` naming both counts, before TRL's own message), else under
+        `per_attribute` the regression model's attribute weights (and 1 for a judge beside them), else None (TRL's
+        default: all 1)."""
         from ..environment.reward_model import RewardModelEnvironment
         from ..judges.cascade import CascadeReward
         from ..judges.environment import JudgeEnvironment
 
         rewards: list[Callable] = []
-        attribute_weights: list[float] | None = None
+        weights: list[float] = []  # the default under `per_attribute`: the model's own attribute weights, 1 for a judge
         if self.with_reward_model:
             environment = RewardModelEnvironment(self.reward_model, **self.reward_options)
             if self.per_attribute:  # GDPO: each attribute normalized within its group on its own
                 rewards += environment.attribute_rewards()
-                attribute_weights = environment.attribute_weights or [1.0] * len(rewards)
+                weights += environment.attribute_weights or [1.0] * len(rewards)
             else:
                 rewards.append(environment)
+                weights.append(1.0)
         if self.judge_options is not None:
             judge = JudgeEnvironment(self.judge, **self.judge_options)
             if self.cascade_margin is not None:  # one reward: the RM where it separates a group, else the judge
                 rewards = [CascadeReward([rewards[0], judge], margin=self.cascade_margin)]
             else:
                 rewards.append(judge)
+                weights.append(1.0)
         if reward_weights is None:
-            return rewards, attribute_weights
+            return rewards, weights if self.per_attribute else None
         if len(reward_weights) != len(rewards):
             built = ("one reward (reward_cascade_margin: the reward model's where it separates a group, else the "
                      "judge's)" if self.cascade_margin is not None else f"{len(rewards)} reward function(s)")  # fmt: skip

@@ -1,0 +1,83 @@
+"""`RewardSources`: a GRPO run's reward functions and weights from its sources, and the combinations it refuses (the
+GRPO recipe's messages, raised for a library user too)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
+from trl_rm_env.rewards.sources import RewardSources
+from trl_rm_env.scoring.options import ScoringOptions
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "reward_model is null and no reward_judge is given: GRPO needs a reward source"),
+        ({"judge": "j", "judge_options": {}, "reward_options": {"options": ScoringOptions(batch_size=4)}},
+         "reward_model is null (no reward model), but options of one are given: batch_size"),
+        ({"judge": "j", "judge_options": {}, "reward_options": {"tokenizer": "t", "device": "cpu"}},
+         "reward_model is null (no reward model), but options of one are given: device, tokenizer"),
+        ({"judge": "j", "judge_options": {}, "per_attribute": True},
+         "reward_per_attribute needs a reward model (reward_model is null)"),
+        ({"reward_model": "rm", "judge": "j", "judge_options": {}, "cascade_margin": 0.0},
+         "reward_cascade_margin must be > 0, got 0.0"),
+        ({"reward_model": "rm", "judge": "j", "judge_options": {}, "cascade_margin": math.inf},
+         "reward_cascade_margin must be > 0, got inf"),
+        ({"reward_model": "rm", "cascade_margin": 1.0},
+         "reward_cascade_margin routes between a reward model and a judge: give reward_judge and a reward model "
+         "(reward_model or reward_remote_url)"),
+        ({"reward_model": "rm", "judge": "j", "judge_options": {}, "cascade_margin": 1.0, "per_attribute": True},
+         "reward_cascade_margin routes one reward model's rewards; reward_per_attribute splits them"),
+    ],
+)  # fmt: skip
+def test_a_combination_that_cannot_apply_is_refused_before_any_model_loads(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        RewardSources(**kwargs)
+
+
+def test_servers_are_a_reward_model_and_an_empty_tokenizer_is_no_option():
+    RewardSources(reward_options={"remote_url": ["http://rm:8000"]}, judge="j", judge_options={}, cascade_margin=1.0)
+    RewardSources(judge="j", judge_options={}, reward_options={"tokenizer": None, "options": ScoringOptions()})
+
+
+@pytest.fixture(scope="module")
+def regression_rm(tiny_tokenizer, tmp_path_factory):
+    from trl_rm_env.heads import set_regression_labels
+    from trl_rm_env.tiny_models import build_tiny_reward_model
+
+    path = tmp_path_factory.mktemp("regression-rm")
+    model = build_tiny_reward_model(tiny_tokenizer, num_labels=3)
+    set_regression_labels(model.config, ["helpfulness", "correctness", "verbosity"], [1.0, 0.5, -0.25])
+    model.save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_per_attribute_rewards_beside_a_judge_weigh_as_the_model_says_and_the_judge_one(regression_rm, tiny_dir):
+    judge = {"tokenizer": None, "engine": "hf"}
+    sources = RewardSources(regression_rm, {"options": ScoringOptions()}, str(tiny_dir / "policy"), judge,
+                            per_attribute=True)  # fmt: skip
+    rewards, weights = sources.build()
+    assert [type(r).__name__ for r in rewards[:3]] == ["AttributeReward"] * 3
+    assert isinstance(rewards[3], JudgeEnvironment) and len(rewards) == 4
+    assert weights == [1.0, 0.5, -0.25, 1.0]  # TRL's reward_weights: one per reward function
+    rewards, weights = sources.build([1.0, 1.0, 1.0, 2.0])
+    assert len(rewards) == 4 and weights == [1.0, 1.0, 1.0, 2.0]
+    with pytest.raises(ValueError, match=r"^reward_weights has 2 weight\(s\) but the recipe builds 4 reward "
+                                         r"function\(s\): give 4 weight\(s\) or drop reward_weights$"):
+        sources.build([1.0, 1.0])
+
+
+def test_without_per_attribute_trl_keeps_its_default_weights_and_a_cascade_is_one_reward(tiny_dir):
+    rm, judge = str(tiny_dir / "reward_model"), {"tokenizer": None, "engine": "hf"}
+    rewards, weights = RewardSources(rm, {}, str(tiny_dir / "policy"), judge).build()
+    assert [type(r) for r in rewards] == [RewardModelEnvironment, JudgeEnvironment] and weights is None
+    cascade = RewardSources(rm, {}, str(tiny_dir / "policy"), judge, cascade_margin=0.5)
+    rewards, weights = cascade.build()
+    assert len(rewards) == 1 and isinstance(rewards[0], CascadeReward) and weights is None
+    with pytest.raises(ValueError, match=r"but the recipe builds one reward \(reward_cascade_margin: "):
+        cascade.build([1.0, 1.0])
