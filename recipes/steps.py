@@ -1,8 +1,8 @@
 """The steps the recipes share, so that each reads top to bottom: model -> data -> train -> evaluate and save.
 
 `start` (before anything loads: FSDP on CPU, the resume checkpoint), `prepare_model` (the tiny offline models when
-asked, a typo'd folder in one line, `model_init_kwargs` from the model arguments), `quantization` (TRL's
-`--load_in_4bit`/`--load_in_8bit` and `bnb_*` flags, checked), `train` (the distributed setup printed, log-friendly
+asked, a typo'd folder in one line, `model_init_kwargs` from the model arguments), `train` (the distributed setup
+checked and printed, log-friendly
 progress, `train()`, the share of the model each process holds) and `finish_reward_model` (the training recipes'
 evaluation, checkpoint, metrics, log history and table).
 """
@@ -10,14 +10,13 @@ evaluation, checkpoint, metrics, log history and table).
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import Trainer
 
-from trl_rm_env.distributed import describe_sharding, enable_fsdp_on_cpu
+from trl_rm_env.distributed import check_distributed_setup, describe_sharding, enable_fsdp_on_cpu
 from trl_rm_env.model_source import check_model_source, ensure_tiny_model
 from trl_rm_env.trainer.checkpoints import resolve_resume_checkpoint
 from trl_rm_env.trainer.saving import save_reward_model
@@ -73,66 +72,6 @@ def prepare_model(
     return path
 
 
-BNB_FLAGS = ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage")
-"""`ModelConfig`'s options of 4-bit quantization: they mean something only with `load_in_4bit`."""
-
-
-def quantization(model_args: Any, training_args: Any = None) -> Any:
-    """The `BitsAndBytesConfig` of TRL's model flags (`get_quantization_config`, as `trl/scripts/reward.py` passes
-    it), or None: `--load_in_4bit` / `--load_in_8bit` with the `bnb_*` options. A quantized model trains adapters
-    only, so it needs `--use_peft` (QLoRA); the final checkpoint merges them into the full-precision weights.
-
-    Raises:
-        ValueError: a `bnb_*` option without `--load_in_4bit`, a quantized model without `--use_peft`, a quantized
-            model without bf16 or fp16 mixed precision in `training_args` (TRL casts the trainable QLoRA weights,
-            the `score` head's included, to bf16: an fp32 forward stops at the first step), or bitsandbytes
-            missing, each naming the flag.
-    """
-    import dataclasses
-
-    from transformers.utils import is_bitsandbytes_available
-    from trl import get_quantization_config
-
-    defaults = {f.name: f.default for f in dataclasses.fields(model_args) if f.name in BNB_FLAGS}
-    given = [name for name, default in defaults.items() if getattr(model_args, name) != default]
-    flag = "--load_in_4bit" if model_args.load_in_4bit else "--load_in_8bit" if model_args.load_in_8bit else None
-    if given and not model_args.load_in_4bit:
-        raise ValueError(f"{', '.join('--' + n for n in given)} configure 4-bit quantization: add --load_in_4bit")
-    if flag is None:
-        return None
-    if not model_args.use_peft:
-        raise ValueError(f"{flag} loads frozen quantized weights, which train only through adapters: add --use_peft")
-    if training_args is not None and not (training_args.bf16 or training_args.fp16):
-        raise ValueError(
-            f"{flag} trains QLoRA adapters that TRL keeps in bf16 (the score head's trainable copy included), which an "
-            "fp32 forward cannot run: add --bf16 true (with --dtype bfloat16)"
-        )
-    if not is_bitsandbytes_available():
-        raise ValueError(f"{flag} needs bitsandbytes: pip install 'trl-rm-env[quantization]'")
-    return get_quantization_config(model_args)
-
-
-def peft_config(model_args: Any) -> Any:
-    """TRL's `get_peft_config(model_args)` for a reward model, whose LoRA task is sequence classification (`SEQ_CLS`:
-    the `score` head is trained and saved with the adapters). TRL's default task (`CAUSAL_LM`, a language model's) is
-    replaced, logged once; any other is refused.
-
-    Raises:
-        ValueError: `--lora_task_type` other than `SEQ_CLS` (or TRL's default), naming the flag.
-    """
-    from trl import get_peft_config
-
-    task = str(getattr(model_args, "lora_task_type", "SEQ_CLS")).upper()
-    if model_args.use_peft and task != "SEQ_CLS":
-        if task != "CAUSAL_LM":
-            raise ValueError(f"--lora_task_type {task}: a reward model is a sequence classifier; use SEQ_CLS")
-        logger.info("--lora_task_type: a reward model's LoRA task is SEQ_CLS (TRL's default CAUSAL_LM is for language "
-                    "models); using SEQ_CLS.")
-    if model_args.use_peft:
-        model_args.lora_task_type = "SEQ_CLS"
-    return get_peft_config(model_args)
-
-
 def train(trainer: Trainer, resume: str | None) -> None:
     """Print what `accelerate launch` set up, keep nested progress bars out of logs, train, and print the share of the
     trained model this process holds (about 1/processes under ZeRO-3 and FSDP)."""
@@ -166,43 +105,6 @@ def finish_reward_model(
     trainer.accelerator.print(saved)
     trainer.end()
     return metrics
-
-
-def check_distributed_setup(accelerator) -> str:
-    """Describe the distributed setup the processes got, e.g. `"Distributed: DEEPSPEED x2 on cpu:0"`, for the log.
-
-    Refuses a launch that would silently train unsynchronised, and warns when the Accelerate config asked for a
-    sharding backend that is not in use.
-
-    Raises:
-        RuntimeError: Several processes were launched (`WORLD_SIZE` > 1) but Accelerate set up no distributed
-            training: this happens without GPUs when `use_cpu` is off. Each process would train its own model on
-            its share of the data and report metrics of that share only.
-    """
-    from accelerate.utils import DistributedType
-
-    state = accelerator.state
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and (state.distributed_type == DistributedType.NO or state.num_processes != world_size):
-        raise RuntimeError(
-            f"{world_size} processes were launched but Accelerate set up {state.distributed_type.value} with "
-            f"{state.num_processes} process(es) on {state.device}: no GPU was found. To train on CPU pass "
-            "`--use_cpu true` (the *_tiny.yaml configs set it) and a *_cpu Accelerate config (`--accelerate_config "
-            "ddp_cpu`; in a checkout accelerate_configs/ddp_cpu.yaml)."
-        )
-    for backend in ("FSDP", "DEEPSPEED"):
-        requested = os.environ.get(f"ACCELERATE_USE_{backend}", "false").lower() == "true"
-        if requested and state.distributed_type.value != backend:
-            logger.warning(
-                "The Accelerate config asks for %s but this run uses %s: nothing is sharded.%s",
-                backend,
-                state.distributed_type.value,
-                " On CPU accelerate runs FSDP only after `trl_rm_env.distributed.enable_fsdp_on_cpu()` (the recipes "
-                "call it first thing)."
-                if backend == "FSDP" and state.device.type == "cpu"
-                else "",
-            )
-    return f"Distributed: {state.distributed_type.value} x{state.num_processes} on {state.device}"
 
 
 def tty_aware_progress(trainer: Trainer) -> None:

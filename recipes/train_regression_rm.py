@@ -26,6 +26,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
     from trl_rm_env.recipes import steps
 
     from trl_rm_env.data.regression import dataset_attributes, mean_baseline_rmse
+    from trl_rm_env.trainer import model_flags
     from trl_rm_env.trainer.regression import RegressionRewardTrainer
     from trl_rm_env.trainer.saving import format_regression_table
 
@@ -38,7 +39,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         training_args.eval_strategy = "no"
 
     # --- model: one output per attribute (built at .../regression_model or in a new folder when asked) ---------
-    quantization_config = steps.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    quantization_config = model_flags.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
     model_path = steps.prepare_model(
         model_args,
         training_args,
@@ -55,7 +56,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         train_dataset=train_dataset,
         eval_dataset=eval_datasets or None,
         quantization_config=quantization_config,
-        peft_config=steps.peft_config(model_args),  # LoRA's task: SEQ_CLS
+        peft_config=model_flags.peft_config(model_args),  # LoRA's task: SEQ_CLS
     )
     steps.train(trainer, resume)
 

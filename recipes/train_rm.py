@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, model_args: ModelConfig) -> dict:
     from trl_rm_env.recipes import steps
 
-    from trl_rm_env.trainer import RankedRewardTrainer
+    from trl_rm_env.trainer import RankedRewardTrainer, model_flags
     from trl_rm_env.trainer.saving import format_metrics_table
 
     resume = steps.start(training_args)  # FSDP on CPU; a missing resume checkpoint fails here, in one line
@@ -38,7 +38,7 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
         training_args.eval_strategy = "no"
 
     # --- model (a typo'd folder fails in one line; the tiny offline model is built only at .../reward_model) ----
-    quantization_config = steps.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    quantization_config = model_flags.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
     model_path = steps.prepare_model(model_args, training_args, build_tiny=data_args.build_tiny_model)
 
     # --- train -----------------------------------------------------------------------------------------------
@@ -48,7 +48,7 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
         train_dataset=train_dataset,
         eval_dataset=eval_datasets or None,
         quantization_config=quantization_config,
-        peft_config=steps.peft_config(model_args),  # LoRA's task: SEQ_CLS
+        peft_config=model_flags.peft_config(model_args),  # LoRA's task: SEQ_CLS
     )
     steps.train(trainer, resume)
 

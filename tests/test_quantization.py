@@ -16,29 +16,29 @@ import torch
 from helpers import launch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from trl import ModelConfig
-from trl_rm_env.recipes import steps
 
 from trl_rm_env import load_rank_dataset
 from trl_rm_env.data.schema import iter_pairs
 from trl_rm_env.tokenization import encode_conversation
+from trl_rm_env.trainer import model_flags
 
 HAS_BNB = importlib.util.find_spec("bitsandbytes") is not None
 
 
 def test_quantization_flags_become_trls_bitsandbytes_config_or_refuse(monkeypatch):
-    assert steps.quantization(ModelConfig()) is None
+    assert model_flags.quantization(ModelConfig()) is None
     with pytest.raises(ValueError, match="^--bnb_4bit_quant_type, --use_bnb_nested_quant configure 4-bit quantization"):
-        steps.quantization(ModelConfig(bnb_4bit_quant_type="fp4", use_bnb_nested_quant=True))
+        model_flags.quantization(ModelConfig(bnb_4bit_quant_type="fp4", use_bnb_nested_quant=True))
     with pytest.raises(ValueError, match="^--load_in_8bit loads frozen quantized weights, .*add --use_peft"):
-        steps.quantization(ModelConfig(load_in_8bit=True))
+        model_flags.quantization(ModelConfig(load_in_8bit=True))
     import transformers.utils
 
     monkeypatch.setattr(transformers.utils, "is_bitsandbytes_available", lambda: False)
     with pytest.raises(ValueError, match=r"^--load_in_4bit needs bitsandbytes: pip install 'trl-rm-env\[quantization\]'"):
-        steps.quantization(ModelConfig(load_in_4bit=True, use_peft=True))
+        model_flags.quantization(ModelConfig(load_in_4bit=True, use_peft=True))
     monkeypatch.undo()
     if HAS_BNB:
-        config = steps.quantization(
+        config = model_flags.quantization(
             ModelConfig(load_in_4bit=True, use_peft=True, dtype="bfloat16", bnb_4bit_quant_type="fp4")
         )
         assert config.load_in_4bit and config.bnb_4bit_quant_type == "fp4"
@@ -53,18 +53,18 @@ def test_a_quantized_base_without_mixed_precision_is_refused_naming_the_flag(tmp
     quantized = ModelConfig(load_in_4bit=True, use_peft=True)
     fp32 = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
     with pytest.raises(ValueError, match=r"^--load_in_4bit trains QLoRA adapters .*add --bf16 true"):
-        steps.quantization(quantized, fp32)
+        model_flags.quantization(quantized, fp32)
 
 
 def test_reward_model_lora_is_sequence_classification():
     """TRL's default LoRA task (CAUSAL_LM) becomes SEQ_CLS in the reward-model recipes (PEFT's causal-LM wrapper
     fails on a classifier); another task is refused naming the flag; no PEFT stays no PEFT."""
     pytest.importorskip("peft")
-    config = steps.peft_config(ModelConfig(use_peft=True))
+    config = model_flags.peft_config(ModelConfig(use_peft=True))
     assert str(config.task_type) in ("SEQ_CLS", "TaskType.SEQ_CLS")
     with pytest.raises(ValueError, match="^--lora_task_type TOKEN_CLS: a reward model is a sequence classifier"):
-        steps.peft_config(ModelConfig(use_peft=True, lora_task_type="TOKEN_CLS"))
-    assert steps.peft_config(ModelConfig()) is None
+        model_flags.peft_config(ModelConfig(use_peft=True, lora_task_type="TOKEN_CLS"))
+    assert model_flags.peft_config(ModelConfig()) is None
 
 
 def accuracy(model, tokenizer) -> float:

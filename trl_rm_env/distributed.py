@@ -299,3 +299,40 @@ def full_weights(model: torch.nn.Module, sharding: str):
     if sharding == "fsdp2":
         return FullWeights(model)
     return contextlib.nullcontext()
+
+
+def check_distributed_setup(accelerator) -> str:
+    """Describe the distributed setup the processes got, e.g. `"Distributed: DEEPSPEED x2 on cpu:0"`, for the log.
+
+    Refuses a launch that would silently train unsynchronised, and warns when the Accelerate config asked for a
+    sharding backend that is not in use.
+
+    Raises:
+        RuntimeError: Several processes were launched (`WORLD_SIZE` > 1) but Accelerate set up no distributed
+            training: this happens without GPUs when `use_cpu` is off. Each process would train its own model on
+            its share of the data and report metrics of that share only.
+    """
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and (state.distributed_type == DistributedType.NO or state.num_processes != world_size):
+        raise RuntimeError(
+            f"{world_size} processes were launched but Accelerate set up {state.distributed_type.value} with "
+            f"{state.num_processes} process(es) on {state.device}: no GPU was found. To train on CPU pass "
+            "`--use_cpu true` (the *_tiny.yaml configs set it) and a *_cpu Accelerate config (`--accelerate_config "
+            "ddp_cpu`; in a checkout accelerate_configs/ddp_cpu.yaml)."
+        )
+    for backend in ("FSDP", "DEEPSPEED"):
+        requested = os.environ.get(f"ACCELERATE_USE_{backend}", "false").lower() == "true"
+        if requested and state.distributed_type.value != backend:
+            logger.warning(
+                "The Accelerate config asks for %s but this run uses %s: nothing is sharded.%s",
+                backend,
+                state.distributed_type.value,
+                " On CPU accelerate runs FSDP only after `trl_rm_env.distributed.enable_fsdp_on_cpu()` (the recipes "
+                "call it first thing)."
+                if backend == "FSDP" and state.device.type == "cpu"
+                else "",
+            )
+    return f"Distributed: {state.distributed_type.value} x{state.num_processes} on {state.device}"
