@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 def show_logs(level: int) -> None:
     """Print `trl_rm_env`'s log messages of `level` and above to stderr when it is INFO or DEBUG (`--log_level info`,
     the process's level as transformers computes it), as transformers prints its own; at the default level only
-    warnings reach the terminal, as before."""
+    warnings reach the terminal."""
     if level > logging.INFO:
         return
     package = logging.getLogger("trl_rm_env")

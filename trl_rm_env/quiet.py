@@ -6,7 +6,7 @@
   accelerator, we were unable to detect it."
 
 Each is dropped by a filter on the one logger that prints it, matching that message only: every other message of
-those packages is printed as before.
+those packages is printed.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ CHATML_TEMPLATE = (
 # The same template with the BOS token written by the template itself (as Llama 3 templates do).
 CHATML_BOS_TEMPLATE = "{{ bos_token }}" + CHATML_TEMPLATE
 
-TOKENIZER_CORPUS_FILES = ("corpus.txt", "harder.jsonl", "in_domain.jsonl", "train.jsonl")  # sorted, as before
+TOKENIZER_CORPUS_FILES = ("corpus.txt", "harder.jsonl", "in_domain.jsonl", "train.jsonl")  # sorted: the same vocabulary on any machine
 DEFAULT_VOCAB_SIZE = 1024  # the bundled text saturates below this: about 700 tokens in practice
 
 

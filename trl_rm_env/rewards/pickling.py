@@ -74,7 +74,7 @@ def _on_cpu(arguments: dict[str, Any]) -> dict[str, Any]:
 class PicklesByArguments:
     """Mixin: pickle as the construction arguments (`_remember`), rebuild in the process that unpickles (see the
     module docstring). The class's `__init__` must accept the remembered arguments as keywords. `copy.copy` is a
-    shallow copy sharing the model, as before; pickling is what sends arguments."""
+    shallow copy sharing the model; pickling is what sends arguments."""
 
     _arguments: dict[str, Any]
     _built_on: str = "cpu"  # the accelerator the model was placed on (`cuda`, `cpu`, ...)
@@ -105,7 +105,7 @@ class PicklesByArguments:
         self.__dict__["_pending"] = state
         self.__dict__["__name__"] = self._pending_name(state["arguments"])
         if state["arguments"].get("remote_url") is not None:
-            self._load()  # nothing to load but a tokenizer: rebuilt now, an async callable as before
+            self._load()  # nothing to load but a tokenizer: rebuilt now, an async callable
 
     @staticmethod
     def _pending_name(arguments: dict[str, Any]) -> str:
