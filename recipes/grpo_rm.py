@@ -38,7 +38,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         training_args.ddp_find_unused_parameters = False
 
     # --- models ----------------------------------------------------------------------------------------------
-    quantization_config = model_flags.quantization(model_args)  # the policy: --load_in_4bit/8bit with --use_peft (QLoRA)
+    quantization_config = model_flags.quantization(model_args)  # the policy: --load_in_4bit/8bit (QLoRA)
     if sources.reward_model is not None and not rm_args.reward_remote_url:  # never a random stand-in RM
         check_model_source(sources.reward_model, "reward model",
                            hint="train it first, e.g. `trl-rm-env train --config rm_tiny.yaml`")  # fmt: skip

@@ -39,7 +39,7 @@ def main(data_args: RegressionDataArguments, training_args: RegressionRewardConf
         training_args.eval_strategy = "no"
 
     # --- model: one output per attribute (built at .../regression_model or in a new folder when asked) ---------
-    quantization_config = model_flags.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    quantization_config = model_flags.quantization(model_args, training_args)  # --load_in_4bit/8bit: QLoRA, as TRL
     model_path = steps.prepare_model(
         model_args,
         training_args,

@@ -38,7 +38,7 @@ def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, mode
         training_args.eval_strategy = "no"
 
     # --- model (a typo'd folder fails in one line; the tiny offline model is built only at .../reward_model) ----
-    quantization_config = model_flags.quantization(model_args, training_args)  # --load_in_4bit/8bit with --use_peft: QLoRA, as in TRL
+    quantization_config = model_flags.quantization(model_args, training_args)  # --load_in_4bit/8bit: QLoRA, as TRL
     model_path = steps.prepare_model(model_args, training_args, build_tiny=data_args.build_tiny_model)
 
     # --- train -----------------------------------------------------------------------------------------------
