@@ -2,9 +2,8 @@
 
 `start` (before anything loads: FSDP on CPU, the resume checkpoint), `prepare_model` (the tiny offline models when
 asked, a typo'd folder in one line, `model_init_kwargs` from the model arguments), `train` (the distributed setup
-checked and printed, log-friendly
-progress, `train()`, the share of the model each process holds) and `finish_reward_model` (the training recipes'
-evaluation, checkpoint, metrics, log history and table).
+checked and printed, log-friendly progress, `train()`, the share of the model each process holds) and
+`finish_reward_model` (the training recipes' evaluation, checkpoint, metrics, log history and table).
 """
 
 from __future__ import annotations

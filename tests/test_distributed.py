@@ -443,7 +443,7 @@ def test_a_fresh_folder_builds_the_tiny_models_and_every_process_ends_cleanly(co
     the folder; the build is whole (no staging folder left) and is `make_tiny`'s, weight for weight."""
     from safetensors.torch import load_file
 
-    assert set(FRESH) >= {config}
+    assert config in FRESH
     for runs, missing in ((rm_runs, "reward_model"), (grpo_runs, "policy")):
         output = runs(config)[0]
         fresh = runs.fresh[config]
@@ -453,8 +453,7 @@ def test_a_fresh_folder_builds_the_tiny_models_and_every_process_ends_cleanly(co
         for name in ("policy", "reward_model"):
             ours, reference = load_file(built / name / "model.safetensors"), load_file(tiny / name / "model.safetensors")
             assert ours.keys() == reference.keys() and all(torch.equal(ours[k], reference[k]) for k in ours), name
-        assert_quiet(output)
-        assert_clean_exits(fresh / "probe")
+        assert_quiet(output)  # and every process ended cleanly: `run_recipe` checked `fresh / "probe"`
 
 
 # ---------------------------------------------------------------------------------------------------- regression
