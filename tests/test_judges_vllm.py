@@ -73,19 +73,27 @@ def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_m
     assert server.proc.returncode == 0
 
 
-def test_eval_judge_on_vllm_equals_transformers(judge_dir, tmp_path):
+def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transformers(tiny_dir, judge_dir, tmp_path):
+    """`trl-rm-env eval --model RM --judge JUDGE`, both on vLLM, as a user runs it: a subprocess that exits 0 with no
+    engine left to be killed at exit (two vLLM engines in one process once aborted there, status 134); its judge's
+    verdicts equal the judge's on transformers."""
     import json
+    import sys
 
+    from helpers import run_process
     from trl_rm_env.recipes.cli import main as cli_main
 
-    results = {}
-    for engine in ("vllm", "hf"):
-        out = tmp_path / f"{engine}.json"
-        options = json.dumps({"engine": engine, "max_length": MAX_LENGTH})
-        argv = ["eval", "--judge", str(judge_dir), "--judge-mode", "pairwise", "--judge-options", options,
-                "--data", "sample:in_domain", "--output", str(out), "--no-progress"]  # fmt: skip
-        assert cli_main(argv) == 0
-        results[engine] = json.loads(out.read_text())["judge"]["sets"]["sample:in_domain"]
+    results, out = {}, {engine: tmp_path / f"{engine}.json" for engine in ("vllm", "hf")}
+    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--judge-options", json.dumps({"max_length": MAX_LENGTH}),
+              "--data", "sample:in_domain", "--no-progress"]  # fmt: skip
+    command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "eval", "--model", str(tiny_dir / "reward_model"),
+               "--engine", "vllm", "--judge-engine", "vllm", "--output", str(out["vllm"]), *common]  # fmt: skip
+    output = run_process(command, tmp_path, dict(os.environ), 900, "eval --model RM --judge JUDGE on vLLM")
+    assert "terminate called" not in output and "force killing" not in output, output[-3000:]
+    assert output.count("Initializing a V1 LLM engine") == 2, output[-3000:]  # both on vLLM
+    assert cli_main(["eval", "--judge-engine", "hf", "--output", str(out["hf"]), *common]) == 0
+    for engine, path in out.items():
+        results[engine] = json.loads(path.read_text())["judge"]["sets"]["sample:in_domain"]
     vllm, hf = results["vllm"], results["hf"]
     assert vllm["pairs"] == hf["pairs"] > 100
     # Verdicts equal within 1e-4: a pair whose two orders sit that close to 0.5 could flip; none does here.

@@ -159,17 +159,22 @@ def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> Eval
         raise EvalRequestError("--scores and --report apply to preference reward models, not to a regression one")
     datasets, skipped, ties = load_sets(request.data, data_format, request.on_invalid, regression)
     scorer = load_scorer(plan)
-    if judge is not None:
-        from .memory import reset_peak_memory
+    try:
+        if judge is not None:
+            from .memory import reset_peak_memory
 
-        reset_peak_memory()  # the reward model's peak memory, beside the judge's
-    start = time.perf_counter()
-    rows: list = []
-    if regression:
-        results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=request.progress)
-    else:
-        results, rows = evaluate_with_scores(scorer, datasets, skipped=skipped, ties=ties, progress=request.progress)
-    rm_seconds = time.perf_counter() - start
+            reset_peak_memory()  # the reward model's peak memory, beside the judge's
+        start = time.perf_counter()
+        rows: list = []
+        if regression:
+            results = evaluate_regression_model(scorer, datasets, skipped=skipped, progress=request.progress)
+        else:
+            results, rows = evaluate_with_scores(
+                scorer, datasets, skipped=skipped, ties=ties, progress=request.progress
+            )
+        rm_seconds = time.perf_counter() - start
+    finally:
+        close_engine(scorer.engine)  # its memory free for the judge; two vLLM engines never left to exit handlers
     results["model"] = request.model
     results["format"] = data_format
     show(format_regression_results_table(results) if regression else format_results_table(results))
@@ -225,15 +230,21 @@ def _judge_sources(
                 results["cascade"] = cascade
                 sources[f"cascade (|margin| < {request.cascade_margin:g}: judge)"] = cascade
     finally:
-        close = getattr(judge.engine, "close", None)
-        if close is not None:  # vLLM's engine processes: stopped now, not at interpreter exit
-            close()
+        close_engine(judge.engine)
     show("")
     show(format_comparison_table(sources, agreements))
     if request.report:
         from .report import write_comparison_figure
 
         show(f"side-by-side figure written to {write_comparison_figure(sources, request.report)}")
+
+
+def close_engine(engine: Any) -> None:
+    """Stop an engine's vLLM processes now (engines that hold none have no `close`), not at interpreter exit: with
+    two vLLM engines in one process, the one left to exit handlers was killed at exit."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
 
 
 def nan_to_none(value: Any) -> Any:
