@@ -17,7 +17,7 @@ prefix_sharing=True`), `packed` (`engine="hf", prefix_sharing="packed"`, opt-in 
 (`engine="vllm"`). A method that fails prints its error in its row. `vLLM offline` is vLLM alone, `LLM(runner="pooling",
 convert="classify").classify` on the token ids ours sends it (encoded before the clock starts), with vLLM's own
 defaults; `vLLM offline (every core)` with none of the CPU's cores kept for vLLM's scheduler, as our engine sets on
-a CPU of few cores (`trl_rm_env.scoring.vllm.cpu_thread_env`). Every call of every method scores a batch it has not
+a CPU of few cores (`trl_rm_env.runtime.vllm.cpu_thread_env`). Every call of every method scores a batch it has not
 seen (vLLM's prefix cache would serve a repeated one from memory). `served: ...` score
 through `RewardModelEnvironment(remote_url=...)` with the RM's tokenizer (token ids) on vLLM's own server started
 directly (`vLLM server`), on `trl-rm-env serve --engine vllm` and on `trl-rm-env serve --engine hf` (ours). The
@@ -220,7 +220,7 @@ def start_server(method: str, model_dir: str, budget: int, precision: str = "fp3
     gives it (`trl-rm-env serve --engine vllm` on CPU): one step plus one sequence."""
     from transformers import AutoConfig
 
-    from trl_rm_env.scoring.vllm import kv_cache_bytes
+    from trl_rm_env.runtime.vllm import kv_cache_bytes
 
     port = free_port()
     if method == "served: vLLM server":
@@ -321,7 +321,7 @@ def score_one(method: str, case: dict, opts: dict, results: list) -> None:
         from vllm import LLM, PoolingParams
         from vllm.inputs import TokensPrompt
 
-        from trl_rm_env.scoring.vllm import kv_cache_bytes
+        from trl_rm_env.runtime.vllm import kv_cache_bytes
 
         config = AutoModelForSequenceClassification.from_pretrained(model_dir).config
         if "every core" in method:  # what our engine sets on a CPU of few cores (`cpu_thread_env`)

@@ -70,7 +70,7 @@ def _eval(args: argparse.Namespace) -> int:
     """`trl-rm-env eval`: the flags parsed once into an `EvalRequest`, run by `trl_rm_env.evaluation.command`."""
     from trl_rm_env.evaluation.command import EvalRequest, EvalRequestError, run_eval
     from trl_rm_env.options import changed
-    from trl_rm_env.scoring.options import ScoringOptions
+    from trl_rm_env.runtime.model_options import ScoringOptions
 
     if args.report:  # fail before importing or loading anything (seconds), not after scoring
         from trl_rm_env.evaluation.report import pyplot
@@ -110,7 +110,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The `trl-rm-env` parser (`trl-rm-env --help`, `trl-rm-env eval --help`, ...)."""
-    from trl_rm_env.scoring.options import ScoringOptions
+    from trl_rm_env.runtime.model_options import ScoringOptions
 
     parser = argparse.ArgumentParser(prog="trl-rm-env", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

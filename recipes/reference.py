@@ -37,7 +37,7 @@ def options_reference() -> str:
     from trl_rm_env.environment.nemo import NEMO_OPTIONS
     from trl_rm_env.judges.options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
-    from trl_rm_env.scoring.options import ScoringOptions
+    from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.serving.client.options import RemoteOptions
     from trl_rm_env.serving.server.options import ServerLimits
 
@@ -46,7 +46,7 @@ def options_reference() -> str:
     for key, name in NEMO_OPTIONS.items():
         nemo.setdefault(name, []).append(key)
     sections = [
-        ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores (`trl_rm_env.scoring.options`)."),
+        ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores (`trl_rm_env.runtime.model_options`)."),
         ("`RewardOptions`", RewardOptions, "What the GRPO reward function does with the scores "
          "(`trl_rm_env.rewards.base`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "

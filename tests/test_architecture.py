@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("training", ("trainer",)),
     ("using a reward model", ("environment", "judges", "serving", "evaluation", "rewards")),
     ("scoring", ("scoring",)),
+    ("model runtime", ("runtime",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
     ("base", ("errors", "waiting", "model_source", "tiny_models", "distributed", "compat", "lazy", "options", "quiet")),
@@ -141,6 +142,19 @@ def test_nothing_that_uses_a_reward_model_imports_the_trainer():
     assert not offenders, "\n".join(offenders)
 
 
+def test_judges_load_through_the_runtime_not_the_reward_models_scorer():
+    """One model runtime (`trl_rm_env.runtime`): a judge is planned and loaded by it as a reward model is, and
+    nothing in `judges/` reaches into the reward model's scorer (`trl_rm_env.scoring`)."""
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for name, path in package_modules().items()
+        if name.startswith("trl_rm_env.judges.")
+        for target, line in imports(path)
+        if target == "trl_rm_env.scoring" or target.startswith("trl_rm_env.scoring.")
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_no_module_over_450_lines():
     long = {
         str(path.relative_to(ROOT)): n
@@ -254,7 +268,7 @@ def test_scripts_import_only_what_the_package_has():
 
 def test_the_architecture_page_names_only_what_exists():
     """docs/architecture.md is the layout of record: every file or folder it names exists, and every dotted name it
-    gives (`scoring.loading.plan_scoring`, `trl_rm_env.sharing.kv`) imports."""
+    gives (`runtime.plan.plan_model`, `trl_rm_env.sharing.kv`) imports."""
     import importlib
     import re
 

@@ -67,7 +67,7 @@ def test_a_model_object_refuses_to_pickle_and_copy_shares_the_model(tiny_rm, tin
 
 def test_unpickled_local_environment_built_for_a_gpu_warns_once_and_runs_on_cpu(tiny_dir, caplog, monkeypatch):
     from trl_rm_env.rewards import pickling
-    from trl_rm_env.scoring.options import ScoringOptions
+    from trl_rm_env.runtime.model_options import ScoringOptions
 
     monkeypatch.setattr(pickling, "_available", lambda device_type: device_type == "cpu")  # a child without GPUs
     monkeypatch.setattr(pickling, "_warned", set())

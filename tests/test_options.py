@@ -31,8 +31,8 @@ from trl_rm_env.judges.environment import OWN_ARGUMENTS as JUDGE_ARGUMENTS
 from trl_rm_env.judges.options import JudgeOptions
 from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
 from trl_rm_env.rewards.base import RewardOptions
-from trl_rm_env.scoring.loading import choose_engine
-from trl_rm_env.scoring.options import ScoringOptions
+from trl_rm_env.runtime.model_options import ScoringOptions
+from trl_rm_env.runtime.plan import choose_engine
 from trl_rm_env.serving.client.options import RemoteOptions
 from trl_rm_env.serving.server.options import ServerLimits
 
@@ -384,7 +384,8 @@ def test_a_regression_head_without_weights_gives_its_outputs_not_one_reward(tmp_
 
     from trl_rm_env.evaluation import evaluate_regression_model
     from trl_rm_env.heads import set_regression_labels
-    from trl_rm_env.scoring.loading import load_reward_scorer, plan_scoring
+    from trl_rm_env.runtime.plan import plan_model
+    from trl_rm_env.scoring.loading import load_reward_scorer
     from trl_rm_env.tiny_models import build_tiny_reward_model
 
     model = build_tiny_reward_model(tiny_tokenizer, num_labels=2)
@@ -392,7 +393,7 @@ def test_a_regression_head_without_weights_gives_its_outputs_not_one_reward(tmp_
     model.save_pretrained(tmp_path / "rm")
     tiny_tokenizer.save_pretrained(tmp_path / "rm")
     with pytest.raises(ValueError, match=r"predicts \['helpfulness', 'verbosity'\]: give attribute_weights"):
-        plan_scoring(tmp_path / "rm")
+        plan_model(tmp_path / "rm")
     scorer = load_reward_scorer(tmp_path / "rm", one_reward=False, device="cpu")
     assert scorer.head.attributes == ("helpfulness", "verbosity") and scorer.head.weights is None
     contexts, completions = [[{"role": "user", "content": "Hi"}]], [[{"role": "assistant", "content": "Hello."}]]
@@ -406,12 +407,12 @@ def test_a_regression_head_without_weights_gives_its_outputs_not_one_reward(tmp_
 
 
 def test_loading_options_are_refused_for_a_model_already_loaded(tiny_rm, tiny_tokenizer):
-    from trl_rm_env.scoring.loading import plan_scoring
+    from trl_rm_env.runtime.plan import plan_model
 
     with pytest.raises(ValueError, match=r"^precision \(--precision, reward_precision\), trust_remote_code .*: applied "
                                          r"when a model is loaded from its path"):  # fmt: skip
-        plan_scoring(tiny_rm, precision="bf16", trust_remote_code=True)
-    assert plan_scoring(tiny_rm).why == "the model is already loaded in this process"
+        plan_model(tiny_rm, precision="bf16", trust_remote_code=True)
+    assert plan_model(tiny_rm).why == "the model is already loaded in this process"
 
 
 def test_the_environment_has_the_signature_of_the_call_it_makes(tiny_dir):

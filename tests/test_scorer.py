@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import _one_thread, reference_ids, reference_scores, reference_text, score_one, watch_passes  # noqa: F401
 
-from trl_rm_env.scoring.scorer import RewardScorer, as_pairs, split_conversation, strip_reasoning_text
+from trl_rm_env.data.messages import strip_reasoning_text
+from trl_rm_env.scoring.scorer import RewardScorer, as_pairs, split_conversation
 from trl_rm_env.tiny_models import SAMPLE_DIR, build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation, left_truncate
 
@@ -452,7 +453,7 @@ def test_an_engine_plugged_into_the_scorer_serves_scoring_ids_and_eval(tiny_rm, 
 def test_vllm_cpu_worker_gets_every_core_of_a_small_machine(monkeypatch):
     """vLLM's CPU worker keeps a core for its scheduler; on a machine of a few cores ours asks for none (measured
     about 2x faster on 2 cores), and a user's own setting of vLLM's thread variables always wins."""
-    from trl_rm_env.scoring.vllm import FEW_CPUS, cpu_thread_env
+    from trl_rm_env.runtime.vllm import FEW_CPUS, cpu_thread_env
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(2)), raising=False)
     assert cpu_thread_env({}) == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
@@ -467,8 +468,8 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_vllm_starts(
     vLLM engine of the environment get one line naming both lengths. A scaled RoPE is vLLM's to judge."""
     from types import SimpleNamespace
 
-    from trl_rm_env.scoring.options import ScoringOptions
-    from trl_rm_env.scoring.vllm import check_max_length, engine_arguments
+    from trl_rm_env.runtime.model_options import ScoringOptions
+    from trl_rm_env.runtime.vllm import check_max_length, engine_arguments
 
     config = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "default"}, hidden_size=64,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)  # fmt: skip

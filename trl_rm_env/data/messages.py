@@ -18,6 +18,7 @@ line and field (`validate_messages`), the GRPO environment as a `TypeError`/`Val
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -213,3 +214,22 @@ def _raise_sample_problem(problem: MessageProblem, messages: Any, where: str) ->
             "put other turns in the prompt."
         )
     raise TypeError(f"{at} must be a string, got {type_name(value)}")  # role_type, key_type
+
+
+_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
+_OPEN_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
+
+
+def strip_reasoning_text(text: str) -> str:
+    """Drop `<think>...</think>` blocks; an unclosed `<think>` drops the rest of the text (no answer came)."""
+    return _OPEN_THINK.sub("", _THINK_BLOCK.sub("", text))
+
+
+def strip_completion_reasoning(completion: str | Sequence[Mapping[str, Any]]) -> str | list[dict[str, Any]]:
+    """`completion` with `strip_reasoning_text` applied to its text, or to every assistant message's content."""
+    if isinstance(completion, str):
+        return strip_reasoning_text(completion)
+    return [
+        {**m, "content": strip_reasoning_text(m["content"])} if m.get("role") == "assistant" else dict(m)
+        for m in completion
+    ]

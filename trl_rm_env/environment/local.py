@@ -1,4 +1,4 @@
-"""The scorer of a reward model loaded in this process: planned once (`trl_rm_env.scoring.loading.plan_scoring`),
+"""The scorer of a reward model loaded in this process: planned once (`trl_rm_env.scoring.loading.plan_model`),
 loaded on the chosen engine, and sharded under ZeRO-3 or FSDP2."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from typing import Any
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..distributed import shard_if_requested
-from ..scoring.loading import load_scorer, plan_scoring
-from ..scoring.options import ScoringOptions
+from ..runtime.model_options import ScoringOptions
+from ..runtime.plan import plan_model
+from ..scoring.loading import load_scorer
 from ..scoring.scorer import RewardScorer
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,7 @@ def local_scorer(
     """`(scorer, sharding)`: the reward model on the engine its plan chooses (`fsdp_shard=True` keeps it on
     transformers), and how its weights are held (`none`, `zero3`, `fsdp2`; see `shard_if_requested`)."""
     hf_only = "fsdp_shard=True shards a transformers model" if fsdp_shard else None
-    scorer = load_scorer(plan_scoring(model, options, hf_only=hf_only), tokenizer)
+    scorer = load_scorer(plan_model(model, options, hf_only=hf_only), tokenizer)
     sharding = shard_if_requested(scorer.model, fsdp_shard, logger) if scorer.model is not None else "none"
     return scorer, sharding
 

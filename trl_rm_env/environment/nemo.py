@@ -18,7 +18,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..scoring.options import ScoringOptions
+from ..runtime.model_options import ScoringOptions
 from ..serving.client.options import local_only
 
 logger = logging.getLogger(__name__)

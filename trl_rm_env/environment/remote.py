@@ -10,7 +10,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
-from ..scoring.options import ScoringOptions
+from ..runtime.model_options import ScoringOptions
 from ..serving.client import RemoteScorer
 from ..serving.client.options import RemoteOptions
 

@@ -15,7 +15,7 @@ from ..options import names, route
 from ..rewards.base import Ids, RewardFunction, RewardOptions, Samples
 from ..rewards.pickling import PicklesByArguments, accelerator_type
 from ..rewards.placement import loaded_here
-from ..scoring.options import ScoringOptions
+from ..runtime.model_options import ScoringOptions
 from ..scoring.scorer import as_pairs
 from ..serving.client.options import RemoteOptions
 from . import nemo

@@ -130,15 +130,16 @@ def make_judge(arguments: Mapping[str, Any]) -> Any:
 def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> EvalOutcome:
     from ..data.regression import REGRESSION_FORMATS
     from ..heads import is_regression_model
-    from ..scoring.loading import load_scorer, plan_scoring
-    from ..scoring.options import ScoringOptions
+    from ..runtime.model_options import ScoringOptions
+    from ..runtime.plan import plan_model
+    from ..scoring.loading import load_scorer
     from .preference import evaluate_with_scores, write_scores_file
     from .regression import evaluate_regression_model
     from .tables import format_regression_results_table, format_results_table
 
     # The model's source, config and engine, resolved once: a bad option fails here, before any data loads.
     scoring = request.scoring if request.scoring is not None else ScoringOptions()
-    plan = plan_scoring(request.model, scoring, one_reward=False)
+    plan = plan_model(request.model, scoring, one_reward=False)
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
     regression = is_regression_model(plan.config)
     if regression and request.judge is not None:

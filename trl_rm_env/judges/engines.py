@@ -1,5 +1,6 @@
 """What runs a judge: a causal LM in this process on transformers (`HFJudgeEngine`, the exact reference and the
-no-vLLM path) or on vLLM (`VLLMJudgeEngine`), planned once (`plan_judge`, the engine chosen as for reward models).
+no-vLLM path) or on vLLM (`VLLMJudgeEngine`), planned and loaded by the model runtime as a reward model is
+(`trl_rm_env.runtime`: `plan_model(..., kind="judge")`, then `judge_engine`).
 The judge behind OpenAI-compatible servers is `trl_rm_env.judges.remote.RemoteJudgeEngine`.
 
 Every engine answers the same two requests on prompts already rendered to token ids:
@@ -15,111 +16,33 @@ token, so each prompt's last-position logits equal running it alone (fp32: < 1e-
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ..distributed import shard_if_requested
-from ..model_source import check_model_source
-from ..options import changed, spelled
-from ..scoring.loading import LOADING_OPTIONS, choose_engine, default_device, load_dtype, log_engine_choice
-from ..scoring.options import ScoringOptions
-from ..scoring.vllm import engine_arguments, start_llm
+from ..runtime.loading import load_weights
+from ..runtime.model_options import ScoringOptions
+from ..runtime.plan import ModelPlan, log_engine_choice
+from ..runtime.vllm import engine_arguments, start_llm, stop_llm, vllm_device
 from ..sharing.planning import padded_batches
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class JudgePlan:
-    """What judges and how, resolved once (`plan_judge`): the judge's checked path (None for a loaded model), the
-    loaded model or None, its config, the options, the engine (`"vllm"` or `"hf"`) and why."""
-
-    model: str | None
-    loaded: PreTrainedModel | None
-    config: Any
-    options: ScoringOptions
-    engine: str
-    why: str
-
-
-CAUSAL_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
-
-
-def is_causal_lm(config: Any) -> bool:
-    """Whether a config's architectures name a causal LM (a judge) rather than a reward model."""
-    return any(a.endswith(CAUSAL_SUFFIXES) for a in getattr(config, "architectures", None) or [])
-
-
-def _check_causal(config: Any, where: str) -> None:
-    architectures = getattr(config, "architectures", None) or []
-    if architectures and not is_causal_lm(config):
-        raise ValueError(
-            f"the judge {where} is a {', '.join(architectures)}, not a causal language model (*ForCausalLM): a judge "
-            "writes its verdict. A reward model (*ForSequenceClassification) is RewardModelEnvironment's."
-        )
-
-
-def plan_judge(model: str | os.PathLike | PreTrainedModel, options: ScoringOptions) -> JudgePlan:
-    """Check the judge's source and config and choose its engine, once (`choose_engine`, as for reward models:
-    `auto` is vLLM where it is installed and one process runs, else transformers).
-
-    Raises:
-        trl_rm_env.model_source.ModelSourceError: a missing local folder.
-        ValueError: a model that is not a causal LM, an option of the engine not chosen, or a loading option with a
-            model already loaded.
-    """
-    if isinstance(model, PreTrainedModel):
-        loading = sorted(set(changed(options)) & LOADING_OPTIONS)
-        if loading:
-            raise ValueError(
-                f"{spelled(ScoringOptions, loading)}: applied when a judge is loaded from its path; this one is already loaded"
-            )
-        if not type(model).__name__.endswith(CAUSAL_SUFFIXES):
-            raise ValueError(
-                f"the judge is a {type(model).__name__}, not a causal language model (*ForCausalLM): a judge writes its "
-                "verdict. A reward model (*ForSequenceClassification) is RewardModelEnvironment's."
-            )
-        engine, why = choose_engine(options, hf_only="the judge is already loaded in this process")
-        return JudgePlan(None, model, model.config, options, engine, why)
-    path = check_model_source(str(model), "judge")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=options.trust_remote_code)
-    _check_causal(config, path)
-    engine, why = choose_engine(options)
-    if engine == "hf" and why.startswith("several processes"):
-        logger.warning("The judge is loaded on transformers in each of the processes (a copy per process): %s", why)
-    return JudgePlan(path, None, config, options, engine, why)
-
-
-def judge_tokenizer(plan: JudgePlan, tokenizer: Any = None) -> Any:
-    """The judge's tokenizer: the one given, loaded from a path or id, or the model's own."""
-    if tokenizer is None or isinstance(tokenizer, str | os.PathLike):
-        source = tokenizer or plan.model or plan.loaded.config._name_or_path
-        tokenizer = AutoTokenizer.from_pretrained(str(source), trust_remote_code=plan.options.trust_remote_code)
-    return tokenizer
-
-
-def load_judge_engine(plan: JudgePlan, tokenizer: Any) -> Any:
-    """The engine of `plan`: `VLLMJudgeEngine`, or `HFJudgeEngine` (the judge's `tokenizer` pads and decodes)."""
-    trust = plan.options.trust_remote_code
-    log_engine_choice(plan.engine, plan.why)
+def judge_engine(plan: ModelPlan, tokenizer: Any) -> HFJudgeEngine | VLLMJudgeEngine:
+    """The engine of a judge's plan (`trl_rm_env.runtime.plan_model(..., kind="judge")`): `VLLMJudgeEngine`, or
+    `HFJudgeEngine` on the weights `load_weights` loads (or the judge given loaded, as it is), its `tokenizer`
+    padding and decoding."""
+    log_engine_choice(plan)
     if plan.engine == "vllm":
         return VLLMJudgeEngine(plan.model, plan.config, plan.options)
-    model = plan.loaded
-    if model is None:
-        device = plan.options.device if plan.options.device is not None else default_device()
-        kwargs = {"dtype": load_dtype(plan.options.precision, device), "trust_remote_code": trust}
-        model = AutoModelForCausalLM.from_pretrained(plan.model, **kwargs | (plan.options.model_init_kwargs or {}))
-        model.requires_grad_(False)
-        model.eval().to(device)
-    engine = HFJudgeEngine(model, tokenizer, plan.options)
+    engine = HFJudgeEngine(plan.loaded if plan.loaded is not None else load_weights(plan), tokenizer, plan.options)
     # Under DeepSpeed ZeRO-3 (partitioned as it loads) or an FSDP2 launch (sharded here), each process holds a shard
     # between calls and gathers the weights for each call, as a reward model does.
-    engine.sharding = shard_if_requested(model, None, logger)
+    engine.sharding = shard_if_requested(engine.model, None, logger)
     return engine
 
 
@@ -135,7 +58,7 @@ class HFJudgeEngine:
 
     name = "hf"
     is_async = False
-    sharding = "none"  # `zero3` or `fsdp2` when the weights are sharded (`load_judge_engine`)
+    sharding = "none"  # `zero3` or `fsdp2` when the weights are sharded (`judge_engine`)
 
     def __init__(self, model: PreTrainedModel, tokenizer: Any, options: ScoringOptions | None = None):
         self.options = options = options or ScoringOptions()  # the one owner of the batch bounds
@@ -227,8 +150,6 @@ class VLLMJudgeEngine:
 
     @property
     def device(self) -> str:
-        from ..scoring.vllm import vllm_device
-
         return vllm_device()
 
     def __init__(self, model: str, config: Any, options: ScoringOptions | None = None):
@@ -274,8 +195,4 @@ class VLLMJudgeEngine:
 
     def close(self) -> None:
         """Stop vLLM's engine processes now."""
-        from ..scoring.vllm import _shutdown
-
-        engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if engine_core is not None:
-            _shutdown(engine_core)
+        stop_llm(self.llm)

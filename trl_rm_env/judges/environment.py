@@ -12,17 +12,19 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from ..data.messages import strip_completion_reasoning
 from ..distributed import full_weights
 from ..options import build, changed, names, route, spelled
 from ..rewards.base import Ids, RewardFunction, RewardOptions, Samples
 from ..rewards.pickling import PicklesByArguments, accelerator_type
 from ..rewards.placement import loaded_here
-from ..scoring.options import ScoringOptions
-from ..scoring.scorer import strip_completion_reasoning
+from ..runtime.loading import load_tokenizer
+from ..runtime.model_options import ScoringOptions
+from ..runtime.plan import plan_model
 from ..serving.client.options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from . import templates as T
-from .engines import judge_tokenizer, load_judge_engine, plan_judge
+from .engines import judge_engine
 from .judging import (
     Judgement,
     JudgeVerdicts,
@@ -130,10 +132,10 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self._check_template(judge)
         self.scoring_options = scoring
         if loaded_here(type(self).__name__, "judge", model, remote_url, remote_values, "judge"):
-            plan = plan_judge(model, scoring)
-            self.tokenizer, self.tokens, self.remote_url = judge_tokenizer(plan, tokenizer), True, None
+            plan = plan_model(model, scoring, kind="judge")
+            self.tokenizer, self.tokens, self.remote_url = load_tokenizer(plan, tokenizer), True, None
             self._labels_of(judge, reward.name)  # a verdict that is not one token fails before the model loads
-            self.engine = load_judge_engine(plan, self.tokenizer)
+            self.engine = judge_engine(plan, self.tokenizer)
             self._built_on = accelerator_type(self.engine.device)
         else:
             remote = RemoteOptions(**remote_values)

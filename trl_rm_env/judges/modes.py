@@ -23,9 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from . import templates as T
-
-# The verdict parsers (`verdicts.py`) are imported where they are used: they need scoring's reasoning stripper (torch),
-# and the command line reads the modes' names (`JudgeOptions`) without loading torch.
+from .verdicts import parse_ranking, parse_score, parse_winner
 
 MAX_LIST = 9
 """Most completions a listwise judgement can rank by log-probabilities: one single-token label each (1..9)."""
@@ -227,8 +225,6 @@ class Pointwise(JudgeMode):
         return sum((k + 1) * p for k, p in enumerate(probabilities))
 
     def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
-        from .verdicts import parse_score
-
         return parse_score(text, options.max_score)
 
     def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
@@ -294,8 +290,6 @@ class Pairwise(JudgeMode):
         return probabilities[0]
 
     def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
-        from .verdicts import parse_winner
-
         return parse_winner(text)
 
     def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
@@ -365,8 +359,6 @@ class Listwise(JudgeMode):
         return list(probabilities)
 
     def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
-        from .verdicts import parse_ranking
-
         n = len(shown)
         ranking = parse_ranking(text, n)
         if ranking is None:

@@ -151,7 +151,7 @@ class JudgeSource:
     )
 
     def __post_init__(self) -> None:
-        from ..scoring.options import json_object  # here: the command line reads this class without torch
+        from ..runtime.model_options import json_object  # here: the command line reads this class without torch
 
         check_choices(self)
         object.__setattr__(self, "judge_options", json_object(self.judge_options) or None)

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from ..scoring.scorer import strip_reasoning_text
+from ..data.messages import strip_reasoning_text
 
 
 def label_token_ids(tokenizer, labels: Sequence[str], what: str) -> list[int]:

@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 
-from ..data.messages import check_sample, message_is_blank
+from ..data.messages import check_sample, message_is_blank, strip_completion_reasoning
 from ..options import check_choices, document, option
 from ..scoring.protocol import Scorer
-from ..scoring.scorer import strip_completion_reasoning
 
 logger = logging.getLogger(__name__)
 

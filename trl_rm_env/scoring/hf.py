@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..runtime.model_options import ScoringOptions
 from ..sharing import (
     collate_shared_context,
     pack_groups,
@@ -32,7 +33,6 @@ from ..sharing import (
 )
 from ..sharing.mode import packs_fast
 from ..sharing.planning import greedy_batches, linear_to_attention_cost, padded_batches
-from .options import ScoringOptions
 
 PACKED_CPU_TOKENS = 8192
 """Tokens per packed row under the block-mask kernel (the CPU's, or fp32) when no `max_tokens_per_batch` is set: its

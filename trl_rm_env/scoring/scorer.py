@@ -12,7 +12,6 @@ the parity tests); batching, padding and prefix sharing never change a score.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,32 +19,14 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, reward_head
+from ..runtime.model_options import ScoringOptions
 from ..sharing import shared_prefixes_in
 from ..tokenization import Message, encode_pairs, left_truncate
 from .hf import HFEngine
-from .options import ScoringOptions
 
 logger = logging.getLogger(__name__)
-
-_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
-_OPEN_THINK = re.compile(r"<think>.*\Z", re.DOTALL)
-
-
-def strip_reasoning_text(text: str) -> str:
-    """Drop `<think>...</think>` blocks; an unclosed `<think>` drops the rest of the text (no answer came)."""
-    return _OPEN_THINK.sub("", _THINK_BLOCK.sub("", text))
-
-
-def strip_completion_reasoning(completion: str | Sequence[Message]) -> str | list[Message]:
-    """`completion` with `strip_reasoning_text` applied to its text, or to every assistant message's content."""
-    if isinstance(completion, str):
-        return strip_reasoning_text(completion)
-    return [
-        {**m, "content": strip_reasoning_text(m["content"])} if m.get("role") == "assistant" else dict(m)
-        for m in completion
-    ]
-
 
 @dataclass
 class EncodedBatch:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...options import changed, check_choices, document, option, option_fields, spelling
-from ...scoring.options import ScoringOptions
+from ...runtime.model_options import ScoringOptions
 from ..protocol import APIS
 
 INPUT_FORMATS = ("auto", "tokens", "messages")

@@ -56,9 +56,10 @@ except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
 import torch
 
+from ...data.messages import strip_completion_reasoning
 from ...options import build, route
-from ...scoring.options import ScoringOptions
-from ...scoring.scorer import split_conversation, strip_completion_reasoning
+from ...runtime.model_options import ScoringOptions
+from ...scoring.scorer import split_conversation
 from ...tokenization import (
     context_token_ids,
     encode_pair,

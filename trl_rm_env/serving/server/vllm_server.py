@@ -30,7 +30,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from ...scoring.vllm import cpu_thread_env
+from ...runtime.vllm import cpu_thread_env
 from ..protocol import API_KEY_ENV_VARS, api_key_from_env
 
 GUARD_KEY_ENV = "TRL_RM_ENV_VLLM_GUARD_KEY"  # the key our middleware checks inside the vLLM server process
@@ -48,7 +48,7 @@ def vllm_server_command(
     guarded: bool = False,
 ) -> list[str]:
     """The command line of vLLM's OpenAI-compatible server for a reward model: its engine `arguments`
-    (`trl_rm_env.scoring.vllm.engine_arguments`) as flags, and the server's own (see the module docstring)."""
+    (`trl_rm_env.runtime.vllm.engine_arguments`) as flags, and the server's own (see the module docstring)."""
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     for name, value in arguments.items():
         flag = "--" + name.replace("_", "-")

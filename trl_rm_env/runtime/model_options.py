@@ -4,7 +4,7 @@
 NeMo RL's block all take these options; each surface's spelling (`--max-tokens-per-batch`,
 `reward_max_tokens_per_batch`, NeMo's `dynamic_batching.logprob_mb_tokens`) is generated from or mapped onto the
 field below (`trl_rm_env.options`). The options are immutable: they are resolved once per call path, with the model's
-config and the engine, into a `trl_rm_env.scoring.loading.ScoringPlan`.
+config, its kind and the engine, into a `trl_rm_env.runtime.plan.ModelPlan`.
 """
 
 from __future__ import annotations

@@ -1,35 +1,25 @@
-"""vLLM as the engine of a local reward model: vLLM's offline pooling runner (`classify`), fed with our token ids.
+"""vLLM in this process for any model we load (a reward model's pooling runner, a judge's generate runner): its
+engine arguments from our options, its start-up and its shutdown.
 
-Everything before the forward pass stays ours (`RewardScorer`): the RM's own chat template, the duplicate-BOS rule,
-special-token text in content encoded as text, left truncation and the over-length policy. vLLM gets the resulting
-token ids as `TokensPrompt`s and returns the raw outputs of the classification head (`use_activation=False`), every
-label of a regression RM included. Its automatic prefix caching encodes a GRPO group's shared prompt once, as our
-KV path does, and its continuous batching replaces our micro-batches (`max_tokens_per_batch` becomes vLLM's
-`max_num_batched_tokens`, `batch_size` its `max_num_seqs`).
+Memory: by default vLLM's KV cache holds what one step needs, `max_num_batched_tokens` plus one longest sequence
+(`kv_cache_bytes`), and nothing more: the device stays free for training (vLLM's own default takes most of it: 0.92
+of a GPU, and on the CPU backend a share of the RAM). `vllm_gpu_memory_utilization` instead gives vLLM that share of
+the device's memory (CPU: of the RAM), as TRL's colocated vLLM does. `vllm_tensor_parallel_size` splits the model
+over that many GPUs. On a CPU machine of a few cores, vLLM's worker gets every core (`cpu_thread_env`).
 
 vLLM starts its engine core in a child process (as its own docs say, a script that builds one needs an
-`if __name__ == "__main__":` guard). Memory: by default its KV cache holds what scoring needs, one step of
-`max_num_batched_tokens` plus one longest sequence (`kv_cache_bytes`), and nothing more: the device stays free for
-training (vLLM's own default takes most of it: 0.92 of a GPU, and on the CPU backend a share of the RAM).
-On a CPU machine of a few cores, vLLM's worker gets every core (`cpu_thread_env`).
-`vllm_gpu_memory_utilization` instead gives vLLM that share of the device's memory (CPU: of the RAM), as TRL's
-colocated vLLM does. `vllm_tensor_parallel_size` splits the model over that many GPUs.
+`if __name__ == "__main__":` guard); `start_llm` ties those processes to an owner, `stop_llm` stops them now.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import multiprocessing.util
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from .options import PRECISIONS, ScoringOptions
-
-logger = logging.getLogger(__name__)
+from .model_options import PRECISIONS, ScoringOptions
 
 FEW_CPUS = 4  # at most this many usable cores: vLLM's CPU worker gets all of them (`cpu_thread_env`)
 DEFAULT_MAX_BATCHED_TOKENS = 16384  # vLLM's own default is 8192 on CPU; a whole RM sequence must fit in one step
@@ -167,77 +157,19 @@ def start_llm(model: str, arguments: dict[str, Any], owner: Any) -> Any:
     # forever on an engine nobody told to stop.
     engine_core = getattr(llm.llm_engine, "engine_core", None)
     if engine_core is not None:
-        multiprocessing.util.Finalize(owner, _shutdown, args=(engine_core,), exitpriority=100)
+        multiprocessing.util.Finalize(owner, _stop, args=(engine_core,), exitpriority=100)
     return llm
 
 
-class VLLMEngine:
-    """Forward passes of a `*ForSequenceClassification` reward model in vLLM (pooling runner, `classify`).
-
-    Args:
-        model: Local folder or Hub id of the reward model (vLLM loads the weights itself).
-        config: The model's `transformers` config (its `num_labels` is the width of the outputs).
-        options: The `ScoringOptions`: those of `VLLM_ENGINE_OPTIONS` become vLLM's arguments (`engine_arguments`),
-            `show_progress` its progress bar over requests (None: only for more than 256 sequences).
-        engine_kwargs: More keyword arguments for `vllm.LLM` (they win over the ones above).
-
-    Raises:
-        ImportError: vLLM is not installed (`pip install "trl-rm-env[vllm]"`; on CPU see docs/environment.md).
-    """
-
-    name = "vllm"
-    prefix_sharing = False  # vLLM's prefix caching shares contexts itself: it needs no context lengths from us
-
-    def __init__(
-        self,
-        model: str,
-        config: Any,
-        options: ScoringOptions | None = None,
-        *,
-        engine_kwargs: dict[str, Any] | None = None,
-    ):
-        options = options or ScoringOptions()
-        kwargs = engine_arguments(config, options)
-        self.config = config
-        self.num_labels = int(getattr(config, "num_labels", 1))
-        self.show_progress = options.show_progress
-        self.max_length = kwargs.get("max_model_len")
-        self.llm = start_llm(model, {**kwargs, **(engine_kwargs or {})}, self)
-        self.device = torch.device(vllm_device() if vllm_device() in ("cuda", "cpu") else "cpu")
-
-    def outputs(
-        self,
-        sequences: Sequence[Sequence[int]],
-        context_lengths: Sequence[int] | None = None,
-        progress: bool | None = None,
-    ) -> torch.Tensor:
-        """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`: the classification head's raw values,
-        as `HFEngine` returns them. `context_lengths` is not needed: vLLM finds shared prefixes itself."""
-        from vllm import PoolingParams
-        from vllm.inputs import TokensPrompt
-
-        out = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
-        if not sequences:
-            return out
-        if progress is None:
-            progress = self.show_progress if self.show_progress is not None else len(sequences) > 256
-        results = self.llm.classify(
-            [TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in sequences],
-            pooling_params=PoolingParams(use_activation=False),
-            use_tqdm=bool(progress),
-        )
-        for i, result in enumerate(results):
-            out[i] = torch.as_tensor(result.outputs.probs, dtype=torch.float32)
-        return out
-
-    def close(self) -> None:
-        """Stop vLLM's engine processes now (they also stop when this object is garbage collected or at exit)."""
-        engine_core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if engine_core is not None:
-            _shutdown(engine_core)
+def stop_llm(llm: Any) -> None:
+    """Stop the engine processes of a `vllm.LLM` (from `start_llm`) now; later calls, and the owner's collection or
+    exit, then do nothing."""
+    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if engine_core is not None:
+        _stop(engine_core)
 
 
-def _shutdown(engine_core: Any) -> None:
+def _stop(engine_core: Any) -> None:
     """Stop a vLLM engine core client's processes (once; later calls do nothing)."""
     if not getattr(engine_core, "_trl_rm_env_stopped", False):
         engine_core._trl_rm_env_stopped = True

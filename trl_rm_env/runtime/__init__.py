@@ -1,0 +1,32 @@
+"""The model runtime: how any model we run for rewards (a reward model or a judge, in this process or on vLLM) is
+loaded, each step once.
+
+- `model_options.py`: `ScoringOptions`, how a model loads and runs (engine, precision, device, batch bounds, vLLM's
+  memory and parallel sizes) and how a reward model scores, declared once;
+- `plan.py`: `plan_model` -> `ModelPlan` (source, config, kind, a reward model's head, the engine and why);
+- `loading.py`: the plan's weights on transformers (`load_weights`) and its tokenizer (`load_tokenizer`);
+- `vllm.py`: vLLM's arguments from the options, its start-up and shutdown.
+
+Its users are thin: `trl_rm_env.scoring` (the reward model's scorer and engines), `trl_rm_env.judges.engines` (the
+judge's), `trl_rm_env.serving.plan` (what `serve` runs).
+"""
+
+from __future__ import annotations
+
+from ..lazy import lazy_exports
+
+_WHERE = {
+    "ModelPlan": ".plan",
+    "choose_engine": ".plan",
+    "plan_model": ".plan",
+    "load_tokenizer": ".loading",
+    "load_weights": ".loading",
+    "PRECISIONS": ".model_options",
+    "ScoringOptions": ".model_options",
+}
+"""Public names, imported on first use (the command line reads `runtime.model_options` before torch loads)."""
+
+__all__ = sorted(_WHERE)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
