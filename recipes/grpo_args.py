@@ -17,8 +17,8 @@ from datasets import Dataset
 
 from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.sources import parse_data_spec
-from trl_rm_env.environment.reward_model import OPTION_CLASSES
 from trl_rm_env.judges.options import JudgeOptions, JudgeSource
+from trl_rm_env.rewards.reward_model import OPTION_CLASSES
 from trl_rm_env.rewards.sources import RewardSources
 from trl_rm_env.runtime.model_options import ScoringOptions
 from trl_rm_env.serving.client.options import RemoteOptions, local_only

@@ -34,9 +34,9 @@ def options_reference() -> str:
     """The tables of docs/options.md: every option of every options class, with its default, its command-line flag,
     its recipe key, its NeMo RL key and what it does, generated from the declarations (`scripts/make_options_doc.py`
     writes them; `tests/test_options.py` checks the page is current)."""
-    from trl_rm_env.environment.nemo import NEMO_OPTIONS
     from trl_rm_env.judges.options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
+    from trl_rm_env.rewards.nemo import NEMO_OPTIONS
     from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.serving.client.options import RemoteOptions
     from trl_rm_env.serving.server.options import ServerLimits

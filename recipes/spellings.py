@@ -8,7 +8,7 @@ one function each way, so that a new option is one field.
 
 Either way the options class turns what was given into the option's value, in one place (`__post_init__`).
 
-NeMo RL's block is the third spelling; it is mapped in `trl_rm_env.environment.nemo` (`NEMO_OPTIONS`), where library
+NeMo RL's block is the third spelling; it is mapped in `trl_rm_env.rewards.nemo` (`NEMO_OPTIONS`), where library
 users reach it too.
 """
 

@@ -20,14 +20,14 @@ MAX_LINES = 450
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("entry points", ("trl_rm_env", "__main__", "recipes")),
     ("training", ("trainer",)),
-    ("using a reward model", ("environment", "judges", "serving", "evaluation", "rewards")),
+    ("using a reward model", ("judges", "serving", "evaluation", "rewards")),
     ("scoring", ("scoring",)),
     ("model runtime", ("runtime",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
     ("data", ("data",)),
     ("base", ("errors", "waiting", "model_source", "tiny_models", "distributed", "compat", "lazy", "options", "quiet")),
 )
-USERS_OF_A_REWARD_MODEL = ("environment", "judges", "scoring", "serving", "evaluation", "rewards")
+USERS_OF_A_REWARD_MODEL = ("judges", "scoring", "runtime", "serving", "evaluation", "rewards")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -140,6 +140,20 @@ def test_nothing_that_uses_a_reward_model_imports_the_trainer():
         if target == "trl_rm_env.trainer" or target.startswith("trl_rm_env.trainer.")
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def test_every_reward_function_lives_in_rewards():
+    """One room for the reward functions: each public one is defined under `trl_rm_env.rewards`, and reached by its
+    name from the package."""
+    import trl_rm_env
+
+    names = ("RewardModelEnvironment", "RemoteRewardModelEnvironment", "JudgeEnvironment", "CascadeReward")
+    assert {n: getattr(trl_rm_env, n).__module__.split(".")[1] for n in names} == dict.fromkeys(names, "rewards")
+    from trl_rm_env.rewards.attributes import AttributeReward
+    from trl_rm_env.rewards.base import RewardFunction
+
+    assert all(issubclass(getattr(trl_rm_env, n), RewardFunction) for n in names if n != "CascadeReward")
+    assert AttributeReward.__module__ == "trl_rm_env.rewards.attributes"
 
 
 def test_judges_load_through_the_runtime_not_the_reward_models_scorer():

@@ -10,9 +10,8 @@ import pytest
 import torch
 from helpers import _one_thread, reference_ids, score_one  # noqa: F401
 
-from trl_rm_env import RewardModelEnvironment
+from trl_rm_env import RemoteRewardModelEnvironment, RewardModelEnvironment
 from trl_rm_env.data.messages import COMPLETION_ROLES, KNOWN_ROLES
-from trl_rm_env.environment import RemoteRewardModelEnvironment
 from trl_rm_env.tiny_models import IM_END, IM_START
 
 USER = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -145,7 +144,7 @@ def test_nonfinite_scores_raise_naming_the_samples(broken_rm, tiny_tokenizer):
 def test_nonfinite_scores_replaced_warned_once_and_counted(broken_rm, tiny_tokenizer, caplog):
     env = RewardModelEnvironment(broken_rm, tiny_tokenizer, device="cpu", nonfinite_reward=-5.0, name="rm")
     logged = []
-    with caplog.at_level(logging.WARNING, logger="trl_rm_env.environment"):
+    with caplog.at_level(logging.WARNING, logger="trl_rm_env.rewards"):
         assert env([USER] * 2, [answer("4"), answer("5")], log_metric=lambda k, v: logged.append((k, v))) == [-5.0] * 2
         assert env([USER], [answer("6")], log_metric=lambda k, v: logged.append((k, v))) == [-5.0]
         assert env.score([(USER, answer("7"))]).tolist() == [-5.0]

@@ -206,7 +206,7 @@ def test_environment_parameters_are_documented():
     """Every argument of the environment is documented: its own parameters and every option it takes by name
     (`**options_by_name`: the fields of `ScoringOptions`, `RewardOptions` and `RemoteOptions`)."""
     from trl_rm_env import RewardModelEnvironment
-    from trl_rm_env.environment.reward_model import OPTION_CLASSES
+    from trl_rm_env.rewards.reward_model import OPTION_CLASSES
 
     signature = inspect.signature(RewardModelEnvironment.__init__).parameters.values()
     own = [p.name for p in signature if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]

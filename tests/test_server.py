@@ -312,7 +312,7 @@ def test_template_kwargs_reach_the_token_ids_the_client_sends(tiny_rm, tiny_toke
 
     from aiohttp.test_utils import TestServer
 
-    from trl_rm_env.environment import RewardModelEnvironment
+    from trl_rm_env import RewardModelEnvironment
     from trl_rm_env.serving.server import ScoringServer
 
     tok = copy.deepcopy(tiny_tokenizer)

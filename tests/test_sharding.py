@@ -50,11 +50,11 @@ def _worker(rank: int, world_size: int, port: int, model_dir: str, out_dir: str,
         warnings = []
         handler = logging.Handler()
         handler.emit = lambda record: warnings.append(record.getMessage())
-        logging.getLogger("trl_rm_env.environment").addHandler(handler)
+        logging.getLogger("trl_rm_env.rewards").addHandler(handler)
         os.environ.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE="3")
         replicated = RewardModelEnvironment(model_dir, device="cpu").sharding
         del os.environ["ACCELERATE_USE_DEEPSPEED"], os.environ["ACCELERATE_DEEPSPEED_ZERO_STAGE"]
-        logging.getLogger("trl_rm_env.environment").removeHandler(handler)
+        logging.getLogger("trl_rm_env.rewards").removeHandler(handler)
 
         env = RewardModelEnvironment(model_dir, device="cpu", batch_size=2, fsdp_shard=True, prefix_sharing=prefix_sharing)
         local, total = held_parameters(env.model)

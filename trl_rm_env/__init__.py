@@ -23,16 +23,16 @@ _EXPORTS = {
     "RankedRewardConfig": "trl_rm_env.trainer.config",
     "RankedRewardTrainer": "trl_rm_env.trainer.trainer",
     "DataCollatorForRankedPreference": "trl_rm_env.trainer.collator",
-    "RewardModelEnvironment": "trl_rm_env.environment",
-    "RemoteRewardModelEnvironment": "trl_rm_env.environment",
+    "RewardModelEnvironment": "trl_rm_env.rewards.reward_model",
+    "RemoteRewardModelEnvironment": "trl_rm_env.rewards.reward_model",
     "RegressionRewardConfig": "trl_rm_env.trainer.config",
     "RegressionRewardTrainer": "trl_rm_env.trainer.regression",
     "load_regression_dataset": "trl_rm_env.data.regression",
     "load_regression_records": "trl_rm_env.data.regression",
     "RewardScorer": "trl_rm_env.scoring.scorer",
-    "JudgeEnvironment": "trl_rm_env.judges",
-    "JudgeOptions": "trl_rm_env.judges",
-    "CascadeReward": "trl_rm_env.judges",
+    "JudgeEnvironment": "trl_rm_env.rewards.judge",
+    "JudgeOptions": "trl_rm_env.judges.options",
+    "CascadeReward": "trl_rm_env.rewards.cascade",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]

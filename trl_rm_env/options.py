@@ -5,7 +5,7 @@ names it has on each surface.
 
 A field made with `option(...)` is everything a surface needs to offer the option: the command line
 (`trl_rm_env.recipes.spellings.add_flags`: `--batch-size`), the recipes' YAML keys and flags (`recipe_fields`:
-`reward_batch_size`), NeMo RL's block (`trl_rm_env.environment.nemo`, a table onto these names) and the keyword
+`reward_batch_size`), NeMo RL's block (`trl_rm_env.rewards.nemo`, a table onto these names) and the keyword
 arguments of the classes that take the options by name (`build`, `route`). A new option is one field; the surfaces
 are generated from it, and `tests/test_options.py` holds each spelling to exactly one field and each documented
 default to the field's.

@@ -121,7 +121,7 @@ def _judge_alone(request: EvalRequest, show: Callable[[str], Any]) -> EvalOutcom
 
 def make_judge(arguments: Mapping[str, Any]) -> Any:
     """The `JudgeEnvironment` of a request's `judge` arguments (built before any scoring: a bad judge fails first)."""
-    from ..judges.environment import JudgeEnvironment
+    from ..rewards.judge import JudgeEnvironment
 
     arguments = dict(arguments)
     return JudgeEnvironment(arguments.pop("model"), **arguments)

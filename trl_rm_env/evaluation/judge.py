@@ -228,7 +228,7 @@ def evaluate_cascade(
         Results shaped as `evaluate_judge`'s, plus `"margin"`, `"sent"` (pairs the judge rewarded) and `"share"`;
         and each pair's pick.
     """
-    from ..judges.cascade import CascadeReward
+    from ..rewards.cascade import CascadeReward
 
     pairs = pairs_of_sets(datasets)
     score = {(row["set"], row["record"], row["completion"]): row["score"] for row in rm_rows}

@@ -1,7 +1,8 @@
-"""Generative judges as GRPO rewards: a causal LM asked to rate (pointwise), compare in pairs (pairwise) or rank
+"""What is a generative judge's own: a causal LM asked to rate (pointwise), compare in pairs (pairwise) or rank
 (listwise) the completions of a GRPO group, read exactly from its log-probabilities or parsed from its text, run by
-vLLM or transformers in this process or on OpenAI-compatible servers; and `CascadeReward`, a rule check with a judge
-(or anything else) as its fallback.
+vLLM or transformers in this process or on OpenAI-compatible servers. The reward functions built on it,
+`JudgeEnvironment` and `CascadeReward` (a rule check with a judge, or anything else, as its fallback), live with
+every other reward function in `trl_rm_env.rewards`.
 
     from trl_rm_env import JudgeEnvironment, CascadeReward
 
@@ -13,8 +14,9 @@ vLLM or transformers in this process or on OpenAI-compatible servers; and `Casca
   aggregation; `register_mode` adds one;
 - `templates.py`: the built-in prompts' text and how prompts and completions fill them;
 - `verdicts.py`: verdict tokens, and parsing a written verdict;
-- `engines.py`: the judge run here (transformers, vLLM), planned once; `remote.py`: on OpenAI-compatible servers;
-- `environment.py`: `JudgeEnvironment`; `cascade.py`: `CascadeReward`.
+- `engines.py`: the judge run here (transformers, vLLM), planned and loaded by `trl_rm_env.runtime`; `remote.py`:
+  on OpenAI-compatible servers;
+- `judging.py`: judging a batch (groups, aggregation); `genrm.py`: NeMo Gym's `genrm_compare` protocol.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _WHERE = {
-    "CascadeReward": ".cascade",
-    "JudgeEnvironment": ".environment",
     "JudgeOptions": ".options",
     "JudgeMode": ".modes",
     "TEMPLATES": ".modes",

@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..environment.remote import client_tokenizer
 from ..serving.client.options import RemoteOptions
 from ..serving.client.pool import RemoteScoringError, ServerPool
+from ..serving.client.scorer import client_tokenizer
 from ..serving.protocol import api_key_from_env
 
 TOP_LOGPROBS = 20

@@ -1,8 +1,45 @@
-"""What every GRPO reward function of the package is built on, whatever scores it (a reward model, a judge):
+"""Every GRPO reward function of the package, each one module on one base (`RewardFunction`), whatever scores it:
 
+    from trl_rm_env import RewardModelEnvironment, JudgeEnvironment, CascadeReward
+
+    reward = RewardModelEnvironment("Skywork/Skywork-Reward-V2-Qwen3-0.6B", max_tokens_per_batch=16384)
+    trainer = GRPOTrainer(model=..., reward_funcs=[reward], args=..., train_dataset=...)
+
+- `reward_model.py`: `RewardModelEnvironment` (and `RemoteRewardModelEnvironment`), a reward model as the reward:
+  renders each conversation with the RM's own chat template, scores in bounded micro-batches, left-truncates
+  over-long contexts; scores equal one-at-a-time scoring with the plain model (fp32, within 1e-4);
+  `reward_model_scorer.py`: the scorer it holds, loaded here (sharded under ZeRO-3/FSDP2) or behind servers;
+- `attributes.py`: one reward per attribute of a regression RM, all from one forward (`RewardModelEnvironment.attribute_rewards`);
+- `nemo.py`: NeMo RL's `env.reward_model` block read as arguments (`RewardModelEnvironment.from_config`);
+- `judge.py`: `JudgeEnvironment`, a generative judge as the reward (its modes, templates and verdicts:
+  `trl_rm_env.judges`);
+- `cascade.py`: `CascadeReward`, reward functions chained (a rule check, then a judge; or a reward model's margin);
 - `base.py`: `RewardFunction` (TRL's input checks, empty completions, NaN/inf, normalization, clipping, metrics) and
   its `RewardOptions`;
+- `shaping.py`: group shaping of any reward (NeMo Gym's bonuses and adjustments);
+- `sources.py`: a GRPO run's reward functions from its sources, and their weights (`RewardSources`);
 - `pickling.py`: `PicklesByArguments` (a reward function crosses to AsyncGRPO's spawned workers as the arguments it
   was built with);
 - `placement.py`: where a reward function's model runs, loaded here or behind servers (`loaded_here`).
 """
+
+from __future__ import annotations
+
+from ..lazy import lazy_exports
+
+_WHERE = {
+    "CascadeReward": ".cascade",
+    "JudgeEnvironment": ".judge",
+    "NORMALIZATIONS": ".base",
+    "PASSTHROUGH_TEMPLATE": ".nemo",
+    "RemoteRewardModelEnvironment": ".reward_model",
+    "RewardFunction": ".base",
+    "RewardModelEnvironment": ".reward_model",
+    "RewardOptions": ".base",
+}
+"""Public names, imported on first use."""
+
+__all__ = sorted(_WHERE)
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

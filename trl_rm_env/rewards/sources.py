@@ -74,9 +74,9 @@ class RewardSources:
         (one per function, else a `ValueError` naming both counts, before TRL's own message), else under
         `per_attribute` the regression model's attribute weights (and 1 for a judge beside them), else None (TRL's
         default: all 1)."""
-        from ..environment.reward_model import RewardModelEnvironment
-        from ..judges.cascade import CascadeReward
-        from ..judges.environment import JudgeEnvironment
+        from .cascade import CascadeReward
+        from .judge import JudgeEnvironment
+        from .reward_model import RewardModelEnvironment
 
         rewards: list[Callable] = []
         weights: list[float] = []  # the default under `per_attribute`: the model's own attribute weights, 1 for a judge

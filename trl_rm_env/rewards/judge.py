@@ -14,18 +14,9 @@ from transformers import PreTrainedModel
 
 from ..data.messages import strip_completion_reasoning
 from ..distributed import full_weights
-from ..options import build, changed, names, route, spelled
-from ..rewards.base import Ids, RewardFunction, RewardOptions, Samples
-from ..rewards.pickling import PicklesByArguments, accelerator_type
-from ..rewards.placement import loaded_here
-from ..runtime.loading import load_tokenizer
-from ..runtime.model_options import ScoringOptions
-from ..runtime.plan import plan_model
-from ..serving.client.options import RemoteOptions, local_only
-from ..tokenization import encode_messages
-from . import templates as T
-from .engines import judge_engine
-from .judging import (
+from ..judges import templates as T
+from ..judges.engines import judge_engine
+from ..judges.judging import (
     Judgement,
     JudgeVerdicts,
     aggregate,
@@ -35,10 +26,19 @@ from .judging import (
     group_samples,
     template_columns,
 )
-from .modes import EvalPair, JudgeMode, PairVerdicts, mode_of
-from .options import JudgeOptions
-from .remote import RemoteJudgeEngine, remote_judge_tokenizer
-from .verdicts import label_token_ids
+from ..judges.modes import EvalPair, JudgeMode, PairVerdicts, mode_of
+from ..judges.options import JudgeOptions
+from ..judges.remote import RemoteJudgeEngine, remote_judge_tokenizer
+from ..judges.verdicts import label_token_ids
+from ..options import build, changed, names, route, spelled
+from ..runtime.loading import load_tokenizer
+from ..runtime.model_options import ScoringOptions
+from ..runtime.plan import plan_model
+from ..serving.client.options import RemoteOptions, local_only
+from ..tokenization import encode_messages
+from .base import Ids, RewardFunction, RewardOptions, Samples
+from .pickling import PicklesByArguments, accelerator_type
+from .placement import loaded_here
 
 logger = logging.getLogger(__name__)
 

@@ -12,16 +12,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..distributed import full_weights
 from ..options import names, route
-from ..rewards.base import Ids, RewardFunction, RewardOptions, Samples
-from ..rewards.pickling import PicklesByArguments, accelerator_type
-from ..rewards.placement import loaded_here
 from ..runtime.model_options import ScoringOptions
 from ..scoring.scorer import as_pairs
 from ..serving.client.options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
-from .local import checkpoint_statistics, local_scorer
-from .remote import remote_scorer
+from .base import Ids, RewardFunction, RewardOptions, Samples
+from .pickling import PicklesByArguments, accelerator_type
+from .placement import loaded_here
+from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
@@ -108,7 +107,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> RewardModelEnvironment:
         """Build from a NeMo RL `env.reward_model` block (plus any of our own keyword arguments); see
-        `trl_rm_env.environment.nemo` for what is mapped, ignored and refused.
+        `trl_rm_env.rewards.nemo` for what is mapped, ignored and refused.
         """
         served = overrides.get("remote_url", config.get("remote_url")) is not None
         model, tokenizer, kwargs, chat_template = nemo.environment_arguments(config, cls.argument_names(), served)
@@ -137,7 +136,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
 
     def attribute_rewards(self, weighted: bool = False) -> list[AttributeReward]:
         """One TRL reward function per attribute of a regression reward model, named after it, all served by one
-        forward per batch (`trl_rm_env.environment.attributes`): for `GRPOConfig(multi_objective_aggregation=
+        forward per batch (`trl_rm_env.rewards.attributes`): for `GRPOConfig(multi_objective_aggregation=
         "normalize_then_sum", reward_weights=env.attribute_weights)` (GDPO), where each attribute is normalized within
         its group on its own. Each returns the attribute's raw value; empty completions get `empty_completion_reward`
         (when set), NaN/inf `nonfinite_reward` (else an error naming the items).
