@@ -23,10 +23,10 @@ from collections.abc import Sequence
 
 from trl_rm_env.data.rows import ON_INVALID_MODES
 
-from .judge_eval import add_judge_flags, judge_arguments
+from .judge_eval import add_judge_flags
 from .launch import RECIPES, add_launch_parsers
 from .serve import add_serve_parser
-from .spellings import add_flags, flags, options_from_flags
+from .spellings import add_flags, options_from_flags
 
 
 def _make_tiny(args: argparse.Namespace) -> int:
@@ -67,9 +67,10 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    """`trl-rm-env eval`: the flags parsed once into an `EvalRequest`, run by `trl_rm_env.evaluation.command`."""
+    """`trl-rm-env eval`: the flags parsed once into an `EvalRequest`, run by `trl_rm_env.evaluation.command`; its
+    errors name the flags."""
     from trl_rm_env.evaluation.command import EvalRequest, EvalRequestError, run_eval
-    from trl_rm_env.options import changed
+    from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.runtime.model_options import ScoringOptions
 
     if args.report:  # fail before importing or loading anything (seconds), not after scoring
@@ -81,21 +82,15 @@ def _eval(args: argparse.Namespace) -> int:
             raise SystemExit(f"error: {err}") from None
     if args.cascade_margin is not None and not args.cascade:
         raise SystemExit("--cascade-margin applies to --cascade")
-    judge = judge_arguments(args)  # a bad judge option fails here too, before anything loads
-    scoring = options_from_flags(args, ScoringOptions)
-    if args.model is None and judge is not None and changed(scoring):
-        raise SystemExit(
-            f"{flags(ScoringOptions, sorted(changed(scoring)))}: options of --model's reward model; the judge's go in "
-            "--judge-options"
-        )
     try:
         request = EvalRequest(
             data=tuple(args.data),
             model=args.model,
             data_format=args.format,
             on_invalid=args.on_invalid,
-            scoring=scoring,
-            judge=judge,
+            scoring=options_from_flags(args, ScoringOptions),
+            judge=options_from_flags(args, JudgeSource),
+            judge_options=options_from_flags(args, JudgeOptions),
             cascade_margin=(1.0 if args.cascade_margin is None else args.cascade_margin) if args.cascade else None,
             output=args.output,
             scores=args.scores,
@@ -104,8 +99,25 @@ def _eval(args: argparse.Namespace) -> int:
         )
         run_eval(request)
     except EvalRequestError as err:
-        raise SystemExit(str(err)) from None
+        raise SystemExit(err.spelled(eval_flag)) from None
     return 0
+
+
+EVAL_FLAGS = {"data_format": "--format", "cascade": "--cascade"}
+"""`eval`'s flags whose names are not `--` and the request's field name."""
+
+
+def eval_flag(name: str) -> str:
+    """The `eval` flag of a field or option an `EvalRequest` names."""
+    from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
+    from trl_rm_env.options import flag_of, option_fields
+    from trl_rm_env.runtime.model_options import ScoringOptions
+
+    for cls in (ScoringOptions, JudgeSource, JudgeOptions):
+        for f in option_fields(cls):
+            if f.name == name and flag_of(f):
+                return flag_of(f)
+    return EVAL_FLAGS.get(name, "--" + name.replace("_", "-"))
 
 
 def build_parser() -> argparse.ArgumentParser:

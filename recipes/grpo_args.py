@@ -17,11 +17,11 @@ from datasets import Dataset
 
 from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.sources import parse_data_spec
-from trl_rm_env.judges.options import JudgeOptions, JudgeSource
+from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
 from trl_rm_env.rewards.reward_model import OPTION_CLASSES
 from trl_rm_env.rewards.sources import RewardSources
 from trl_rm_env.runtime.model_options import ScoringOptions
-from trl_rm_env.serving.client.options import RemoteOptions, local_only
+from trl_rm_env.serving.client.remote_options import RemoteOptions, local_only
 
 from .spellings import options_from_recipe, recipe_fields, recipe_options, recipe_spellings
 

@@ -34,12 +34,12 @@ def options_reference() -> str:
     """The tables of docs/options.md: every option of every options class, with its default, its command-line flag,
     its recipe key, its NeMo RL key and what it does, generated from the declarations (`scripts/make_options_doc.py`
     writes them; `tests/test_options.py` checks the page is current)."""
-    from trl_rm_env.judges.options import JudgeOptions, JudgeSource
+    from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.rewards.nemo import NEMO_OPTIONS
     from trl_rm_env.runtime.model_options import ScoringOptions
-    from trl_rm_env.serving.client.options import RemoteOptions
-    from trl_rm_env.serving.server.options import ServerLimits
+    from trl_rm_env.serving.client.remote_options import RemoteOptions
+    from trl_rm_env.serving.server.limits import ServerLimits
 
     flags_by_option = command_flags(build_parser())
     nemo: dict[str, list[str]] = {}
@@ -50,13 +50,13 @@ def options_reference() -> str:
         ("`RewardOptions`", RewardOptions, "What the GRPO reward function does with the scores "
          "(`trl_rm_env.rewards.base`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
-         "(`trl_rm_env.serving.client.options`)."),
+         "(`trl_rm_env.serving.client.remote_options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients "
-         "(`trl_rm_env.serving.server.options`)."),
+         "(`trl_rm_env.serving.server.limits`)."),
         ("`JudgeSource`", JudgeSource, "Which judge `eval` and the GRPO recipe add, and where it runs "
-         "(`trl_rm_env.judges.options`)."),
+         "(`trl_rm_env.judges.judge_options`)."),
         ("`JudgeOptions`", JudgeOptions, "How a generative judge judges, and how its verdicts become rewards "
-         "(`trl_rm_env.judges.options`; the judge also takes the `ScoringOptions` of a causal LM, `RewardOptions` and "
+         "(`trl_rm_env.judges.judge_options`; the judge also takes the `ScoringOptions` of a causal LM, `RewardOptions` and "
          "`RemoteOptions`: docs/judges.md)."),
     ]  # fmt: skip
     lines: list[str] = []

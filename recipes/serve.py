@@ -11,7 +11,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from trl_rm_env.serving.server.options import SERVER_TOKEN_BUDGET, ServerLimits
+from trl_rm_env.serving.server.limits import SERVER_TOKEN_BUDGET, ServerLimits
 
 from .spellings import add_flags, flags, options_from_flags
 
@@ -60,8 +60,8 @@ def serve(args: argparse.Namespace) -> int:
     """Run `trl-rm-env serve` with parsed `args`; return the exit status."""
     from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.scoring.loading import load_scorer
+    from trl_rm_env.serving.dialects import default_served_name
     from trl_rm_env.serving.plan import plan_serving
-    from trl_rm_env.serving.protocol import default_served_name
     from trl_rm_env.serving.server import run_server
     from trl_rm_env.serving.server.vllm_server import run_vllm_server
 

@@ -280,7 +280,7 @@ def test_deepspeed_launch_commands_come_with_the_install_hint():
 def test_judge_parameters_are_documented():
     """Every argument of `JudgeEnvironment` and every `JudgeOptions` option appears in the docs."""
     from trl_rm_env import JudgeEnvironment
-    from trl_rm_env.judges.options import JudgeOptions
+    from trl_rm_env.judges.judge_options import JudgeOptions
 
     signature = inspect.signature(JudgeEnvironment.__init__).parameters.values()
     own = [p.name for p in signature if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD]

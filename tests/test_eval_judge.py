@@ -129,9 +129,11 @@ def test_eval_cascade_is_the_grpo_cascade_reward_pair_for_pair(tiny_dir, mode):
     from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
     from trl_rm_env.evaluation.command import EvalRequest, run_eval
     from trl_rm_env.evaluation.judge import pairs_of_sets
+    from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
 
     rm, policy = str(tiny_dir / "reward_model"), str(tiny_dir / "policy")
-    request = dict(data=("sample:in_domain",), model=rm, judge={"model": policy, "mode": mode}, progress=False)
+    request = dict(data=("sample:in_domain",), model=rm, judge=JudgeSource(judge=policy),
+                   judge_options=JudgeOptions(mode=mode), progress=False)  # fmt: skip
     records, _ = load_rank_records("sample:in_domain")
     pairs = pairs_of_sets({"sample:in_domain": records})
     environment = RewardModelEnvironment(rm)
@@ -211,6 +213,27 @@ def test_judge_flags_fail_in_one_line(tiny_dir, capsys):
     ):  # fmt: skip
         with pytest.raises(SystemExit, match=message):
             cli_main(argv)
+
+
+def test_an_eval_request_names_its_fields_and_the_command_line_names_its_flags():
+    from trl_rm_env.recipes.cli import eval_flag
+
+    from trl_rm_env.evaluation import EvalRequest, EvalRequestError
+    from trl_rm_env.judges import JudgeOptions, JudgeSource
+    from trl_rm_env.runtime import ScoringOptions
+
+    for request, library, flags in (
+        (dict(judge=JudgeSource(judge="j"), cascade_margin=1.0), "cascade_margin needs model: ", "--cascade needs --model: "),
+        (dict(model="m", judge_options=JudgeOptions(mode="pairwise", swap=False)),
+         "mode, swap: options of a judge; give judge (or judge_url)",
+         "--judge-mode, --judge-swap: options of a judge; give --judge (or --judge-url)"),
+        (dict(judge=JudgeSource(judge="j"), scoring=ScoringOptions(batch_size=2)),
+         "batch_size: options of model's reward model; the judge's go in judge_options",
+         "--batch-size: options of --model's reward model; the judge's go in --judge-options"),
+    ):  # fmt: skip
+        with pytest.raises(EvalRequestError) as caught:
+            EvalRequest(data=("sample:in_domain",), **request)
+        assert str(caught.value).startswith(library) and caught.value.spelled(eval_flag).startswith(flags)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from trl_rm_env.recipes.reference import command_flags, options_reference
 from trl_rm_env.recipes.serve import SERVE_DEFAULTS
 from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe, text_choices, text_type
 
-from trl_rm_env.judges.options import JudgeOptions
+from trl_rm_env.judges.judge_options import JudgeOptions
 from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
 from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.rewards.judge import OWN_ARGUMENTS as JUDGE_ARGUMENTS
@@ -33,8 +33,8 @@ from trl_rm_env.rewards.nemo import NEMO_OPTIONS, environment_arguments
 from trl_rm_env.rewards.reward_model import OPTION_CLASSES, OWN_ARGUMENTS, RewardModelEnvironment
 from trl_rm_env.runtime.model_options import ScoringOptions
 from trl_rm_env.runtime.plan import choose_engine
-from trl_rm_env.serving.client.options import RemoteOptions
-from trl_rm_env.serving.server.options import ServerLimits
+from trl_rm_env.serving.client.remote_options import RemoteOptions
+from trl_rm_env.serving.server.limits import ServerLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTED = (*OPTION_CLASSES, JudgeOptions)  # JudgeEnvironment routes its keyword arguments over all four

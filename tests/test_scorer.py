@@ -411,7 +411,7 @@ class OneAtATimeEngine:
 
 
 def test_both_backends_implement_the_scorer_protocol(tiny_rm, tiny_tokenizer):
-    from trl_rm_env.scoring.protocol import Scorer
+    from trl_rm_env.scoring.interfaces import Scorer
     from trl_rm_env.serving.client import RemoteScorer
 
     local = RewardScorer(tiny_rm, tiny_tokenizer)

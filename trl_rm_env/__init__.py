@@ -31,7 +31,7 @@ _EXPORTS = {
     "load_regression_records": "trl_rm_env.data.regression",
     "RewardScorer": "trl_rm_env.scoring.scorer",
     "JudgeEnvironment": "trl_rm_env.rewards.judge",
-    "JudgeOptions": "trl_rm_env.judges.options",
+    "JudgeOptions": "trl_rm_env.judges.judge_options",
     "CascadeReward": "trl_rm_env.rewards.cascade",
 }
 

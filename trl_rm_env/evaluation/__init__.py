@@ -15,7 +15,7 @@ regression RMs (RMSE, MAE, Pearson r per attribute), the terminal tables and the
   `rewardbench2.py`: RewardBench 2 rows and scores; `regression.py`: regression RMs; `tables.py`: the terminal
   tables; `report.py`: PNG plots and `report.md`.
 
-Scoring goes through the `Scorer` protocol (`trl_rm_env.scoring.protocol`): a `RewardScorer`, a `RemoteScorer`, or
+Scoring goes through the `Scorer` protocol (`trl_rm_env.scoring.interfaces`): a `RewardScorer`, a `RemoteScorer`, or
 a model path loaded with `load_reward_scorer`.
 """
 
@@ -32,6 +32,7 @@ _WHERE = {
     "write_scores_file": ".preference",
     "evaluate_regression_model": ".regression",
     "EvalRequest": ".command",
+    "EvalRequestError": ".data",
     "run_eval": ".command",
     "evaluate_judge": ".judge",
     "evaluate_cascade": ".judge",

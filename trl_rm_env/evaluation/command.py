@@ -19,20 +19,28 @@ from pathlib import Path
 from typing import Any
 
 from ..data.rows import ON_INVALID_MODES
+from ..judges.judge_options import JudgeOptions, JudgeSource
+from ..options import changed
+from ..runtime.model_options import ScoringOptions
 from .data import EvalRequestError, load_sets
 
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """One `trl-rm-env eval` run, each field a flag of the command.
+    """One `trl-rm-env eval` run; each field is a flag of the command, and each error names fields and options as
+    the library spells them (the command line gives them its flags: `EvalRequestError.spelled`).
 
     Args:
         data: The data sets: `FILE`, `FILE:name`, `name=SOURCE[:split]` or a Hub id`[:split]` (`--data`).
         model: The reward model, a folder or Hub id (`--model`); None: the judge alone.
-        data_format: `--format` (`rank`, ..., `rewardbench2`; `regression` or `helpsteer2` for a regression RM).
+        data_format: `rank`, ..., `rewardbench2`; `regression` or `helpsteer2` for a regression RM (`--format`).
         on_invalid: `skip` (count bad rows) or `raise` (`--on-invalid`).
-        scoring: The reward model's `ScoringOptions` (`--batch-size`, `--max-tokens-per-batch`, ...); None: defaults.
-        judge: `JudgeEnvironment`'s arguments (`model`, and any option by name); None: no judge (`--judge ...`).
+        scoring: How the reward model loads and scores (`ScoringOptions`: `--batch-size`, `--max-tokens-per-batch`,
+            ...); None: the defaults.
+        judge: Which judge, and where it runs (`JudgeSource`: `--judge`, `--judge-url`, `--judge-engine`, ...);
+            None: no judge.
+        judge_options: How the judge judges (`JudgeOptions`: `--judge-mode`, `--judge-scoring`, ...); None: the
+            defaults.
         cascade_margin: Add the cascade of the reward model and the judge, the judge deciding the pairs whose reward
             margin is below this (`--cascade --cascade-margin`); None: no cascade.
         output: Write the results as JSON here (`--output`).
@@ -41,15 +49,17 @@ class EvalRequest:
         progress: Show progress bars (not `--no-progress`).
 
     Raises:
-        EvalRequestError: a combination that cannot run (a cascade without both sources, no source at all, ...).
+        EvalRequestError: a combination that cannot run (a cascade without both sources, no source at all, options
+            of a source not given, ...).
     """
 
     data: tuple[str, ...]
     model: str | None = None
     data_format: str = "rank"
     on_invalid: str = "skip"
-    scoring: Any = None
-    judge: Mapping[str, Any] | None = None
+    scoring: ScoringOptions | None = None
+    judge: JudgeSource | None = None
+    judge_options: JudgeOptions | None = None
     cascade_margin: float | None = None
     output: str | None = None
     scores: str | None = None
@@ -58,24 +68,45 @@ class EvalRequest:
 
     def __post_init__(self) -> None:
         if not self.data:
-            raise EvalRequestError("eval needs at least one --data set")
+            raise EvalRequestError("eval needs at least one {data} set")
         if self.on_invalid not in ON_INVALID_MODES:
-            raise EvalRequestError(f"--on-invalid must be one of {list(ON_INVALID_MODES)}, got {self.on_invalid!r}")
-        if self.model is None and self.judge is None:
-            raise EvalRequestError("eval needs --model (a reward model), --judge or --judge-url (a judge), or both")
+            raise EvalRequestError(f"{{on_invalid}} must be one of {list(ON_INVALID_MODES)}, got {self.on_invalid!r}")
+        judged = self.judge_arguments() is not None  # the judge's options checked here, before anything loads
+        if self.model is None and not judged:
+            raise EvalRequestError("eval needs {model} (a reward model), {judge} or {judge_url} (a judge), or both")
+        if self.model is None and self.scoring is not None and changed(self.scoring):
+            named = ", ".join("{" + name + "}" for name in sorted(changed(self.scoring)))
+            raise EvalRequestError(f"{named}: options of {{model}}'s reward model; the judge's go in {{judge_options}}")
         if self.cascade_margin is not None:
             if self.model is None:
                 raise EvalRequestError(
-                    "--cascade needs --model: the cascade asks the judge where the reward model's margin is small"
+                    "{cascade} needs {model}: the cascade asks the judge where the reward model's margin is small"
                 )
-            if self.judge is None:
+            if not judged:
                 raise EvalRequestError(
-                    "--cascade needs --judge (or --judge-url): the judge the reward model hands close pairs to"
+                    "{cascade} needs {judge} (or {judge_url}): the judge the reward model hands close pairs to"
                 )
             if not (math.isfinite(self.cascade_margin) and self.cascade_margin > 0):
-                raise EvalRequestError(f"--cascade-margin must be > 0, got {self.cascade_margin}")
+                raise EvalRequestError(f"{{cascade_margin}} must be > 0, got {self.cascade_margin}")
         if self.model is None and (self.scores or self.report):
-            raise EvalRequestError("--scores and --report write a reward model's scores; give --model too")
+            raise EvalRequestError("{scores} and {report} write a reward model's scores; give {model} too")
+
+    def judge_arguments(self) -> dict[str, Any] | None:
+        """`JudgeEnvironment`'s arguments (None: no judge), as `JudgeSource.arguments` reads them (the GRPO recipe
+        reads its `reward_judge*` keys the same way); no progress bar of the judge's own.
+
+        Raises:
+            EvalRequestError: judge options without a judge, or a source that contradicts itself.
+        """
+        source = self.judge if self.judge is not None else JudgeSource()
+        options = changed(self.judge_options) if self.judge_options is not None else {}
+        try:
+            arguments = source.arguments(options, lambda name: "{" + name + "}", show_progress=False)
+        except ValueError as err:
+            raise EvalRequestError(str(err)) from None
+        if arguments is not None and "remote_url" in arguments:
+            arguments.pop("show_progress", None)  # servers: no progress bar to hide
+        return arguments
 
 
 @dataclass
@@ -115,22 +146,21 @@ def run_eval(request: EvalRequest, show: Callable[[str], Any] = print) -> EvalOu
 def _judge_alone(request: EvalRequest, show: Callable[[str], Any]) -> EvalOutcome:
     datasets, skipped, ties = load_sets(request.data, request.data_format, request.on_invalid, regression=False)
     outcome = EvalOutcome({"format": request.data_format, "skipped": skipped, "ties": ties})
-    _judge_sources(request, make_judge(request.judge), datasets, outcome, None, show)
+    _judge_sources(request, make_judge(request), datasets, outcome, None, show)
     return outcome
 
 
-def make_judge(arguments: Mapping[str, Any]) -> Any:
-    """The `JudgeEnvironment` of a request's `judge` arguments (built before any scoring: a bad judge fails first)."""
+def make_judge(request: EvalRequest) -> Any:
+    """The `JudgeEnvironment` of a request (built before any scoring: a bad judge fails first)."""
     from ..rewards.judge import JudgeEnvironment
 
-    arguments = dict(arguments)
+    arguments = request.judge_arguments()
     return JudgeEnvironment(arguments.pop("model"), **arguments)
 
 
 def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> EvalOutcome:
     from ..data.regression import REGRESSION_FORMATS
     from ..heads import is_regression_model
-    from ..runtime.model_options import ScoringOptions
     from ..runtime.plan import plan_model
     from ..scoring.loading import load_scorer
     from .preference import evaluate_with_scores, write_scores_file
@@ -142,22 +172,25 @@ def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> Eval
     plan = plan_model(request.model, scoring, one_reward=False)
     # A regression RM (RegressionRewardTrainer) is evaluated on regression records: RMSE/MAE/Pearson per attribute.
     regression = is_regression_model(plan.config)
-    if regression and request.judge is not None:
+    judged = request.judge_arguments() is not None
+    if regression and judged:
         raise EvalRequestError(
-            "--judge compares answers to preference pairs; a regression reward model is evaluated alone"
+            "{judge} compares answers to preference pairs; a regression reward model is evaluated alone"
         )
-    judge = make_judge(request.judge) if request.judge is not None else None  # a bad judge fails before scoring
+    judge = make_judge(request) if judged else None  # a bad judge fails before scoring
     data_format = request.data_format
     if regression:
         data_format = "regression" if data_format == "rank" else data_format
         if data_format not in REGRESSION_FORMATS:
             raise EvalRequestError(
-                f"{request.model} is a regression reward model; --format must be one of {list(REGRESSION_FORMATS)}"
+                f"{request.model} is a regression reward model; {{data_format}} must be one of {list(REGRESSION_FORMATS)}"
             )
     elif data_format in REGRESSION_FORMATS:
-        raise EvalRequestError(f"--format {data_format} is for regression reward models; {request.model} is not one")
+        raise EvalRequestError(
+            f"{{data_format}} {data_format} is for regression reward models; {request.model} is not one"
+        )
     if regression and (request.scores or request.report):
-        raise EvalRequestError("--scores and --report apply to preference reward models, not to a regression one")
+        raise EvalRequestError("{scores} and {report} apply to preference reward models, not to a regression one")
     datasets, skipped, ties = load_sets(request.data, data_format, request.on_invalid, regression)
     scorer = load_scorer(plan)
     try:
@@ -210,7 +243,7 @@ def _judge_sources(
     results = outcome.results
     try:
         judge_results, judge_picks = evaluate_judge(judge, datasets)
-        judge_results["judge"] = request.judge["model"] or request.judge.get("remote_url")
+        judge_results["judge"] = request.judge.judge or request.judge.judge_url
         results["judge"] = judge_results
         outcome.picks["judge"] = judge_picks
         sources = {f"judge ({judge.options.mode}, {judge.options.scoring})": judge_results}

@@ -3,12 +3,30 @@ rows to one set per subset."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+REQUEST_NAMES = {"cascade": "cascade_margin"}
+"""How the library names what a message about a request names beside the request's fields (`{cascade}`)."""
 
 
 class EvalRequestError(ValueError):
-    """An `EvalRequest` that cannot run as given (the message names the flags, as `trl-rm-env eval` spells them)."""
+    """An `EvalRequest` that cannot run as given. Its message names the request's fields and options as the library
+    spells them (`cascade_margin`, `mode`); `spelled(spell)` names them as a caller does (`trl-rm-env eval`: its
+    flags, `--cascade-margin`, `--judge-mode`).
+
+    Args:
+        template: The message, each name of a field or option in braces (`"{cascade} needs {model}"`).
+    """
+
+    def __init__(self, template: str):
+        self.template = template
+        super().__init__(self.spelled(lambda name: REQUEST_NAMES.get(name, name)))
+
+    def spelled(self, spell: Callable[[str], str]) -> str:
+        """The message with each name in braces spelled by `spell` (one `spell` returns None for keeps its braces)."""
+        return re.sub(r"\{([a-z_]+)\}", lambda m: spell(m.group(1)) or m.group(0), self.template)
 
 
 def data_spec(spec: str, data_format: str) -> tuple[str, str, str | None]:
@@ -48,7 +66,7 @@ def load_sets(
     for spec in specs:
         name, source, split = data_spec(spec, data_format)
         if name in datasets:
-            raise EvalRequestError(f"two data sets are named {name!r}; name them with FILE:name")
+            raise EvalRequestError(f"two data sets are named {name!r}; name them in {{data}} with FILE:name")
         if regression:
             records, report = load_regression_records(
                 source, split=split, data_format=data_format, on_invalid=on_invalid
@@ -65,7 +83,7 @@ def rewardbench2_sets(specs: Sequence[str], on_invalid: str) -> tuple[dict, dict
     from .rewardbench2 import load_rewardbench2, split_by_subset
 
     if len(specs) != 1:
-        raise EvalRequestError("--format rewardbench2 takes one --data source (a file or allenai/reward-bench-2)")
+        raise EvalRequestError("{data_format} rewardbench2 takes one {data} source (a file or allenai/reward-bench-2)")
     name, source, split = data_spec(specs[0], "rewardbench2")
     records, report = load_rewardbench2(source, split=split, on_invalid=on_invalid, name=name)
     datasets = split_by_subset(records)

@@ -9,7 +9,7 @@ every other reward function in `trl_rm_env.rewards`.
     judge = JudgeEnvironment("Qwen/Qwen3-8B", mode="pairwise", template_kwargs={"enable_thinking": False})
     trainer = GRPOTrainer(model=..., reward_funcs=[judge], ...)
 
-- `options.py`: `JudgeOptions` (mode, scoring, pairs, swap, template, ...);
+- `judge_options.py`: `JudgeOptions` (mode, scoring, pairs, swap, template, ...);
 - `modes.py`: each mode (`pointwise`, `pairwise`, `listwise`) as an object: its template, verdicts, judgements and
   aggregation; `register_mode` adds one;
 - `templates.py`: the built-in prompts' text and how prompts and completions fill them;
@@ -24,7 +24,8 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _WHERE = {
-    "JudgeOptions": ".options",
+    "JudgeOptions": ".judge_options",
+    "JudgeSource": ".judge_options",
     "JudgeMode": ".modes",
     "TEMPLATES": ".modes",
     "register_mode": ".modes",

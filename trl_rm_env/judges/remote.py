@@ -18,10 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..serving.client.options import RemoteOptions
 from ..serving.client.pool import RemoteScoringError, ServerPool
+from ..serving.client.remote_options import RemoteOptions
 from ..serving.client.scorer import client_tokenizer
-from ..serving.protocol import api_key_from_env
+from ..serving.dialects import api_key_from_env
 
 TOP_LOGPROBS = 20
 """`top_logprobs` asked for in `messages` mode (OpenAI's maximum)."""

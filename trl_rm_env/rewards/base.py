@@ -20,7 +20,7 @@ import torch
 
 from ..data.messages import check_sample, message_is_blank, strip_completion_reasoning
 from ..options import check_choices, document, option
-from ..scoring.protocol import Scorer
+from ..scoring.interfaces import Scorer
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ from ..data.messages import strip_completion_reasoning
 from ..distributed import full_weights
 from ..judges import templates as T
 from ..judges.engines import judge_engine
+from ..judges.judge_options import JudgeOptions
 from ..judges.judging import (
     Judgement,
     JudgeVerdicts,
@@ -27,14 +28,13 @@ from ..judges.judging import (
     template_columns,
 )
 from ..judges.modes import EvalPair, JudgeMode, PairVerdicts, mode_of
-from ..judges.options import JudgeOptions
 from ..judges.remote import RemoteJudgeEngine, remote_judge_tokenizer
 from ..judges.verdicts import label_token_ids
 from ..options import build, changed, names, route, spelled
 from ..runtime.loading import load_tokenizer
 from ..runtime.model_options import ScoringOptions
 from ..runtime.plan import plan_model
-from ..serving.client.options import RemoteOptions, local_only
+from ..serving.client.remote_options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from .base import Ids, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type

@@ -19,7 +19,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from ..runtime.model_options import ScoringOptions
-from ..serving.client.options import local_only
+from ..serving.client.remote_options import local_only
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from ..distributed import full_weights
 from ..options import names, route
 from ..runtime.model_options import ScoringOptions
 from ..scoring.scorer import as_pairs
-from ..serving.client.options import RemoteOptions
+from ..serving.client.remote_options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .base import Ids, RewardFunction, RewardOptions, Samples

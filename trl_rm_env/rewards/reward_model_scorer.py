@@ -18,7 +18,7 @@ from ..runtime.plan import plan_model
 from ..scoring.loading import load_scorer
 from ..scoring.scorer import RewardScorer
 from ..serving.client import RemoteScorer
-from ..serving.client.options import RemoteOptions
+from ..serving.client.remote_options import RemoteOptions
 from ..serving.client.scorer import client_tokenizer
 
 logger = logging.getLogger(__name__)

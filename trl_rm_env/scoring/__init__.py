@@ -1,7 +1,7 @@
 """Scoring conversations with a reward model: the `Scorer` seam, the local scorer and its engines (loaded through
 `trl_rm_env.runtime`, which also declares `ScoringOptions`).
 
-- `protocol.py`: the `Scorer` protocol (what the environment, `eval` and the server use) and the `Engine` protocol;
+- `interfaces.py`: the `Scorer` protocol (what the environment, `eval` and the server use) and the `Engine` protocol;
 - `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);
 - `hf.py`: `HFEngine`, the model run by transformers in this process;
 - `vllm_engine.py`: `VLLMEngine`, vLLM's pooling runner fed with our token ids;
@@ -19,8 +19,8 @@ _WHERE = {
     "load_reward_scorer": ".loading",
     "load_scorer": ".loading",
     "ScoringOptions": "..runtime.model_options",
-    "Engine": ".protocol",
-    "Scorer": ".protocol",
+    "Engine": ".interfaces",
+    "Scorer": ".interfaces",
     "EncodedBatch": ".scorer",
     "RewardScorer": ".scorer",
     "as_pairs": ".scorer",

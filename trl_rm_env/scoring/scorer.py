@@ -41,7 +41,7 @@ class EncodedBatch:
 class RewardScorer:
     """Score conversations with a sequence-classification reward model, exactly and in bounded memory.
 
-    Implements the `Scorer` protocol (`trl_rm_env.scoring.protocol`) that the GRPO environment, `trl-rm-env eval` and
+    Implements the `Scorer` protocol (`trl_rm_env.scoring.interfaces`) that the GRPO environment, `trl-rm-env eval` and
     the server use.
 
     Args:
@@ -50,7 +50,7 @@ class RewardScorer:
         tokenizer: The reward model's tokenizer; its chat template renders every conversation.
         options: A `ScoringOptions` (None: the defaults); any option can also be given by name
             (`RewardScorer(model, tokenizer, batch_size=16, prefix_sharing=False)`), replacing the one in `options`.
-        engine: What runs the forward passes: an engine object (`trl_rm_env.scoring.protocol.Engine`), or a name,
+        engine: What runs the forward passes: an engine object (`trl_rm_env.scoring.interfaces.Engine`), or a name,
             the `engine` option. With a loaded `model`, `"auto"` and `"hf"` run it with `HFEngine`; vLLM loads a
             model from its path: use `load_reward_scorer(path, engine="vllm")`.
         config: The model's config when `model` is None (default: the engine's `config`).

@@ -18,7 +18,7 @@ from ..options import changed
 from ..runtime.model_options import ScoringOptions
 from ..runtime.plan import ModelPlan, plan_model
 from ..runtime.vllm import VLLM_ENGINE_OPTIONS, engine_arguments, vllm_device
-from .server.options import ServerLimits
+from .server.limits import ServerLimits
 
 VLLM_ROUTES = {"judge": "POST /v1/completions /v1/chat/completions", "reward": "POST /pooling /classify"}
 """The routes vLLM's server announces for each kind of model."""

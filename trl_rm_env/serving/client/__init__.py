@@ -1,5 +1,5 @@
 """The client of reward-model servers: `RemoteScorer` (`scorer.py`, the remote backend of the `Scorer` protocol),
-its retrying pool of servers (`pool.py`) and its options (`options.py`). The names load on first use (aiohttp
+its retrying pool of servers (`pool.py`) and its options (`remote_options.py`). The names load on first use (aiohttp
 with them), so the command line reads the options without loading the client."""
 
 from __future__ import annotations

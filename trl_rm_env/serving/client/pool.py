@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from .options import RemoteOptions
+from .remote_options import RemoteOptions
 
 RETRY_STATUSES = frozenset({502, 503, 504})
 """Statuses retried (on the next server): a gateway error or a busy server."""

@@ -70,9 +70,9 @@ from ...tokenization import (
     left_truncate,
     render_conversation,
 )
-from ..protocol import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
-from .options import RemoteOptions, local_only
+from ..dialects import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 from .pool import RemoteScoringError, ServerPool
+from .remote_options import RemoteOptions, local_only
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ tokenizing, tokenizing on an encoding thread); the request is queued (full queue
 by the batching worker of `batcher.py`, as many queued requests as fit in the token budget in one
 `RewardScorer.score_ids` call, which finds the sequences that begin alike (a GRPO group's prompt) in the token ids
 and encodes each such prefix once (prefix sharing). Scores are exact: batching and sharing never change a score. The
-dialects are in `protocol.py`.
+dialects are in `trl_rm_env.serving.dialects`.
 
 Failures stay with their request: if a batched call fails, each request in it is scored again alone; a request with
 a non-finite score (NaN/inf) gets HTTP 500 with error type `NonFiniteScoreError` naming its items, and the requests
@@ -66,10 +66,10 @@ except ImportError as err:  # pragma: no cover - exercised only without aiohttp
 
 from ...options import build
 from ...scoring.scorer import RewardScorer
-from ..protocol import api_key_from_env, sigmoid
+from ..dialects import api_key_from_env, sigmoid
 from .batcher import QueueFullError, ScoreBatcher
 from .connections import OPEN_GUARDS, AcceptErrorFilter, ConnectionGuards, GuardedSite, default_max_connections
-from .options import SERVER_TOKEN_BUDGET, ServerLimits
+from .limits import SERVER_TOKEN_BUDGET, ServerLimits
 from .requests import RequestDecoder, RequestError, error_response
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from aiohttp import web
 from ...data.messages import KNOWN_ROLES, lone_surrogate, message_problem
 from ...scoring.scorer import RewardScorer, split_conversation
 from ...tokenization import encode_text
-from .options import ServerLimits
+from .limits import ServerLimits
 
 
 class RequestError(Exception):

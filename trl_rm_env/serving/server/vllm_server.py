@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...runtime.vllm import cpu_thread_env
-from ..protocol import API_KEY_ENV_VARS, api_key_from_env
+from ..dialects import API_KEY_ENV_VARS, api_key_from_env
 
 GUARD_KEY_ENV = "TRL_RM_ENV_VLLM_GUARD_KEY"  # the key our middleware checks inside the vLLM server process
 STOP_GRACE = 20.0  # seconds the server's process group gets to end after SIGTERM before SIGKILL

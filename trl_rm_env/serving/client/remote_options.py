@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...options import changed, check_choices, document, option, option_fields, spelling
 from ...runtime.model_options import ScoringOptions
-from ..protocol import APIS
+from ..dialects import APIS
 
 INPUT_FORMATS = ("auto", "tokens", "messages")
 
