@@ -13,15 +13,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from datasets import Dataset
-
-from trl_rm_env.data.loaders import load_rank_records
-from trl_rm_env.data.sources import parse_data_spec
 from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
 from trl_rm_env.rewards.reward_model import OPTION_CLASSES
 from trl_rm_env.rewards.sources import RewardSources
 from trl_rm_env.runtime.model_options import ScoringOptions
-from trl_rm_env.serving.client.remote_options import RemoteOptions, local_only
 
 from .spellings import options_from_recipe, recipe_fields, recipe_options, recipe_spellings
 
@@ -96,26 +91,16 @@ class RewardModelRecipeArguments:
         place.
 
         Raises:
-            ValueError: an option of servers without `reward_remote_url`, or with it an option that only a reward
-                model loaded here applies; each named by its key.
+            ValueError: a bad `reward_*` value, named by its key (a combination that cannot apply is refused by
+                `reward_sources`).
         """
         scoring = recipe_options(self, ScoringOptions)
         kwargs: dict = {"options": scoring}
         for cls in OPTION_CLASSES:
             if cls is not ScoringOptions:
                 kwargs.update(options_from_recipe(self, cls))
-        keys = {name: key for cls in OPTION_CLASSES for key, name in recipe_spellings(cls).items()}
-        if not self.reward_remote_url:
-            remote = sorted(keys[name] for name in options_from_recipe(self, RemoteOptions))
-            if remote:
-                raise ValueError(f"{', '.join(remote)} apply with reward_remote_url (a reward model behind servers)")
+        if not self.reward_remote_url:  # options of servers without them: refused by `RewardSources`
             return dict(kwargs, tokenizer=self.reward_tokenizer)
-        local = sorted(keys[name] for name in local_only(scoring))
-        if local:
-            raise ValueError(
-                f"{', '.join(local)}: applied by a reward model loaded here; with reward_remote_url give them to the "
-                "server instead (`trl-rm-env serve --help`)"
-            )
         # OpenRLHF's /get_reward takes text, rendered here with the RM's tokenizer (its path or Hub id); vLLM's
         # dialects get token ids encoded with it (without `reward_tokenizer`, `reward_model`'s when it loads).
         openrlhf = kwargs.get("remote_api") == "openrlhf"
@@ -135,38 +120,6 @@ class RewardModelRecipeArguments:
             per_attribute=self.reward_per_attribute,
         )  # fmt: skip
 
-    def load_prompts(self) -> Dataset:
-        """A dataset with a `prompt` column (messages or text), as `GRPOTrainer` expects."""
-        _, source, split = parse_data_spec(self.prompt_data)
-        if source.startswith("sample:") or source.endswith((".jsonl", ".json")) and self._is_rank_file(source):
-            records, _ = load_rank_records(source, split=split)
-            seen, prompts = set(), []
-            for record in records:
-                key = repr(record["context"])
-                if key not in seen:
-                    seen.add(key)
-                    prompts.append({"prompt": record["context"]})
-            return Dataset.from_list(prompts)
-        from datasets import load_dataset
-
-        if source.endswith((".jsonl", ".json")):
-            dataset = load_dataset("json", data_files=source, split="train")
-        else:
-            dataset = load_dataset(source, split=split or "train")
-        if self.prompt_column not in dataset.column_names:
-            raise ValueError(
-                f"Prompt dataset {self.prompt_data!r} has no column {self.prompt_column!r} (columns: "
-                f"{dataset.column_names}); set --prompt_column."
-            )
-        if self.prompt_column != "prompt":
-            dataset = dataset.rename_column(self.prompt_column, "prompt")
-        return dataset
-
-    @staticmethod
-    def _is_rank_file(path: str) -> bool:
-        with open(path, encoding="utf-8") as f:
-            first = f.readline() if path.endswith(".jsonl") else f.read(1 << 16)
-        return '"completions"' in first and '"context"' in first
 
 
 RECIPE_OPTION_CLASSES = (*OPTION_CLASSES, JudgeSource, JudgeOptions)

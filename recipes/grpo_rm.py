@@ -28,6 +28,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
     from trl import GRPOTrainer, get_peft_config
     from trl_rm_env.recipes import steps
 
+    from trl_rm_env.data.loaders import load_prompt_dataset
     from trl_rm_env.model_source import check_model_source
     from trl_rm_env.trainer import model_flags
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
@@ -55,7 +56,7 @@ def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: M
         model=policy_path,
         reward_funcs=rewards,
         args=training_args,
-        train_dataset=rm_args.load_prompts(),
+        train_dataset=load_prompt_dataset(rm_args.prompt_data, rm_args.prompt_column),
         quantization_config=quantization_config,
         peft_config=get_peft_config(model_args),
     )

@@ -45,7 +45,7 @@ def resolve(value: str, folder: str, flag: str) -> str:
     """`value` when it is a file, else the shipped config of that name.
 
     Raises:
-        FileNotFoundError: neither, listing the shipped names.
+        SystemExit: neither, listing the shipped names.
     """
     if Path(value).is_file():
         return value
@@ -53,7 +53,8 @@ def resolve(value: str, folder: str, flag: str) -> str:
     name = Path(value).name.removesuffix(".yaml")
     if Path(value).parent == Path(".") and name in configs:
         return str(configs[name])
-    raise FileNotFoundError(f"{flag} {value}: no such file, nor a shipped config (shipped: {', '.join(sorted(configs))})")
+    shipped_names = ", ".join(sorted(configs))
+    raise SystemExit(f"trl-rm-env: error: {flag} {value}: no such file, nor a shipped config (shipped: {shipped_names})")
 
 
 def _replace_value(argv: list[str], flag: str, folder: str) -> list[str]:

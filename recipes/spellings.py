@@ -19,10 +19,10 @@ import dataclasses
 import types
 import typing
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from trl_rm_env.options import changed, default_of, flag_of, option_fields, recipe_key, spelling
+from trl_rm_env.options import build_spelled, changed, default_of, flag_of, option_fields, recipe_key, spelling
 
 
 def text_type(cls: type, f: dataclasses.Field) -> type:
@@ -93,26 +93,11 @@ def add_flags(
                                 default=argparse.SUPPRESS, **alias_kwargs)  # fmt: skip
 
 
-def _build(cls: type, values: dict[str, Any], spelled: Callable[[dataclasses.Field], str | None]) -> Any:
-    """`cls(**values)`; a bad value is a `ValueError` that starts with the spelling the user typed (`--batch-size:
-    batch_size must be >= 1, got 0`)."""
-    try:
-        return cls(**values)
-    except ValueError:
-        fields = {f.name: f for f in option_fields(cls)}
-        for name, value in values.items():
-            try:
-                cls(**{name: value})
-            except ValueError as err:  # this value alone is bad: say so under the spelling it was given in
-                raise ValueError(f"{spelled(fields[name]) or name}: {err}") from err
-        raise  # only a combination is bad
-
-
 def options_from_flags(args: argparse.Namespace, cls: type, **fixed: Any) -> Any:
     """The `cls` options of parsed flags (`add_flags`), with `fixed` values for the ones a command sets itself (the
     class turns text into values: `"true"`, JSON, `name=value` entries; a bad one is an error naming its flag)."""
     values = {f.name: getattr(args, f.name) for f in option_fields(cls) if hasattr(args, f.name)}
-    return _build(cls, {**values, **fixed}, flag_of)
+    return build_spelled(cls, {**values, **fixed}, flag_of)
 
 
 # --------------------------------------------------------------------------------------------- the recipes
@@ -148,7 +133,7 @@ def recipe_options(args: Any, cls: type) -> Any:
     """The `cls` instance a recipe's arguments (`recipe_fields`) describe, built once, as the class reads them
     (`"true"`, JSON text, `name=value` entries turned into values; a bad one is an error naming its key)."""
     given = {f.name: getattr(args, key) for f in option_fields(cls) if (key := recipe_key(f)) and hasattr(args, key)}
-    return _build(cls, given, recipe_key)
+    return build_spelled(cls, given, recipe_key)
 
 
 def options_from_recipe(args: Any, cls: type) -> dict[str, Any]:

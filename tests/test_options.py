@@ -267,11 +267,15 @@ def test_the_judge_engine_has_its_own_key_and_flag():
 
 
 def test_recipe_options_for_the_wrong_place_are_refused_by_their_keys():
+    from trl_rm_env.rewards.sources import RewardSources
+
     with pytest.raises(ValueError, match="^reward_remote_timeout apply with reward_remote_url"):
-        RewardModelArguments(reward_remote_timeout=5.0).environment_kwargs()
+        RewardModelArguments(reward_remote_timeout=5.0).reward_sources()
     remote = RewardModelArguments(reward_remote_url=["http://127.0.0.1:1"], reward_batch_size=4, reward_precision="bf16")
     with pytest.raises(ValueError, match="^reward_batch_size, reward_precision: applied by a reward model loaded here"):
-        remote.environment_kwargs()
+        remote.reward_sources()
+    with pytest.raises(ValueError, match="^reward_remote_timeout apply with reward_remote_url"):  # a library user too
+        RewardSources(reward_model="rm", reward_options={"timeout": 5.0})
 
 
 # ----------------------------------------------------------------------------------------------- NeMo RL

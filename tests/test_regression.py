@@ -480,7 +480,7 @@ def test_attribute_weights_from_the_command_line():
     assert RewardModelArguments(reward_model="rm").environment_kwargs()["options"].attribute_weights is None
     remote = RewardModelArguments(reward_remote_url=["http://127.0.0.1:1"], reward_attribute_weights=["verbosity=2"])
     with pytest.raises(ValueError, match="^reward_attribute_weights: applied by a reward model loaded here.*serve --help"):
-        remote.environment_kwargs()
+        remote.reward_sources()
 
 
 @pytest.mark.slow

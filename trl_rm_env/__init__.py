@@ -15,27 +15,21 @@ quiet_import_noise()
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "DataValidationError": "trl_rm_env.data.schema",
-    "validate_rank_record": "trl_rm_env.data.schema",
-    "load_rank_dataset": "trl_rm_env.data.loaders",
-    "load_rank_records": "trl_rm_env.data.loaders",
-    "RankedRewardConfig": "trl_rm_env.trainer.config",
-    "RankedRewardTrainer": "trl_rm_env.trainer.trainer",
-    "DataCollatorForRankedPreference": "trl_rm_env.trainer.collator",
-    "RewardModelEnvironment": "trl_rm_env.rewards.reward_model",
-    "RemoteRewardModelEnvironment": "trl_rm_env.rewards.reward_model",
-    "RegressionRewardConfig": "trl_rm_env.trainer.config",
-    "RegressionRewardTrainer": "trl_rm_env.trainer.regression",
-    "load_regression_dataset": "trl_rm_env.data.regression",
-    "load_regression_records": "trl_rm_env.data.regression",
-    "RewardScorer": "trl_rm_env.scoring.scorer",
-    "JudgeEnvironment": "trl_rm_env.rewards.judge",
-    "JudgeOptions": "trl_rm_env.judges.judge_options",
-    "CascadeReward": "trl_rm_env.rewards.cascade",
+_MODULES = {
+    "trl_rm_env.data.schema": ("DataValidationError", "validate_rank_record"),
+    "trl_rm_env.data.loaders": ("load_rank_dataset", "load_rank_records"),
+    "trl_rm_env.trainer.config": ("RankedRewardConfig", "RegressionRewardConfig"),
+    "trl_rm_env.trainer.trainer": ("RankedRewardTrainer",),
+    "trl_rm_env.trainer.collator": ("DataCollatorForRankedPreference",),
+    "trl_rm_env.rewards.reward_model": ("RewardModelEnvironment", "RemoteRewardModelEnvironment"),
+    "trl_rm_env.trainer.regression": ("RegressionRewardTrainer",),
+    "trl_rm_env.data.regression": ("load_regression_dataset", "load_regression_records"),
+    "trl_rm_env.scoring.scorer": ("RewardScorer",),
+    "trl_rm_env.rewards.judge": ("JudgeEnvironment",),
+    "trl_rm_env.judges.judge_options": ("JudgeOptions",),
+    "trl_rm_env.rewards.cascade": ("CascadeReward",),
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __dir__, _names = lazy_exports(__name__, _MODULES)
+__all__ = ["__version__", *_names]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
-def lazy_exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """`(__getattr__, __dir__)` for `package` whose public names live in the modules `where` maps them to (relative
-    to `package` or absolute); a name is imported when first read, then kept in the package."""
+def lazy_exports(
+    package: str, modules: Mapping[str, Sequence[str]]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """`(__getattr__, __dir__, __all__)` for `package`, whose public names live in the modules `modules` maps to
+    them (each module relative to `package` or absolute); a name is imported when first read, then kept in the
+    package."""
+    where = {name: module for module, names in modules.items() for name in names}
     names = sorted(where)
 
     def __getattr__(name: str) -> Any:
@@ -22,4 +26,4 @@ def lazy_exports(package: str, where: Mapping[str, str]) -> tuple[Callable[[str]
     def __dir__() -> list[str]:
         return sorted(set(names) | set(vars(importlib.import_module(package))))
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, names

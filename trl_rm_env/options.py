@@ -177,6 +177,21 @@ def build(cls: type, base: Any = None, **values: Any) -> Any:
     return dataclasses.replace(base, **values) if values else base  # immutable: nothing to copy
 
 
+def build_spelled(cls: type, values: dict[str, Any], spelled: Callable[[dataclasses.Field], str | None]) -> Any:
+    """`cls(**values)`; a bad value is a `ValueError` that starts with the spelling the user typed, `spelled(field)`
+    (`flag_of`: `--batch-size: batch_size must be >= 1, got 0`; `recipe_key`: `reward_batch_size: ...`)."""
+    try:
+        return cls(**values)
+    except ValueError:
+        fields = {f.name: f for f in option_fields(cls)}
+        for name, value in values.items():
+            try:
+                cls(**{name: value})
+            except ValueError as err:  # this value alone is bad: say so under the spelling it was given in
+                raise ValueError(f"{spelled(fields[name]) or name}: {err}") from err
+        raise  # only a combination is bad
+
+
 def changed(obj: Any) -> dict[str, Any]:
     """The options of `obj` that differ from their defaults, by name."""
     return {f.name: value for f in option_fields(type(obj)) if (value := getattr(obj, f.name)) != default_of(f)}

@@ -11,25 +11,15 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "CONVERTERS": ".converters",
-    "binary_to_rank": ".converters",
-    "helpsteer3_to_rank": ".converters",
-    "tulu3_to_rank": ".converters",
-    "load_rank_dataset": ".loaders",
-    "load_rank_records": ".loaders",
-    "records_to_dataset": ".loaders",
-    "validate_records": ".loaders",
-    "LoadReport": ".rows",
-    "DataValidationError": ".schema",
-    "iter_pairs": ".schema",
-    "validate_rank_record": ".schema",
-    "parse_data_spec": ".sources",
+_MODULES = {
+    ".converters": ("CONVERTERS", "binary_to_rank", "helpsteer3_to_rank", "tulu3_to_rank"),
+    ".loaders": ("load_rank_dataset", "load_rank_records", "records_to_dataset", "validate_records"),
+    ".rows": ("LoadReport",),
+    ".schema": ("DataValidationError", "iter_pairs", "validate_rank_record"),
+    ".sources": ("parse_data_spec",),
 }
 """Public names, imported on first use: the command line reads `data.rows` and `data.schema` without loading
 `datasets`."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -179,3 +179,38 @@ def validate_records(
         log,
     )
     return kept, report
+
+
+def load_prompt_dataset(spec: str, column: str = "prompt") -> Dataset:
+    """GRPO's prompts, a dataset with a `prompt` column (messages or text) as `GRPOTrainer` expects, from a rank file
+    or the bundled sample (each distinct context once) or any dataset's `column` (a local JSON/JSONL file or a Hub
+    id, `spec` as `parse_data_spec` reads it).
+
+    Raises:
+        ValueError: a dataset without `column`, naming its columns.
+    """
+    from .sources import parse_data_spec
+
+    _, source, split = parse_data_spec(spec)
+    if source.startswith("sample:") or source.endswith((".jsonl", ".json")) and _is_rank_file(source):
+        records, _ = load_rank_records(source, split=split)
+        contexts = {repr(record["context"]): record["context"] for record in records}  # first seen order
+        return Dataset.from_list([{"prompt": context} for context in contexts.values()])
+    from datasets import load_dataset
+
+    if source.endswith((".jsonl", ".json")):
+        dataset = load_dataset("json", data_files=source, split="train")
+    else:
+        dataset = load_dataset(source, split=split or "train")
+    if column not in dataset.column_names:
+        raise ValueError(
+            f"Prompt dataset {spec!r} has no column {column!r} (columns: {dataset.column_names}); name the prompt "
+            "column (prompt_column)."
+        )
+    return dataset.rename_column(column, "prompt") if column != "prompt" else dataset
+
+
+def _is_rank_file(path: str) -> bool:
+    with open(path, encoding="utf-8") as f:
+        first = f.readline() if path.endswith(".jsonl") else f.read(1 << 16)
+    return '"completions"' in first and '"context"' in first

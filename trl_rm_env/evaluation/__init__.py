@@ -23,33 +23,17 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "MARGIN_BUCKETS": ".preference",
-    "evaluate_reward_model": ".preference",
-    "evaluate_with_scores": ".preference",
-    "margin_bucket": ".preference",
-    "pearson": ".preference",
-    "write_scores_file": ".preference",
-    "evaluate_regression_model": ".regression",
-    "EvalRequest": ".command",
-    "EvalRequestError": ".data",
-    "run_eval": ".command",
-    "evaluate_judge": ".judge",
-    "evaluate_cascade": ".judge",
-    "format_comparison_table": ".judge",
-    "LLMBAR_FILE_SUBSETS": ".rewardbench",
-    "REWARDBENCH_EXAMPLE_COUNTS": ".rewardbench",
-    "REWARDBENCH_SUBSET_MAPPING": ".rewardbench",
-    "rewardbench_sections": ".rewardbench",
-    "rewardbench_subset": ".rewardbench",
-    "format_bias_table": ".tables",
-    "format_regression_results_table": ".tables",
-    "format_results_table": ".tables",
+_MODULES = {
+    ".preference": ("MARGIN_BUCKETS", "evaluate_reward_model", "evaluate_with_scores", "margin_bucket", "pearson", "write_scores_file"),
+    ".regression": ("evaluate_regression_model",),
+    ".command": ("EvalRequest", "run_eval"),
+    ".data": ("EvalRequestError",),
+    ".judge": ("evaluate_judge", "evaluate_cascade", "format_comparison_table"),
+    ".rewardbench": ("LLMBAR_FILE_SUBSETS", "REWARDBENCH_EXAMPLE_COUNTS", "REWARDBENCH_SUBSET_MAPPING", "rewardbench_sections", "rewardbench_subset"),
+    ".tables": ("format_bias_table", "format_regression_results_table", "format_results_table"),
 }
 """Public names, imported on first use: `trl_rm_env.evaluation.report` (what `eval --report` checks before anything
 loads) and the RewardBench constants cost no torch import."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -23,16 +23,11 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "JudgeOptions": ".judge_options",
-    "JudgeSource": ".judge_options",
-    "JudgeMode": ".modes",
-    "TEMPLATES": ".modes",
-    "register_mode": ".modes",
+_MODULES = {
+    ".judge_options": ("JudgeOptions", "JudgeSource"),
+    ".modes": ("JudgeMode", "TEMPLATES", "register_mode"),
 }
 """Public names, imported on first use (the command line reads `JudgeOptions` without loading torch)."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -27,19 +27,14 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "CascadeReward": ".cascade",
-    "JudgeEnvironment": ".judge",
-    "NORMALIZATIONS": ".base",
-    "PASSTHROUGH_TEMPLATE": ".nemo",
-    "RemoteRewardModelEnvironment": ".reward_model",
-    "RewardFunction": ".base",
-    "RewardModelEnvironment": ".reward_model",
-    "RewardOptions": ".base",
+_MODULES = {
+    ".cascade": ("CascadeReward",),
+    ".judge": ("JudgeEnvironment",),
+    ".base": ("NORMALIZATIONS", "RewardFunction", "RewardOptions"),
+    ".nemo": ("PASSTHROUGH_TEMPLATE",),
+    ".reward_model": ("RemoteRewardModelEnvironment", "RewardModelEnvironment"),
 }
 """Public names, imported on first use."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

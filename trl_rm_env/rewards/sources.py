@@ -14,7 +14,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..options import changed
+from ..options import changed, option_fields, recipe_key
+from ..runtime.model_options import ScoringOptions
+from ..serving.client.remote_options import RemoteOptions, local_only
+from .base import RewardOptions
+
+
+def recipe_keys(names: list[str]) -> str:
+    """Reward-model options named by their `reward_*` keys (the names the refusals below use)."""
+    keys = {f.name: recipe_key(f) for cls in (ScoringOptions, RemoteOptions, RewardOptions) for f in option_fields(cls)}
+    return ", ".join(keys.get(name) or name for name in names)
 
 
 @dataclass
@@ -48,11 +57,25 @@ class RewardSources:
         return self.reward_model is not None or bool(self.reward_options.get("remote_url"))
 
     def check(self) -> None:
-        """Refuse a combination that cannot apply (`ValueError`, naming the recipe's keys)."""
+        """Refuse a combination that cannot apply (`ValueError`, naming the recipe's keys): no source; options of a
+        reward model without one; options of servers without `remote_url`, or with it options that only a reward model
+        loaded here applies; a cascade without both sources or beside `per_attribute`."""
         with_rm, with_judge, margin = self.with_reward_model, self.judge_options is not None, self.cascade_margin
         if not with_rm and not with_judge:
             raise ValueError("reward_model is null and no reward_judge is given: GRPO needs a reward source")
         options = self.reward_options.get("options")
+        remote = {f.name for f in option_fields(RemoteOptions)} & set(self.reward_options)
+        remote_url = self.reward_options.get("remote_url")
+        if remote and not remote_url:
+            raise ValueError(
+                f"{recipe_keys(sorted(remote))} apply with reward_remote_url (a reward model behind servers)"
+            )
+        local = local_only(options) if options is not None and remote_url else []
+        if local:
+            raise ValueError(
+                f"{recipe_keys(local)}: applied by a reward model loaded here; with reward_remote_url give them to the "
+                "server instead (`trl-rm-env serve --help`)"
+            )
         others = [n for n, v in self.reward_options.items() if n != "options" and (n != "tokenizer" or v)]
         given = sorted([*(changed(options) if options is not None else ()), *others])
         if not with_rm and given:

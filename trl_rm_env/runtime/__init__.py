@@ -15,18 +15,12 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "ModelPlan": ".plan",
-    "choose_engine": ".plan",
-    "plan_model": ".plan",
-    "load_tokenizer": ".loading",
-    "load_weights": ".loading",
-    "PRECISIONS": ".model_options",
-    "ScoringOptions": ".model_options",
+_MODULES = {
+    ".plan": ("ModelPlan", "choose_engine", "plan_model"),
+    ".loading": ("load_tokenizer", "load_weights"),
+    ".model_options": ("PRECISIONS", "ScoringOptions"),
 }
 """Public names, imported on first use (the command line reads `runtime.model_options` before torch loads)."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -14,22 +14,15 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "HFEngine": ".hf",
-    "load_reward_scorer": ".loading",
-    "load_scorer": ".loading",
-    "ScoringOptions": "..runtime.model_options",
-    "Engine": ".interfaces",
-    "Scorer": ".interfaces",
-    "EncodedBatch": ".scorer",
-    "RewardScorer": ".scorer",
-    "as_pairs": ".scorer",
-    "split_conversation": ".scorer",
-    "VLLMEngine": ".vllm_engine",
+_MODULES = {
+    ".hf": ("HFEngine",),
+    ".loading": ("load_reward_scorer", "load_scorer"),
+    "..runtime.model_options": ("ScoringOptions",),
+    ".interfaces": ("Engine", "Scorer"),
+    ".scorer": ("EncodedBatch", "RewardScorer", "as_pairs", "split_conversation"),
+    ".vllm_engine": ("VLLMEngine",),
 }
 """Public names, imported on first use (importing the package loads no engine)."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

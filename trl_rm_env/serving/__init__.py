@@ -20,15 +20,12 @@ from __future__ import annotations
 
 from ..lazy import lazy_exports
 
-_WHERE = {
-    "RemoteScorer": ".client.scorer",
-    "RemoteScoringError": ".client.pool",
-    "ScoringServer": ".server.app",
-    "run_server": ".server.app",
+_MODULES = {
+    ".client.scorer": ("RemoteScorer",),
+    ".client.pool": ("RemoteScoringError",),
+    ".server.app": ("ScoringServer", "run_server"),
 }
 """Public names, imported on first use (aiohttp loads with them)."""
 
-__all__ = sorted(_WHERE)
 
-
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

@@ -6,6 +6,5 @@ from __future__ import annotations
 
 from ...lazy import lazy_exports
 
-_WHERE = {"RemoteScorer": ".scorer", "RemoteScoringError": ".pool", "ServerPool": ".pool"}
-__all__ = sorted(_WHERE)
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+_MODULES = {".scorer": ("RemoteScorer",), ".pool": ("RemoteScoringError", "ServerPool")}
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)

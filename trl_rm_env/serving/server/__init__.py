@@ -7,6 +7,5 @@ from __future__ import annotations
 
 from ...lazy import lazy_exports
 
-_WHERE = {"ScoringServer": ".app", "run_server": ".app", "run_vllm_server": ".vllm_server"}
-__all__ = sorted(_WHERE)
-__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+_MODULES = {".app": ("ScoringServer", "run_server"), ".vllm_server": ("run_vllm_server",)}
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _MODULES)
