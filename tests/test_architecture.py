@@ -169,6 +169,22 @@ def test_judges_load_through_the_runtime_not_the_reward_models_scorer():
     assert not offenders, "\n".join(offenders)
 
 
+def test_entry_points_only_parse_raising_nothing_but_system_exit_and_each_main_reads_in_under_60_lines():
+    """Policy (refusals, engine choice, checks across options) is the library's, raised for a library user too; a
+    recipe parses, calls and prints. A bare `raise` (re-raising under `--debug`) is no new error."""
+    found, long = [], {}
+    for path in sorted(RECIPES.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if getattr(raised, "id", None) != "SystemExit":
+                    found.append(f"recipes/{path.name}:{node.lineno} raises {ast.unparse(raised)}")
+            if isinstance(node, ast.FunctionDef) and node.name == "main" and node.end_lineno - node.lineno >= 60:
+                long[f"recipes/{path.name}"] = node.end_lineno - node.lineno + 1
+    assert not found, found
+    assert not long, f"recipe mains of 60 lines or more: {long}"
+
+
 def test_no_module_over_450_lines():
     long = {
         str(path.relative_to(ROOT)): n
