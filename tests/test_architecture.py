@@ -254,6 +254,46 @@ def mode_name_tests(path: Path) -> list[int]:
     return sorted(lines)
 
 
+def layout_name_tests(path: Path) -> list[int]:
+    """The lines of `path` that compare something with a layout's name (`==`, `!=`, `in`: `"packed" in batch` too)."""
+    names = {"plain", "packed", "kv", "mask"}
+
+    def named(node: ast.AST) -> bool:
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, str) and node.value.lower() in names
+        return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(named(e) for e in node.elts)
+
+    return sorted(
+        node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Compare) and any(named(n) for n in [node.left, *node.comparators])
+    )  # fmt: skip
+
+
+def test_layouts_are_objects_nothing_outside_sharing_tests_a_layout_name(tmp_path):
+    """The layout is chosen once (`sharing.training_layout`, `sharing.mode.scoring_layout`) and asked, never
+    re-derived from a name or from a batch's keys; one collator per layout (and the regression one)."""
+    probe = tmp_path / "probe.py"
+    probe.write_text('if layout == "packed":\n    pass\nx = "kv" in batch\ny = mode in (True, "PACKED")\n')
+    assert layout_name_tests(probe) == [1, 3, 4]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in [*package_modules().values(), *RECIPES.rglob("*.py")]
+        if "sharing" not in path.relative_to(ROOT).parts[:2]
+        for line in layout_name_tests(path)
+    ]
+    assert not offenders, f"a layout's name tested outside sharing/ (ask the layout object): {offenders}"
+    from transformers.data.data_collator import DataCollatorMixin
+
+    from trl_rm_env.sharing import layouts
+    from trl_rm_env.trainer import collator
+
+    collators = [c for c in vars(collator).values() if isinstance(c, type) and issubclass(c, DataCollatorMixin)
+                 and c.__module__ == collator.__name__ and not c.__name__.startswith("_")]  # fmt: skip
+    by_layout = sorted(c.layout.name for c in collators if hasattr(c, "layout"))
+    assert by_layout == sorted(layout.name for layout in vars(layouts).values() if isinstance(layout, layouts.Layout))
+    assert [c.__name__ for c in collators if not hasattr(c, "layout")] == ["DataCollatorForRegression"]
+
+
 def test_only_the_modes_module_tests_a_judge_modes_name(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('if mode == "pairwise":\n    x = {"listwise": 1}\ny = T["pointwise"]\nz = mode in ("a", "pointwise")\n')

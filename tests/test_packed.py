@@ -23,7 +23,6 @@ from trl_rm_env.sharing.packed import PACKED_ATTENTION
 from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.trainer.collator import (
     DataCollatorForPackedContext,
-    DataCollatorForPackedContextPairs,
     DataCollatorForRankedPreference,
 )
 from trl_rm_env.trainer.examples import tokenize_rank_record
@@ -201,7 +200,7 @@ def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_nam
 
 def test_pairs_keep_trls_layout(tiny_tokenizer):
     pairs = [{"chosen_ids": [5, 6, 7, 8], "rejected_ids": [5, 6, 9]}, {"chosen_ids": [3, 2], "rejected_ids": [4]}]
-    batch = DataCollatorForPackedContextPairs(tiny_tokenizer.pad_token_id)(pairs)
+    batch = DataCollatorForPackedContext(tiny_tokenizer.pad_token_id)(pairs)
     assert "ranks" not in batch and "record_index" not in batch
     tokens = batch["input_ids"][0].tolist()
     # every chosen, then every rejected: each score read at its sequence's last token
@@ -221,7 +220,7 @@ def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
         "checkpointed": {"prefix_sharing": "packed", CHECKPOINTING_FIELD: True},
     }.items():
         trainer = ranked_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, max_steps=4, **overrides)
-        assert trainer._prefix_sharing == (False if name == "plain" else "packed")
+        assert trainer._layout.name == ("plain" if name == "plain" else "packed")
         assert isinstance(trainer.data_collator, DataCollatorForPackedContext) == (name != "plain")
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -269,7 +268,7 @@ def test_pack_max_tokens_bounds_every_forward(tmp_path, tiny_tokenizer, layout, 
     for budget in (None, 150):
         trainer = ranked_trainer(tmp_path / str(budget), tiny_tokenizer, train, max_steps=1, prefix_sharing=mode,
                                  pack_max_tokens=budget)
-        assert trainer._prefix_sharing == ("kv" if layout == "kv" else "packed")
+        assert trainer._layout.name == ("kv" if layout == "kv" else "packed")
         runs[budget] = one_step(trainer) + (trainer.evaluate(train),)
     loss, grads, shapes, batch, evaluation = runs[150]
     assert len(batch["chunks"]) > 1 and len(runs[None][2]) in (1, 2)  # unbounded: one forward (KV: two passes)
@@ -304,15 +303,15 @@ def test_pack_max_tokens_is_refused_where_nothing_reads_it(tmp_path, tiny_tokeni
 def test_auto_is_packed_on_an_accelerator_and_kv_on_the_cpu(tiny_tokenizer):
     model = build_tiny_reward_model(tiny_tokenizer, seed=0)
     common = dict(activation_checkpointing=False, fsdp=False, plain_reason=None)
-    assert training_layout(model, "auto", accelerator=True, **common) == "packed"
-    assert training_layout(model, True, accelerator=True, **common) == "packed"
-    assert training_layout(model, "auto", accelerator=False, **common) == "kv"
-    assert training_layout(model, "packed", accelerator=False, **common) == "packed"
-    assert training_layout(model, "auto", accelerator=True, **(common | {"activation_checkpointing": True})) == "packed"
-    assert training_layout(model, False, accelerator=True, **common) is False
+    assert training_layout(model, "auto", accelerator=True, **common).name == "packed"
+    assert training_layout(model, True, accelerator=True, **common).name == "packed"
+    assert training_layout(model, "auto", accelerator=False, **common).name == "kv"
+    assert training_layout(model, "packed", accelerator=False, **common).name == "packed"
+    assert training_layout(model, "auto", accelerator=True, **(common | {"activation_checkpointing": True})).name == "packed"
+    assert training_layout(model, False, accelerator=True, **common).name == "plain"
     sliding = build_tiny_reward_model(tiny_tokenizer, seed=0, layer_types=["sliding_attention", "full_attention"],
                                       sliding_window=4, use_sliding_window=True)
-    assert training_layout(sliding, "packed", accelerator=True, **common) is False
+    assert training_layout(sliding, "packed", accelerator=True, **common).name == "plain"
 
 
 def test_shared_prefix_length_is_the_packed_context(tiny_tokenizer):
@@ -377,7 +376,7 @@ def test_scorer_packs_groups_exactly_within_the_budget(request, tokenizer_name, 
 
 
 def test_plan_packed_rows_respects_budget_and_sequences():
-    from trl_rm_env.scoring.hf import plan_packed_rows
+    from trl_rm_env.sharing.planning import plan_packed_rows
 
     lengths = [30, 25, 40, 12, 12, 100, 7]
     units = [(10, [0, 1, 2]), (5, [3, 4]), (0, [5]), (0, [6])]
@@ -598,8 +597,8 @@ def test_a_model_with_its_own_attention_code_is_not_packed(tiny_tokenizer):
 
     assert "AttentionInterface" in packed_unsupported(model)
     common = dict(activation_checkpointing=False, fsdp=False, plain_reason=None)
-    assert training_layout(model, "auto", accelerator=True, **common) == "kv"
-    assert training_layout(model, "packed", accelerator=False, **common) is False
+    assert training_layout(model, "auto", accelerator=True, **common).name == "kv"
+    assert training_layout(model, "packed", accelerator=False, **common).name == "plain"
 
 
 def test_encoding_a_sequence_type_that_builds_new_objects_on_access(tiny_tokenizer):

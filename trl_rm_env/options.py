@@ -197,6 +197,10 @@ def changed(obj: Any) -> dict[str, Any]:
     return {f.name: value for f in option_fields(type(obj)) if (value := getattr(obj, f.name)) != default_of(f)}
 
 
+PREFIX_SHARING_TEXT: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False, "packed": "packed"}
+"""`prefix_sharing`'s values by their text (a command line's, a YAML file's)."""
+
+
 def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
     """`prefix_sharing`'s four values, `True`, `False`, `"auto"` or `"packed"`, from a bool, None (auto) or the
     strings auto/true/false/packed in any case (training's `RankedRewardConfig` and scoring's `ScoringOptions` alike).
@@ -207,8 +211,8 @@ def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
     if value is None or isinstance(value, bool):
         return "auto" if value is None else value
     text = str(value).strip().lower()
-    if text in ("auto", "true", "false", "packed"):
-        return {"auto": "auto", "true": True, "false": False, "packed": "packed"}[text]
+    if text in PREFIX_SHARING_TEXT:
+        return PREFIX_SHARING_TEXT[text]
     raise ValueError(f"prefix_sharing must be True, False, 'auto' or 'packed', got {value!r}.")
 
 

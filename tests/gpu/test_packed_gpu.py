@@ -491,7 +491,7 @@ def test_a_micro_batch_over_pack_max_tokens_trains_as_one_forward(device, varlen
     )
     trainer = RankedRewardTrainer(model=model16, args=args, train_dataset=Dataset.from_list(examples),
                                   processing_class=tokenizer())
-    assert trainer._prefix_sharing == "packed" and trainer._forward_budget == 80
+    assert trainer._layout.name == "packed" and trainer._forward_budget == 80
     batch = next(iter(trainer.get_train_dataloader()))
     chunks = batch["chunks"]
     assert len(chunks) >= 3 and all(c["num_tokens"] <= 80 or int(c["record_index"].max()) == 0 for c in chunks)

@@ -31,8 +31,9 @@ from ..sharing import (
     share_plan,
     shared_context_scores,
 )
-from ..sharing.mode import packs_fast
-from ..sharing.planning import greedy_batches, linear_to_attention_cost, padded_batches
+from ..sharing.layouts import PACKED, scoring_layout
+from ..sharing.mode import forces_sharing, packs_fast
+from ..sharing.planning import greedy_batches, linear_to_attention_cost, padded_batches, plan_packed_rows
 
 PACKED_CPU_TOKENS = 8192
 """Tokens per packed row under the block-mask kernel (the CPU's, or fp32) when no `max_tokens_per_batch` is set: its
@@ -62,38 +63,6 @@ def device_token_budget(model: torch.nn.Module, share: float = 0.5) -> int:
     return max(MIN_DEVICE_TOKENS, min(MAX_DEVICE_TOKENS, tokens))
 
 
-def plan_packed_rows(
-    units: Sequence[tuple[int, Sequence[int]]], lengths: Sequence[int], budget: int, max_sequences: int | None
-) -> list[list[tuple[int, list[int]]]]:
-    """Packed rows of `units` (`(context length, items)`: a group, or one item with context 0): each row at most
-    `budget` tokens (a context counted once) and `max_sequences` items. A unit that does not fit a row is split,
-    each part with its context again; a single item always gets a row. First fit, largest unit first."""
-    parts: list[tuple[int, list[int]]] = []
-    for p, items in units:
-        part: list[int] = []
-        for i in sorted(items, key=lambda i: -lengths[i]):
-            full = max_sequences is not None and len(part) + 1 > max_sequences
-            if part and (full or p + sum(lengths[j] - p for j in part) + lengths[i] - p > budget):
-                parts.append((p, part))
-                part = []
-            part.append(i)
-        parts.append((p, part))
-    size = [p + sum(lengths[i] - p for i in items) for p, items in parts]
-    rows: list[list[tuple[int, list[int]]]] = []
-    used: list[tuple[int, int]] = []  # (tokens, items) of each row
-    for k in sorted(range(len(parts)), key=lambda k: -size[k]):
-        count = len(parts[k][1])
-        for r, (tokens, items) in enumerate(used):
-            if tokens + size[k] <= budget and (max_sequences is None or items + count <= max_sequences):
-                rows[r].append(parts[k])
-                used[r] = (tokens + size[k], items + count)
-                break
-        else:
-            rows.append([parts[k]])
-            used.append((size[k], count))
-    return rows
-
-
 class HFEngine:
     """Forward passes of a `*ForSequenceClassification` model loaded with transformers.
 
@@ -114,6 +83,7 @@ class HFEngine:
         self.pad_token_id = pad_token_id
         self.options = options
         self.prefix_sharing = scoring_mode(model, options.prefix_sharing)  # the mode that runs, for this model
+        self.layout = scoring_layout(self.prefix_sharing)
         self.cost_ratio = linear_to_attention_cost(getattr(model, "config", None))
 
     @property
@@ -133,9 +103,9 @@ class HFEngine:
     ) -> torch.Tensor:
         """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`; with `context_lengths` (how many leading
         tokens of each are its context) the items that share one may be scored against it (`prefix_sharing`)."""
-        if self.prefix_sharing == "packed":
+        if self.layout is PACKED:  # every micro-batch one padding-free row
             return self._packed_outputs(sequences, context_lengths, progress)
-        if self.prefix_sharing and context_lengths is not None:
+        if self.layout.shares_contexts and context_lengths is not None:  # against each shared context's KV cache
             return self._shared_outputs(sequences, context_lengths, progress)
         return self._plain_outputs(sequences, progress)
 
@@ -167,7 +137,7 @@ class HFEngine:
     def _shared_outputs(
         self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int], progress: bool | None
     ) -> torch.Tensor:
-        groups, plain = share_plan(sequences, context_lengths, self.prefix_sharing is True, self.cost_ratio)
+        groups, plain = share_plan(sequences, context_lengths, forces_sharing(self.prefix_sharing), self.cost_ratio)
         outputs = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
         if plain:
             outputs[torch.tensor(plain)] = self._plain_outputs([sequences[i] for i in plain], progress)

@@ -23,6 +23,7 @@ from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, reward_head
 from ..runtime.model_options import ScoringOptions
 from ..sharing import shared_prefixes_in
+from ..sharing.mode import forces_sharing
 from ..tokenization import Message, encode_pairs, left_truncate
 from .hf import HFEngine
 
@@ -154,7 +155,7 @@ class RewardScorer:
         one encoding of that prefix, as `score_ids_shared` does with given context lengths; scores stay those of
         each sequence run alone."""
         if self.prefix_sharing and len(sequences) > 1:
-            found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=self.prefix_sharing in (True, "packed"))
+            found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=forces_sharing(self.prefix_sharing))
             return self.score_ids_shared(sequences, found, progress)
         return self._reward_of(self.engine.outputs(sequences, None, progress))
 

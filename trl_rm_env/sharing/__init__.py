@@ -1,18 +1,21 @@
 """Prefix sharing: the context shared by several completions goes through the model once, with the same scores,
 losses and gradients as scoring each completion alone (to float rounding).
 
-- `mode.py`: whether it runs and which layout (`prefix_sharing="auto" | True | False | "packed"`), for training and
+- `mode.py`: whether it can run for a model (`prefix_sharing="auto" | True | False | "packed"`), for training and
   scoring;
 - `packed.py`: the packed layout (the GPU's default): one padding-free row per micro-batch, contexts once, one
   attention call per layer;
 - `planning.py`: which items share a context, the cost model, forward passes of bounded size;
 - `kv.py`: the KV-cache layout (the CPU's default): contexts once with a cache, completions against it;
-- `mask.py`: block-mask rows (the training fallback under activation checkpointing or FSDP).
+- `mask.py`: block-mask rows (the training fallback under activation checkpointing or FSDP);
+- `layouts.py`: each training layout as one object (`PLAIN`, `PACKED`, `KV_CACHE`, `BLOCK_MASK`) owning its
+  collation, its attention context and its forward; `training_layout` chooses one.
 
-The collators that lay batches out this way for training are in `trl_rm_env.trainer.collator`.
+The collators (one per layout, each naming its layout) are in `trl_rm_env.trainer.collator`.
 """
 
 from .kv import collate_shared_context, shared_context_scores
+from .layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN, Layout, scoring_layout, training_layout
 from .mask import plan_rows, record_row, shared_prefix_mask, shared_prefix_scores
 from .mode import (
     KV_ATTENTION,
@@ -21,7 +24,6 @@ from .mode import (
     kv_sharing_unsupported,
     packed_unsupported,
     scoring_mode,
-    training_layout,
 )
 from .packed import PACKED_ATTENTION, PackedAttention, pack_groups, packed_attention, packed_scores
 from .planning import (
@@ -35,6 +37,11 @@ from .planning import (
 
 __all__ = [
     "AUTO_MIN_SAVING",
+    "BLOCK_MASK",
+    "KV_CACHE",
+    "Layout",
+    "PACKED",
+    "PLAIN",
     "KV_ATTENTION",
     "PACKED_ATTENTION",
     "PackedAttention",
@@ -49,6 +56,7 @@ __all__ = [
     "plan_passes",
     "plan_rows",
     "record_row",
+    "scoring_layout",
     "scoring_mode",
     "share_plan",
     "shared_context_scores",

@@ -142,6 +142,12 @@ def packed_choice(model: torch.nn.Module, mode: bool | str, fast: bool, otherwis
     return None
 
 
+def forces_sharing(mode: bool | str | None) -> bool:
+    """Whether a `prefix_sharing` value asks for sharing whatever the cost model says (`True`, `"packed"`; also
+    their text from a command line or a YAML file), rather than leaving it to `"auto"` or turning it off."""
+    return str(mode).lower() in ("true", "packed")
+
+
 def scoring_mode(model: torch.nn.Module, mode: bool | str) -> bool | str:
     """The mode a scorer runs: `"packed"` (`"packed"`, or `"auto"`/`True` on an accelerator), `False` where the
     model cannot share (logged once), else `mode` (the KV-cache layout, `"auto"` by its cost model)."""
@@ -158,41 +164,4 @@ def scoring_mode(model: torch.nn.Module, mode: bool | str) -> bool | str:
         return mode
     log = logger.warning if mode is True else logger.info
     log("prefix_sharing=%r: %s; scoring each sequence separately.", mode, reason)
-    return False
-
-
-def training_layout(
-    model: torch.nn.Module, mode: bool | str, *, activation_checkpointing: bool, fsdp: bool, plain_reason: str | None,
-    accelerator: bool | None = None,
-) -> str | bool:
-    """The layout a trainer runs: `"packed"` (each micro-batch one padding-free row: `"packed"`, or `"auto"`/`True`
-    on an accelerator), `"kv"` (the contexts once with a KV cache, the completions against it), `"mask"` (block-mask
-    rows: eager/SDPA, only with `mode=True` where the KV path cannot run) or False (the plain path).
-    `plain_reason`: why `"auto"` must keep TRL's batch layout (a subclass's `compute_loss` reads it), or None.
-    `accelerator`: whether training runs where the packed layout is fast (`packs_fast` of the training device and
-    compute dtype; None: where the model's weights are). Logged once."""
-    if not mode:
-        return False
-    if mode == "auto" and plain_reason:
-        logger.info("prefix_sharing='auto': %s; using the plain batch layout.", plain_reason)
-        return False
-    fast = on_accelerator(model) if accelerator is None else accelerator
-    packed = packed_choice(model, mode, fast, "using the plain path")
-    if packed is not None:
-        return packed
-    reason = kv_sharing_unsupported(model, training=True)
-    if reason is None and activation_checkpointing:
-        reason = "activation checkpointing drops the KV cache"
-    if reason is None and fsdp:
-        reason = "FSDP reshards each layer between the context and completion passes, before backward"
-    if reason is None:
-        logger.info("prefix_sharing=%r: each record's context runs once, its completions against its KV cache.", mode)
-        return "kv"
-    log = logger.warning if mode is True else logger.info
-    attention = getattr(classifier(model).config if classifier(model) else None, "_attn_implementation", None)
-    if mode is True and attention in SUPPORTED_ATTENTION and find_score_head(model) is not None:
-        log("prefix_sharing=True: %s; using block-mask rows (their attention grows with the square of the row).",
-            reason)
-        return "mask"
-    log("prefix_sharing=%r: %s; using the plain path.", mode, reason)
     return False

@@ -1,5 +1,5 @@
 """Planning shared scoring: which items share a context, whether it pays (the cost model), and how rows are cut
-into forward passes.
+into forward passes (padded micro-batches, the KV passes, packed rows: `plan_packed_rows`).
 
 Cost of a forward over `n` query tokens against `k` keys, in attention-pair units: `n * ratio + n * k`, with
 `ratio` the FLOPs per token of a layer's projections and MLP over its FLOPs per (query, key) pair of attention
@@ -227,3 +227,35 @@ def share_plan(
         else:
             plain += members
     return groups, sorted(plain)
+
+
+def plan_packed_rows(
+    units: Sequence[tuple[int, Sequence[int]]], lengths: Sequence[int], budget: int, max_sequences: int | None
+) -> list[list[tuple[int, list[int]]]]:
+    """Packed rows of `units` (`(context length, items)`: a group, or one item with context 0): each row at most
+    `budget` tokens (a context counted once) and `max_sequences` items. A unit that does not fit a row is split,
+    each part with its context again; a single item always gets a row. First fit, largest unit first."""
+    parts: list[tuple[int, list[int]]] = []
+    for p, items in units:
+        part: list[int] = []
+        for i in sorted(items, key=lambda i: -lengths[i]):
+            full = max_sequences is not None and len(part) + 1 > max_sequences
+            if part and (full or p + sum(lengths[j] - p for j in part) + lengths[i] - p > budget):
+                parts.append((p, part))
+                part = []
+            part.append(i)
+        parts.append((p, part))
+    size = [p + sum(lengths[i] - p for i in items) for p, items in parts]
+    rows: list[list[tuple[int, list[int]]]] = []
+    used: list[tuple[int, int]] = []  # (tokens, items) of each row
+    for k in sorted(range(len(parts)), key=lambda k: -size[k]):
+        count = len(parts[k][1])
+        for r, (tokens, items) in enumerate(used):
+            if tokens + size[k] <= budget and (max_sequences is None or items + count <= max_sequences):
+                rows[r].append(parts[k])
+                used[r] = (tokens + size[k], items + count)
+                break
+        else:
+            rows.append([parts[k]])
+            used.append((size[k], count))
+    return rows

@@ -1,5 +1,5 @@
 """Training forwards of bounded size (`pack_max_tokens`): the packed and KV layouts' collators cut a micro-batch with
-more tokens into `chunks` of consecutive records (`trl_rm_env.trainer.collator._BoundedForwards`); this mixin of
+more tokens into `chunks` of consecutive records (the layouts that `cuts_chunks`, `trl_rm_env.sharing.layouts`); this mixin of
 `RankedRewardTrainer` runs one forward and backward per chunk in the same step, each chunk's loss weighted by its share
 of the pairs, so the step's loss and gradients are the whole micro-batch's.
 
@@ -16,8 +16,6 @@ import logging
 import torch
 
 from ..compat import checkpointing_enabled
-from ..sharing import packed_attention
-from .collator import _BoundedForwards
 from .loss import pair_layout, ranked_bradley_terry_loss, ranked_pairs
 from .memory import training_token_budget
 
@@ -35,12 +33,12 @@ class BoundedForwardsMixin:
         rows read it as their row length). Unset under the packed layout on CUDA: sized from the free memory
         (`training_token_budget`). Refused, naming why, where nothing would read it."""
         budget = self.args.pack_max_tokens
-        if budget is not None and (user_collator is not None or not self._prefix_sharing):
+        if budget is not None and (user_collator is not None or not self._layout.shares_contexts):
             why = ("a data_collator was given (pack_max_tokens is read by ours)" if user_collator is not None
                    else "this model trains on the plain path (prefix_sharing resolved to no shared layout; see the log)")
             raise ValueError(f"pack_max_tokens={budget} bounds the forwards of the shared layouts, but {why}; "
                              "unset pack_max_tokens.")
-        if budget is None and user_collator is None and self._prefix_sharing == "packed" and (
+        if budget is None and user_collator is None and self._layout.sized_from_memory and (
                 self.args.device.type == "cuda"):
             budget = training_token_budget(self.accelerator.unwrap_model(self.model),
                                            checkpointing_enabled(self.args), self._compute_dtype(), self.args.device)
@@ -67,7 +65,8 @@ class BoundedForwardsMixin:
         into chunks (the collator is a bounded one: ours with a `pack_max_tokens`), and processes must run as many
         forwards (ZeRO-3 and FSDP gather each layer's weights in each, DDP syncs buffers)."""
         collator = self.data_collator
-        bounded = isinstance(collator, _BoundedForwards) and bool(collator.pack_max_tokens)
+        layout = getattr(collator, "layout", None)
+        bounded = layout is not None and layout.cuts_chunks and bool(getattr(collator, "pack_max_tokens", None))
         return bounded and self.accelerator.num_processes > 1
 
     def _forwards(self, inputs) -> tuple[list[dict], int, list[int], int]:
@@ -115,8 +114,7 @@ class BoundedForwardsMixin:
             for i, (chunk, weight) in enumerate(zip(chunks, weights)):
                 with contextlib.nullcontext() if i == len(chunks) - 1 else self._accumulating(model):
                     chunk = {k: v for k, v in chunk.items() if k != "chunks"}
-                    packed = "packed" in chunk
-                    with packed_attention(model) if packed else contextlib.nullcontext():
+                    with self._layout.attention(model):
                         loss = loss + super().training_step(model, {**chunk, "loss_weight": weight},
                                                             num_items_in_batch)
             # Metrics once, over the whole batch, from each real chunk's detached scores and token count.

@@ -8,7 +8,8 @@ Examples come in two forms (see `trl_rm_env.trainer.examples`):
   `DataCollatorForPreference` lays it out (every chosen, then every rejected) and carries no `ranks`: the trainer
   reads that layout as "row i is better than row i + B".
 
-A missing or `None` margin is 0. Four layouts, each a collator here:
+A missing or `None` margin is 0. Four layouts (`trl_rm_env.sharing.layouts`, which own how each lays a batch out),
+one collator each, every one taking ranked and pair examples alike:
 
 - plain (`DataCollatorForRankedPreference`): every completion its own padded row, `record_index` tells which record
   it belongs to, and the loss forms every ordered pair from that;
@@ -34,21 +35,12 @@ Regression examples (`input_ids`, `targets`) have their own, `DataCollatorForReg
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers.data.data_collator import DataCollatorMixin
-from trl.trainer.utils import pad
 
-from ..sharing import (
-    collate_shared_context,
-    pack_groups,
-    plan_passes,
-    plan_rows,
-    record_row,
-    shared_prefix_length,
-)
-from ..sharing.kv import pad_to_multiple
+from ..sharing.layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN, Layout, right_padded
 from ..sharing.planning import contiguous_runs, record_tokens
 
 
@@ -101,19 +93,12 @@ class _RightPadding(DataCollatorMixin):
     return_tensors: str = "pt"
 
     def _pad(self, sequences: list[list[int]]) -> dict[str, torch.Tensor]:
-        input_ids = [torch.tensor(ids) for ids in sequences]
-        attention_mask = [torch.ones_like(ids) for ids in input_ids]
-        return {
-            "input_ids": pad(
-                input_ids, self.pad_token_id, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of
-            ),
-            "attention_mask": pad(attention_mask, 0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of),
-        }
+        return right_padded([torch.tensor(ids) for ids in sequences], self.pad_token_id, self.pad_to_multiple_of)
 
 
 @dataclass
 class DataCollatorForRankedPreference(_RightPadding):
-    """Pad the completions of a batch of rank records into one tensor.
+    """Pad the completions of a batch of rank records into one tensor (the plain layout, `PLAIN`).
 
     Each example holds `completion_ids` (one list of token ids per completion) and `ranks`, or TRL's `chosen_ids`
     and `rejected_ids`. The batch holds:
@@ -128,6 +113,8 @@ class DataCollatorForRankedPreference(_RightPadding):
     Args: `pad_token_id`, `pad_to_multiple_of` (the padded length's multiple), `return_tensors` (only `"pt"`).
     """
 
+    layout: ClassVar[Layout] = PLAIN
+
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         margin = _margins(examples)
         if all(is_pair_example(example) for example in examples):
@@ -136,7 +123,7 @@ class DataCollatorForRankedPreference(_RightPadding):
             )
         else:
             examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
-            output = self._pad([ids for example in examples for ids in example["completion_ids"]])
+            output = self.layout.collate(examples, self)
             output["ranks"] = torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long)
             output["record_index"] = torch.tensor(
                 [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
@@ -146,9 +133,59 @@ class DataCollatorForRankedPreference(_RightPadding):
         return output
 
 
+class _SharedLayoutCollator(DataCollatorMixin):
+    """A shared layout's collator: ranked examples, or TRL pair examples (`chosen_ids`/`rejected_ids`), laid out by
+    the collator's `layout` (`trl_rm_env.sharing.layouts`), with `ranks`, `record_index` `(C,)` (completions in record
+    order) and `margin` `(B,)` beside the tokens.
+
+    Pairs become two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0). A batch made only
+    of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected; a batch cut into
+    `chunks` carries that order as `score_order` instead) and no `ranks`/`record_index`, so the trainer reads it as
+    TRL pairs.
+
+    Where the layout `cuts_chunks` (packed, KV) and `pack_max_tokens` is set, a batch whose records hold more tokens
+    (`record_tokens`: context once, each completion's own tokens) is cut into runs of consecutive records under the
+    budget (a record over it alone is a run), each laid out on its own: the batch is then `{"chunks": [batch, ...],
+    "ranks", "record_index", "margin"}` (the whole batch's, for metrics); each chunk has its own `ranks`,
+    `record_index` (from 0) and `margin`.
+    """
+
+    layout: ClassVar[Layout]
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        pairs = all(is_pair_example(example) for example in examples)
+        margin = _margins(examples)
+        examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
+        if margin is not None:  # every example carries one when any does (a missing margin is 0)
+            examples = [{**e, "margin": float(m)} for e, m in zip(examples, margin.tolist())]
+        else:
+            examples = [{k: v for k, v in e.items() if k != "margin"} for e in examples]
+        output = self._bounded(examples)
+        if pairs:
+            n = len(examples)
+            order = torch.cat([torch.arange(n) * 2, torch.arange(n) * 2 + 1])  # record order -> chosen..., rejected...
+            if "chunks" in output:  # the chunks' scores, concatenated in record order, are reordered by the trainer
+                output["score_order"] = order
+            else:
+                output["score_index"] = output["score_index"][order]
+            output.pop("ranks", None)
+            output.pop("record_index", None)
+        return output
+
+    def _bounded(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        budget = self.pack_max_tokens if self.layout.cuts_chunks else None
+        runs = [(0, len(examples))]
+        if budget and len(examples) > 1:
+            runs = contiguous_runs([record_tokens(e["completion_ids"]) for e in examples], budget)
+        if len(runs) == 1:
+            return self.layout.collate(examples, self) | _record_fields(examples)
+        chunks = [self.layout.collate(examples[a:b], self) | _record_fields(examples[a:b]) for a, b in runs]
+        return {"chunks": chunks, **_record_fields(examples)}
+
+
 @dataclass
-class DataCollatorForSharedPrefix(DataCollatorMixin):
-    """Collate rank records into prefix-shared (and optionally packed) rows.
+class DataCollatorForSharedPrefix(_SharedLayoutCollator):
+    """Collate rank records into block-mask rows, optionally several records to a row (`BLOCK_MASK`).
 
     The batch holds `input_ids`, `position_ids`, `record_ids`, `segment_ids` (all `(R, L)`, right-padded),
     `score_index` `(C, 2)` (row, column of each completion's last token, completions in record order), `ranks` and
@@ -161,70 +198,16 @@ class DataCollatorForSharedPrefix(DataCollatorMixin):
         pad_to_multiple_of: If set, pad the row length to a multiple of this value.
     """
 
+    layout: ClassVar[Layout] = BLOCK_MASK
     pad_token_id: int
     pack_max_tokens: int | None = None
     pad_to_multiple_of: int | None = None
     return_tensors: str = "pt"
 
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        built = [record_row(example["completion_ids"], pad_token_id=self.pad_token_id) for example in examples]
-        rows = plan_rows([len(b[0]) for b in built], self.pack_max_tokens)
-        row_len = max(sum(len(built[i][0]) for i in row) for row in rows)
-        if self.pad_to_multiple_of:
-            row_len = -(-row_len // self.pad_to_multiple_of) * self.pad_to_multiple_of
-        shape = (len(rows), row_len)
-        input_ids = torch.full(shape, self.pad_token_id, dtype=torch.long)
-        position_ids = torch.zeros(shape, dtype=torch.long)
-        record_ids = torch.full(shape, -1, dtype=torch.long)
-        segment_ids = torch.full(shape, -1, dtype=torch.long)
-        where: dict[int, tuple[int, int]] = {}  # record -> (row, start column)
-        for r, row in enumerate(rows):
-            start = 0
-            for i in row:
-                tokens, positions, segments, _ = built[i]
-                end = start + len(tokens)
-                input_ids[r, start:end] = torch.tensor(tokens)
-                position_ids[r, start:end] = torch.tensor(positions)
-                segment_ids[r, start:end] = torch.tensor(segments)
-                record_ids[r, start:end] = i
-                where[i] = (r, start)
-                start = end
-        score_index = [(where[i][0], where[i][1] + offset) for i in range(len(examples)) for offset in built[i][3]]
-        output = {
-            "input_ids": input_ids,
-            "position_ids": position_ids,
-            "record_ids": record_ids,
-            "segment_ids": segment_ids,
-            "score_index": torch.tensor(score_index, dtype=torch.long),
-            **_record_fields(examples),
-        }
-        return output
-
-
-class _BoundedForwards:
-    """Bounds the tokens of one forward (`pack_max_tokens`) for a shared layout's collator: a batch of ranked examples
-    whose records hold more tokens (`record_tokens`: context once, each completion's own tokens) is cut into runs of
-    consecutive records under the budget (a record over it alone is a run), each collated by the layout. The batch is
-    then `{"chunks": [batch, ...], "ranks", "record_index", "margin"}` (the whole batch's, completions in record order,
-    for metrics); each chunk has its own `ranks`, `record_index` (from 0) and `margin`. Under the budget, the
-    layout's batch unchanged."""
-
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        budget = self.pack_max_tokens
-        if not budget or len(examples) < 2:
-            return self._collate(examples)
-        runs = contiguous_runs([record_tokens(e["completion_ids"]) for e in examples], budget)
-        if len(runs) == 1:
-            return self._collate(examples)
-        return {"chunks": [self._collate(examples[a:b]) for a, b in runs], **_record_fields(examples)}
-
-    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        raise NotImplementedError
-
 
 @dataclass
-class DataCollatorForSharedContext(_BoundedForwards, DataCollatorForSharedPrefix):
-    """Collate rank records for the shared-context (KV cache) path of `RankedRewardTrainer`.
+class DataCollatorForSharedContext(_SharedLayoutCollator):
+    """Collate rank records for the shared-context (KV cache) layout (`KV_CACHE`).
 
     Each record's completions share its longest common token prefix (the rendered context), encoded once; the batch
     holds the tensors of `collate_shared_context`, `score_index` `(C, 2)` (completion row, column of its last token;
@@ -234,42 +217,23 @@ class DataCollatorForSharedContext(_BoundedForwards, DataCollatorForSharedPrefix
     Args:
         pad_token_id: Token id used for padding.
         pack_max_tokens: If set, the most tokens of records (each context once) in one forward: a batch with more
-            is cut into `chunks` of consecutive records (`_BoundedForwards`).
+            is cut into `chunks` of consecutive records.
         pad_to_multiple_of: If set, pad both lengths to a multiple of this value (one pass each).
         split_passes: Run contexts (and completions) of similar lengths in separate passes (`plan_passes`: little
             padding). Off under DeepSpeed ZeRO-3, where every rank must run the same number of layer calls.
     """
 
+    layout: ClassVar[Layout] = KV_CACHE
+    pad_token_id: int
+    pack_max_tokens: int | None = None
+    pad_to_multiple_of: int | None = None
+    return_tensors: str = "pt"
     split_passes: bool = True
-
-    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        groups, prefixes = [], []
-        for example in examples:
-            group = example["completion_ids"]
-            p = shared_prefix_length(group)
-            if p >= 1:
-                groups.append(group)
-                prefixes.append(p)
-                continue
-            # Completions that share no token: one group each, all but the last token as context (a single-token
-            # completion gets an empty context). Exact either way.
-            for seq in group:
-                groups.append([seq])
-                prefixes.append(len(seq) - 1)
-        output = collate_shared_context(groups, prefixes, self.pad_token_id)
-        if self.pad_to_multiple_of:
-            output = pad_to_multiple(output, self.pad_to_multiple_of, self.pad_token_id)
-        elif self.split_passes:  # contexts (and completions) of similar lengths in one pass each: little padding
-            output["prefix_chunks"] = plan_passes(prefixes)
-            output["completion_chunks"] = plan_passes(output["completion_mask"].sum(1).tolist())
-        rows = torch.arange(output["completion_ids"].shape[0])
-        output["score_index"] = torch.stack([rows, output.pop("last_index")], dim=1)
-        return output | _record_fields(examples)
 
 
 @dataclass
-class DataCollatorForPackedContext(_BoundedForwards, DataCollatorMixin):
-    """Collate rank records into ONE packed, padding-free row for the packed path of `RankedRewardTrainer`.
+class DataCollatorForPackedContext(_SharedLayoutCollator):
+    """Collate rank records into ONE packed, padding-free row per forward (`PACKED`).
 
     Each record's context (its completions' longest common token prefix) once, then each completion's own tokens,
     positions restarting after the context (`trl_rm_env.sharing.pack_groups`). The batch holds `input_ids` and
@@ -281,64 +245,23 @@ class DataCollatorForPackedContext(_BoundedForwards, DataCollatorMixin):
         pad_token_id: Token id used for padding.
         pad_to_multiple_of: If set, pad the row to a multiple of this length (the padding attends to itself only).
         pack_max_tokens: If set, the most tokens in one packed row: a batch with more is cut into `chunks` of
-            consecutive records, one packed row each (`_BoundedForwards`).
+            consecutive records, one packed row each.
     """
 
+    layout: ClassVar[Layout] = PACKED
     pad_token_id: int
     pad_to_multiple_of: int | None = None
     pack_max_tokens: int | None = None
     return_tensors: str = "pt"
 
-    def _collate(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        groups = [example["completion_ids"] for example in examples]
-        output = pack_groups(groups, [shared_prefix_length(g) for g in groups], self.pad_token_id,
-                             self.pad_to_multiple_of)
-        last = output.pop("last_index")
-        output["score_index"] = torch.stack([torch.zeros_like(last), last], dim=1)
-        return output | _record_fields(examples)
 
-
-class _TakesPairs:
-    """Lets a collator of ranked examples take TRL pair examples (`chosen_ids`/`rejected_ids`) too.
-
-    Pairs become two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0). A batch made only
-    of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected; a batch cut into
-    `chunks` carries that order as `score_order` instead) and no `ranks`/`record_index`, so the trainer reads it as
-    TRL pairs. Ranked examples pass through unchanged.
-    """
-
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        pairs = all(is_pair_example(example) for example in examples)
-        margin = _margins(examples)
-        converted = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
-        if margin is not None:  # the layouts read `margin` from every example when the first has one
-            converted = [{**e, "margin": float(m)} for e, m in zip(converted, margin.tolist())]
-        output = super().torch_call(converted)
-        if pairs and ("score_index" in output or "chunks" in output):
-            n = len(examples)
-            order = torch.cat([torch.arange(n) * 2, torch.arange(n) * 2 + 1])  # record order -> chosen..., rejected...
-            if "chunks" in output:  # the chunks' scores, concatenated in record order, are reordered by the trainer
-                output["score_order"] = order
-            else:
-                output["score_index"] = output["score_index"][order]
-            output.pop("ranks", None)
-            output.pop("record_index", None)
-        return output
-
-
-@dataclass
-class DataCollatorForSharedPrefixPairs(_TakesPairs, DataCollatorForSharedPrefix):
-    """`DataCollatorForSharedPrefix` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
-
-
-@dataclass
-class DataCollatorForSharedContextPairs(_TakesPairs, DataCollatorForSharedContext):
-    """`DataCollatorForSharedContext` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
-
-
-@dataclass
-class DataCollatorForPackedContextPairs(_TakesPairs, DataCollatorForPackedContext):
-    """`DataCollatorForPackedContext` that also takes TRL pair examples (`chosen_ids`/`rejected_ids`)."""
+LAYOUT_COLLATORS = {
+    layout: cls
+    for cls in (DataCollatorForRankedPreference, DataCollatorForPackedContext, DataCollatorForSharedContext,
+                DataCollatorForSharedPrefix)
+    for layout in [cls.layout]
+}  # fmt: skip
+"""The one collator of each layout."""
 
 
 @dataclass

@@ -10,6 +10,7 @@ from trl import RewardConfig
 from ..data.rows import ON_INVALID_MODES
 from ..data.schema import MAX_COMPLETIONS_PER_RECORD
 from ..options import TRUNCATION, check_choices, normalize_prefix_sharing, option, refuse_renamed
+from ..sharing.mode import forces_sharing
 
 TRUNCATION_MODES = TRUNCATION  # training's and scoring's one vocabulary (`trl_rm_env.options.TRUNCATION`)
 
@@ -181,7 +182,7 @@ class RegressionRewardConfig(RankedRewardConfig):
                 f"center_rewards_coefficient={self.center_rewards_coefficient} is a Bradley-Terry term with no "
                 "meaning for a regression reward model; leave it unset."
             )
-        if str(getattr(self, "prefix_sharing", None)).lower() in ("true", "packed"):
+        if forces_sharing(getattr(self, "prefix_sharing", None)):
             raise ValueError(
                 "prefix_sharing shares a context between the completions of a ranked record; a regression record has "
                 "one completion, so there is nothing to share: leave it off."

@@ -41,16 +41,12 @@ from trl import RewardTrainer
 
 from ..compat import checkpointing_enabled
 from ..metrics import record_statistics, summarize_statistics
-from ..sharing import packed_attention, packed_scores, shared_context_scores, shared_prefix_scores, training_layout
+from ..sharing import training_layout
+from ..sharing.layouts import KV_CACHE, PLAIN, Layout
 from ..sharing.mode import packs_fast
 from .bounded import BoundedForwardsMixin
 from .checkpoints import AtomicCheckpointMixin
-from .collator import (
-    DataCollatorForPackedContextPairs,
-    DataCollatorForRankedPreference,
-    DataCollatorForSharedContextPairs,
-    DataCollatorForSharedPrefixPairs,
-)
+from .collator import LAYOUT_COLLATORS
 from .config import RankedRewardConfig
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
 from .loss import pair_layout, ranked_bradley_terry_loss
@@ -117,35 +113,21 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             # iterable train set; we do it for every set, including an iterable passed to `evaluate` later.
             args.accelerator_config.dispatch_batches = False
         super().__init__(model, args, data_collator, *a, **kwargs)
-        self._prefix_sharing = self._check_prefix_sharing()
+        self._layout = self._check_prefix_sharing()  # what prefix_sharing resolves to (a `sharing.layouts` object)
         self._forward_budget = self._check_forward_budget(user_collator)  # `BoundedForwardsMixin`
-        if user_collator is None:
-            if self._prefix_sharing == "packed":
-                self.data_collator = DataCollatorForPackedContextPairs(
-                    pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of,
-                    pack_max_tokens=self._forward_budget,
-                )
-            elif self._prefix_sharing == "kv":
-                self.data_collator = DataCollatorForSharedContextPairs(
-                    pad_token_id=self.processing_class.pad_token_id,
-                    pad_to_multiple_of=self.args.pad_to_multiple_of,
-                    split_passes=not self.is_deepspeed_enabled,  # ZeRO-3: the same layer calls on every rank
-                    pack_max_tokens=self._forward_budget,
-                )
-            elif self._prefix_sharing:
-                self.data_collator = DataCollatorForSharedPrefixPairs(
-                    pad_token_id=self.processing_class.pad_token_id,
-                    pack_max_tokens=self.args.pack_max_tokens,
-                    pad_to_multiple_of=self.args.pad_to_multiple_of,
-                )
-            else:
-                self.data_collator = DataCollatorForRankedPreference(
-                    pad_token_id=self.processing_class.pad_token_id, pad_to_multiple_of=self.args.pad_to_multiple_of
-                )
+        if user_collator is None:  # the one collator of the layout
+            settings = {"pad_token_id": self.processing_class.pad_token_id, "pad_to_multiple_of": args.pad_to_multiple_of}
+            if self._layout.shares_contexts:  # the packed and KV forwards' budget; the block-mask rows' length
+                settings["pack_max_tokens"] = self._forward_budget if self._layout.cuts_chunks else args.pack_max_tokens
+            if self._layout is KV_CACHE:  # ZeRO-3: the same layer calls on every rank, so no passes split by length
+                settings["split_passes"] = not self.is_deepspeed_enabled
+            self.data_collator = LAYOUT_COLLATORS[self._layout](**settings)
+        # The batches' layout: our collator's, a user's collator of ours, or (any other collator) TRL's plain one.
+        self._layout = getattr(self.data_collator, "layout", PLAIN)
 
-    def _check_prefix_sharing(self) -> str | bool:
-        """Which prefix-sharing layout the model can run (`trl_rm_env.sharing.training_layout`): `"packed"`, `"kv"`,
-        `"mask"` or False. `"auto"` keeps TRL's batch layout where something reads it: a subclass's own `compute_loss`, or
+    def _check_prefix_sharing(self) -> Layout:
+        """Which layout the model can run (`trl_rm_env.sharing.training_layout`): packed, KV cache, block mask or
+        plain. `"auto"` keeps TRL's batch layout where something reads it: a subclass's own `compute_loss`, or
         `include_for_metrics=["inputs"]` (transformers hands `batch["input_ids"]` to `compute_metrics`)."""
         plain_reason = None
         if type(self).compute_loss is not RankedRewardTrainer.compute_loss:
@@ -177,8 +159,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         are the whole batch's; its metrics are computed once, over the whole batch."""
         if "chunks" in inputs or self._even_forwards():
             return self._chunked_training_step(model, inputs, num_items_in_batch)
-        packed = "packed" in inputs
-        with packed_attention(model) if packed else contextlib.nullcontext():
+        with self._layout.attention(model):
             return super().training_step(model, inputs, num_items_in_batch)
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -237,31 +218,11 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             parts = []
             for chunk in chunks:
                 chunk = {k: v for k, v in chunk.items() if k not in ("ranks", "record_index", "margin", "chunks")}
-                with packed_attention(model) if "packed" in chunk else contextlib.nullcontext():
-                    parts.append(self._forward_scores(model, chunk))
+                with self._layout.attention(model):
+                    parts.append(self._layout.scores(model, chunk))
             parts = parts[:real]
             return torch.cat([p[0] for p in parts]), parts[-1][1], sum(p[2] for p in parts)
-        return self._forward_scores(model, inputs)
-
-    def _forward_scores(self, model, inputs) -> tuple[torch.Tensor, object, torch.Tensor]:
-        """`_layout_scores` of one forward's batch (no chunks)."""
-        if "packed" in inputs:  # one padding-free row, each context once (`trl_rm_env.sharing.packed`)
-            token_count = torch.tensor(inputs.pop("num_tokens"), device=inputs["input_ids"].device)
-            scores, outputs = packed_scores(model, inputs)
-        elif "prefix_ids" in inputs:  # contexts once with a KV cache, completions against it (`trl_rm_env.sharing.kv`)
-            scores, outputs = shared_context_scores(model, inputs)
-            token_count = inputs["prefix_mask"].sum() + inputs["completion_mask"].sum()
-        elif "segment_ids" in inputs:  # block-mask rows (`trl_rm_env.sharing.mask`)
-            dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
-            if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-                dtype = torch.float32
-            scores, outputs = shared_prefix_scores(model, inputs, dtype)
-            token_count = (inputs["record_ids"] >= 0).sum()
-        else:
-            outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
-            scores = outputs.logits[:, 0]  # (C,)
-            token_count = inputs["attention_mask"].sum()
-        return scores, outputs, token_count
+        return self._layout.scores(model, inputs)
 
     def _log_train_metrics(self, scores, pairwise, record_index, token_count) -> dict[str, float]:
         """Record one training batch's metrics (TRL's keys, exact over the processes' pairs); the summary."""

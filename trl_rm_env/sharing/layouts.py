@@ -1,0 +1,244 @@
+"""The training layouts as objects: how a batch of ranked records is laid out (`collate`), which attention it runs
+under (`attention`) and how its forward gives one score per completion (`scores`).
+
+One object per layout: `PLAIN` (every completion its own padded row), `PACKED` (one padding-free row per forward,
+each context once: `packed.py`), `KV_CACHE` (contexts once with a KV cache, completions against it: `kv.py`) and
+`BLOCK_MASK` (context and completions in one row under a block mask: `mask.py`). `training_layout` (`mode.py`)
+chooses one, once, from `prefix_sharing`, the model and the device; the trainer and its collator hold it and ask it,
+and nothing outside `sharing/` compares a layout's name. Every layout gives the scores the plain model gives each
+completion alone (fp32: within 1e-4, tested).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from trl.trainer.utils import pad
+
+from .kv import collate_shared_context, pad_to_multiple, shared_context_scores
+from .mask import plan_rows, record_row, shared_prefix_scores
+from .mode import (
+    SUPPORTED_ATTENTION,
+    classifier,
+    find_score_head,
+    kv_sharing_unsupported,
+    on_accelerator,
+    packed_choice,
+)
+from .packed import pack_groups, packed_attention, packed_scores
+from .planning import plan_passes, shared_prefix_length
+
+logger = logging.getLogger(__name__)
+
+Examples = Sequence[dict[str, Any]]
+
+
+class Layout:
+    """The plain layout, and the base of the others: every completion its own right-padded row (`input_ids`,
+    `attention_mask` `(C, L)`), one forward over them.
+
+    Attributes:
+        name: The layout's name in logs (`plain`, `packed`, `kv`, `mask`).
+        shares_contexts: Whether each record's context goes through the model once.
+        cuts_chunks: Whether `pack_max_tokens` cuts a batch into chunks of consecutive records, a forward each
+            (the packed and KV layouts; the block-mask rows read it as their row length instead).
+        sized_from_memory: Whether an unset `pack_max_tokens` is sized from the GPU's free memory (packed).
+    """
+
+    name = "plain"
+    shares_contexts = False
+    cuts_chunks = False
+    sized_from_memory = False
+
+    def __repr__(self) -> str:
+        return f"<{self.name} layout>"
+
+    def attention(self, model: torch.nn.Module) -> AbstractContextManager:
+        """The attention a batch of this layout runs under, forward and backward (a context manager)."""
+        return contextlib.nullcontext()
+
+    def collate(self, examples: Examples, settings: Any) -> dict[str, torch.Tensor]:
+        """The tokens of ranked `examples` (`completion_ids`) in this layout; `settings` is the collator
+        (`pad_token_id`, `pad_to_multiple_of`, and the layout's own: `pack_max_tokens`, `split_passes`)."""
+        input_ids = [torch.tensor(ids) for example in examples for ids in example["completion_ids"]]
+        return right_padded(input_ids, settings.pad_token_id, settings.pad_to_multiple_of)
+
+    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """`(scores, outputs, token_count)` of one forward's batch: one score per completion in the batch's order,
+        the model's outputs and the real tokens through it."""
+        outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+        return outputs.logits[:, 0], outputs, batch["attention_mask"].sum()
+
+
+def right_padded(input_ids: list[torch.Tensor], pad_token_id: int, multiple: int | None) -> dict[str, torch.Tensor]:
+    """`input_ids` and `attention_mask`, right-padded (to a multiple of `multiple` when set)."""
+    mask = [torch.ones_like(ids) for ids in input_ids]
+    return {
+        "input_ids": pad(input_ids, pad_token_id, padding_side="right", pad_to_multiple_of=multiple),
+        "attention_mask": pad(mask, 0, padding_side="right", pad_to_multiple_of=multiple),
+    }
+
+
+class PackedLayout(Layout):
+    """The whole batch in ONE padding-free row (`input_ids`, `position_ids` `(1, T)`, `packed`: the
+    `PackedAttention` layout, `num_tokens`): each record's context once, then each completion's own tokens,
+    positions restarting after the context; one attention call per layer (`trl_rm_env.sharing.packed`)."""
+
+    name = "packed"
+    shares_contexts = cuts_chunks = sized_from_memory = True
+
+    def attention(self, model: torch.nn.Module) -> AbstractContextManager:
+        return packed_attention(model)
+
+    def collate(self, examples: Examples, settings: Any) -> dict[str, torch.Tensor]:
+        groups = [example["completion_ids"] for example in examples]
+        prefixes = [shared_prefix_length(group) for group in groups]
+        output = pack_groups(groups, prefixes, settings.pad_token_id, settings.pad_to_multiple_of)
+        last = output.pop("last_index")
+        output["score_index"] = torch.stack([torch.zeros_like(last), last], dim=1)
+        return output
+
+    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        token_count = torch.tensor(batch.pop("num_tokens"), device=batch["input_ids"].device)
+        scores, outputs = packed_scores(model, batch)
+        return scores, outputs, token_count
+
+
+class KVCacheLayout(Layout):
+    """Each record's context once, one padded forward for the contexts with a KV cache and one for the completions
+    against it (`trl_rm_env.sharing.kv`); contexts (and completions) of similar lengths in separate passes unless
+    `split_passes` is off (DeepSpeed ZeRO-3: every rank must run the same layer calls)."""
+
+    name = "kv"
+    shares_contexts = cuts_chunks = True
+
+    def collate(self, examples: Examples, settings: Any) -> dict[str, torch.Tensor]:
+        groups, prefixes = [], []
+        for example in examples:
+            group = example["completion_ids"]
+            p = shared_prefix_length(group)
+            if p >= 1:
+                groups.append(group)
+                prefixes.append(p)
+                continue
+            # Completions that share no token: one group each, all but the last token as context (a single-token
+            # completion gets an empty context). Exact either way.
+            for seq in group:
+                groups.append([seq])
+                prefixes.append(len(seq) - 1)
+        output = collate_shared_context(groups, prefixes, settings.pad_token_id)
+        if settings.pad_to_multiple_of:
+            output = pad_to_multiple(output, settings.pad_to_multiple_of, settings.pad_token_id)
+        elif settings.split_passes:  # contexts (and completions) of similar lengths in one pass each: little padding
+            output["prefix_chunks"] = plan_passes(prefixes)
+            output["completion_chunks"] = plan_passes(output["completion_mask"].sum(1).tolist())
+        rows = torch.arange(output["completion_ids"].shape[0])
+        output["score_index"] = torch.stack([rows, output.pop("last_index")], dim=1)
+        return output
+
+    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        scores, outputs = shared_context_scores(model, batch)
+        return scores, outputs, batch["prefix_mask"].sum() + batch["completion_mask"].sum()
+
+
+class BlockMaskLayout(Layout):
+    """Each record's context and completions in one row under a block mask (`record_ids`, `segment_ids`), several
+    records to a row of up to `pack_max_tokens` (`trl_rm_env.sharing.mask`): the training fallback of
+    `prefix_sharing=True` where the KV layout cannot run (activation checkpointing, FSDP); eager or SDPA attention."""
+
+    name = "mask"
+    shares_contexts = True
+
+    def collate(self, examples: Examples, settings: Any) -> dict[str, torch.Tensor]:
+        built = [record_row(example["completion_ids"], pad_token_id=settings.pad_token_id) for example in examples]
+        rows = plan_rows([len(b[0]) for b in built], settings.pack_max_tokens)
+        row_len = max(sum(len(built[i][0]) for i in row) for row in rows)
+        if settings.pad_to_multiple_of:
+            row_len = -(-row_len // settings.pad_to_multiple_of) * settings.pad_to_multiple_of
+        shape = (len(rows), row_len)
+        input_ids = torch.full(shape, settings.pad_token_id, dtype=torch.long)
+        position_ids = torch.zeros(shape, dtype=torch.long)
+        record_ids = torch.full(shape, -1, dtype=torch.long)
+        segment_ids = torch.full(shape, -1, dtype=torch.long)
+        where: dict[int, tuple[int, int]] = {}  # record -> (row, start column)
+        for r, row in enumerate(rows):
+            start = 0
+            for i in row:
+                tokens, positions, segments, _ = built[i]
+                end = start + len(tokens)
+                input_ids[r, start:end] = torch.tensor(tokens)
+                position_ids[r, start:end] = torch.tensor(positions)
+                segment_ids[r, start:end] = torch.tensor(segments)
+                record_ids[r, start:end] = i
+                where[i] = (r, start)
+                start = end
+        score_index = [(where[i][0], where[i][1] + offset) for i in range(len(examples)) for offset in built[i][3]]
+        return {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "record_ids": record_ids,
+            "segment_ids": segment_ids,
+            "score_index": torch.tensor(score_index, dtype=torch.long),
+        }
+
+    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            dtype = torch.float32
+        scores, outputs = shared_prefix_scores(model, batch, dtype)
+        return scores, outputs, (batch["record_ids"] >= 0).sum()
+
+
+PLAIN, PACKED, KV_CACHE, BLOCK_MASK = Layout(), PackedLayout(), KVCacheLayout(), BlockMaskLayout()
+"""The four layouts, one object each."""
+
+
+def training_layout(
+    model: torch.nn.Module, mode: bool | str, *, activation_checkpointing: bool, fsdp: bool, plain_reason: str | None,
+    accelerator: bool | None = None,
+) -> Layout:
+    """The layout a trainer runs (`trl_rm_env.sharing.layouts`): `PACKED` (each micro-batch one padding-free row:
+    `"packed"`, or `"auto"`/`True` on an accelerator), `KV_CACHE` (the contexts once with a KV cache, the completions
+    against it), `BLOCK_MASK` (block-mask rows: eager/SDPA, only with `mode=True` where the KV path cannot run) or
+    `PLAIN`. `plain_reason`: why `"auto"` must keep TRL's batch layout (a subclass's `compute_loss` reads it), or
+    None. `accelerator`: whether training runs where the packed layout is fast (`packs_fast` of the training device
+    and compute dtype; None: where the model's weights are). Logged once."""
+    if not mode:
+        return PLAIN
+    if mode == "auto" and plain_reason:
+        logger.info("prefix_sharing='auto': %s; using the plain batch layout.", plain_reason)
+        return PLAIN
+    fast = on_accelerator(model) if accelerator is None else accelerator
+    packed = packed_choice(model, mode, fast, "using the plain path")
+    if packed is not None:
+        return PACKED if packed else PLAIN
+    reason = kv_sharing_unsupported(model, training=True)
+    if reason is None and activation_checkpointing:
+        reason = "activation checkpointing drops the KV cache"
+    if reason is None and fsdp:
+        reason = "FSDP reshards each layer between the context and completion passes, before backward"
+    if reason is None:
+        logger.info("prefix_sharing=%r: each record's context runs once, its completions against its KV cache.", mode)
+        return KV_CACHE
+    log = logger.warning if mode is True else logger.info
+    attention = getattr(classifier(model).config if classifier(model) else None, "_attn_implementation", None)
+    if mode is True and attention in SUPPORTED_ATTENTION and find_score_head(model) is not None:
+        log("prefix_sharing=True: %s; using block-mask rows (their attention grows with the square of the row).",
+            reason)
+        return BLOCK_MASK
+    log("prefix_sharing=%r: %s; using the plain path.", mode, reason)
+    return PLAIN
+
+
+def scoring_layout(mode: bool | str) -> Layout:
+    """The layout a scorer's mode (`scoring_mode`) runs: `PACKED` (one padding-free row per micro-batch),
+    `KV_CACHE` (groups sharing a context scored against its KV cache, where the mode and the cost model say so) or
+    `PLAIN`."""
+    if mode == "packed":
+        return PACKED
+    return KV_CACHE if mode else PLAIN
