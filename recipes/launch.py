@@ -53,8 +53,8 @@ def resolve(value: str, folder: str, flag: str) -> str:
     name = Path(value).name.removesuffix(".yaml")
     if Path(value).parent == Path(".") and name in configs:
         return str(configs[name])
-    shipped_names = ", ".join(sorted(configs))
-    raise SystemExit(f"trl-rm-env: error: {flag} {value}: no such file, nor a shipped config (shipped: {shipped_names})")
+    names = ", ".join(sorted(configs))
+    raise SystemExit(f"trl-rm-env: error: {flag} {value}: no such file, nor a shipped config (shipped: {names})")
 
 
 def _replace_value(argv: list[str], flag: str, folder: str) -> list[str]:

@@ -270,7 +270,7 @@ def layout_name_tests(path: Path) -> list[int]:
 
 
 def test_layouts_are_objects_nothing_outside_sharing_tests_a_layout_name(tmp_path):
-    """The layout is chosen once (`sharing.training_layout`, `sharing.mode.scoring_layout`) and asked, never
+    """The layout is chosen once (`sharing.training_layout`, `sharing.layouts.scoring_layout`) and asked, never
     re-derived from a name or from a batch's keys; one collator per layout (and the regression one)."""
     probe = tmp_path / "probe.py"
     probe.write_text('if layout == "packed":\n    pass\nx = "kv" in batch\ny = mode in (True, "PACKED")\n')

@@ -223,7 +223,8 @@ def test_an_eval_request_names_its_fields_and_the_command_line_names_its_flags()
     from trl_rm_env.runtime import ScoringOptions
 
     for request, library, flags in (
-        (dict(judge=JudgeSource(judge="j"), cascade_margin=1.0), "cascade_margin needs model: ", "--cascade needs --model: "),
+        (dict(judge=JudgeSource(judge="j"), cascade_margin=1.0), "cascade_margin needs model: ",
+         "--cascade needs --model: "),
         (dict(model="m", judge_options=JudgeOptions(mode="pairwise", swap=False)),
          "mode, swap: options of a judge; give judge (or judge_url)",
          "--judge-mode, --judge-swap: options of a judge; give --judge (or --judge-url)"),

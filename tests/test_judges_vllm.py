@@ -84,8 +84,8 @@ def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transf
     from trl_rm_env.recipes.cli import main as cli_main
 
     results, out = {}, {engine: tmp_path / f"{engine}.json" for engine in ("vllm", "hf")}
-    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--judge-options", json.dumps({"max_length": MAX_LENGTH}),
-              "--data", "sample:in_domain", "--no-progress"]  # fmt: skip
+    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--data", "sample:in_domain", "--no-progress",
+              "--judge-options", json.dumps({"max_length": MAX_LENGTH})]  # fmt: skip
     command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "eval", "--model", str(tiny_dir / "reward_model"),
                "--engine", "vllm", "--judge-engine", "vllm", "--output", str(out["vllm"]), *common]  # fmt: skip
     # vLLM's own log shown (an in-process engine of an earlier test may have changed the inherited settings), so that

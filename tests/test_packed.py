@@ -307,7 +307,8 @@ def test_auto_is_packed_on_an_accelerator_and_kv_on_the_cpu(tiny_tokenizer):
     assert training_layout(model, True, accelerator=True, **common).name == "packed"
     assert training_layout(model, "auto", accelerator=False, **common).name == "kv"
     assert training_layout(model, "packed", accelerator=False, **common).name == "packed"
-    assert training_layout(model, "auto", accelerator=True, **(common | {"activation_checkpointing": True})).name == "packed"
+    checkpointed = common | {"activation_checkpointing": True}
+    assert training_layout(model, "auto", accelerator=True, **checkpointed).name == "packed"
     assert training_layout(model, False, accelerator=True, **common).name == "plain"
     sliding = build_tiny_reward_model(tiny_tokenizer, seed=0, layer_types=["sliding_attention", "full_attention"],
                                       sliding_window=4, use_sliding_window=True)

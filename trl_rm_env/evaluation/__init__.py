@@ -24,12 +24,18 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _MODULES = {
-    ".preference": ("MARGIN_BUCKETS", "evaluate_reward_model", "evaluate_with_scores", "margin_bucket", "pearson", "write_scores_file"),
+    ".preference": (
+        "MARGIN_BUCKETS", "evaluate_reward_model", "evaluate_with_scores", "margin_bucket", "pearson",
+        "write_scores_file",
+    ),
     ".regression": ("evaluate_regression_model",),
     ".command": ("EvalRequest", "run_eval"),
     ".data": ("EvalRequestError",),
     ".judge": ("evaluate_judge", "evaluate_cascade", "format_comparison_table"),
-    ".rewardbench": ("LLMBAR_FILE_SUBSETS", "REWARDBENCH_EXAMPLE_COUNTS", "REWARDBENCH_SUBSET_MAPPING", "rewardbench_sections", "rewardbench_subset"),
+    ".rewardbench": (
+        "LLMBAR_FILE_SUBSETS", "REWARDBENCH_EXAMPLE_COUNTS", "REWARDBENCH_SUBSET_MAPPING", "rewardbench_sections",
+        "rewardbench_subset",
+    ),
     ".tables": ("format_bias_table", "format_regression_results_table", "format_results_table"),
 }
 """Public names, imported on first use: `trl_rm_env.evaluation.report` (what `eval --report` checks before anything

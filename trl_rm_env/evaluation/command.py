@@ -183,7 +183,8 @@ def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> Eval
         data_format = "regression" if data_format == "rank" else data_format
         if data_format not in REGRESSION_FORMATS:
             raise EvalRequestError(
-                f"{request.model} is a regression reward model; {{data_format}} must be one of {list(REGRESSION_FORMATS)}"
+                f"{request.model} is a regression reward model; {{data_format}} must be one of "
+                f"{list(REGRESSION_FORMATS)}"
             )
     elif data_format in REGRESSION_FORMATS:
         raise EvalRequestError(
@@ -274,8 +275,8 @@ def _judge_sources(
 
 
 def close_engine(engine: Any) -> None:
-    """Stop an engine's vLLM processes now (engines that hold none have no `close`), not at interpreter exit: with
-    two vLLM engines in one process, the one left to exit handlers was killed at exit."""
+    """Stop an engine's vLLM processes now (engines that hold none have no `close`): a command that runs two engines
+    stops each when it is done, and leaves none to the exit handlers."""
     close = getattr(engine, "close", None)
     if close is not None:
         close()

@@ -25,7 +25,7 @@ class EvalRequestError(ValueError):
         super().__init__(self.spelled(lambda name: REQUEST_NAMES.get(name, name)))
 
     def spelled(self, spell: Callable[[str], str]) -> str:
-        """The message with each name in braces spelled by `spell` (one `spell` returns None for keeps its braces)."""
+        """The message with each name in braces spelled by `spell` (a name `spell` returns None for keeps its braces)."""
         return re.sub(r"\{([a-z_]+)\}", lambda m: spell(m.group(1)) or m.group(0), self.template)
 
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from ..serving.client.pool import RemoteScoringError, ServerPool
 from ..serving.client.remote_options import RemoteOptions
-from ..serving.client.scorer import client_tokenizer
+from ..serving.client.tokenizer import client_tokenizer
 from ..serving.dialects import api_key_from_env
 
 TOP_LOGPROBS = 20

@@ -9,7 +9,8 @@
   renders each conversation with the RM's own chat template, scores in bounded micro-batches, left-truncates
   over-long contexts; scores equal one-at-a-time scoring with the plain model (fp32, within 1e-4);
   `reward_model_scorer.py`: the scorer it holds, loaded here (sharded under ZeRO-3/FSDP2) or behind servers;
-- `attributes.py`: one reward per attribute of a regression RM, all from one forward (`RewardModelEnvironment.attribute_rewards`);
+- `attributes.py`: one reward per attribute of a regression RM, all from one forward
+  (`RewardModelEnvironment.attribute_rewards`);
 - `nemo.py`: NeMo RL's `env.reward_model` block read as arguments (`RewardModelEnvironment.from_config`);
 - `judge.py`: `JudgeEnvironment`, a generative judge as the reward (its modes, templates and verdicts:
   `trl_rm_env.judges`);

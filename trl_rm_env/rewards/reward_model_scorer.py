@@ -19,7 +19,7 @@ from ..scoring.loading import load_scorer
 from ..scoring.scorer import RewardScorer
 from ..serving.client import RemoteScorer
 from ..serving.client.remote_options import RemoteOptions
-from ..serving.client.scorer import client_tokenizer
+from ..serving.client.tokenizer import client_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ vLLM starts its engine core in a child process (as its own docs say, a script th
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import multiprocessing.util
 import os
 from collections.abc import Mapping
@@ -179,4 +180,7 @@ def _stop(engine_core: Any) -> None:
     `ENGINE_EXIT_TIMEOUT_S` for them to exit."""
     if not getattr(engine_core, "_trl_rm_env_stopped", False):
         engine_core._trl_rm_env_stopped = True
-        engine_core.shutdown(timeout=ENGINE_EXIT_TIMEOUT_S)
+        if "timeout" in inspect.signature(engine_core.shutdown).parameters:
+            engine_core.shutdown(timeout=ENGINE_EXIT_TIMEOUT_S)
+        else:  # vLLM before its shutdown timeout: its own wait
+            engine_core.shutdown()

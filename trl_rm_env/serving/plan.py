@@ -65,7 +65,8 @@ def plan_serving(
         ValueError: an option of the server that does not run (named with `spelled`), or a judge that would run on
             transformers (only vLLM's server serves a judge).
     """
-    ours = [*sorted(set(changed(options)) - VLLM_ENGINE_OPTIONS - {"engine", "show_progress"}), *sorted(changed(limits))]
+    ours = sorted(set(changed(options)) - VLLM_ENGINE_OPTIONS - {"engine", "show_progress"})
+    ours += sorted(changed(limits))
     ours_named = ", ".join(spelled(name) for name in ours)
 
     def ours_only(plan: ModelPlan) -> str | None:

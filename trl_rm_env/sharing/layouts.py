@@ -1,11 +1,11 @@
-"""The training layouts as objects: how a batch of ranked records is laid out (`collate`), which attention it runs
-under (`attention`) and how its forward gives one score per completion (`scores`).
+"""The prefix-sharing layouts as objects: how a batch of ranked records is laid out (`collate`), which attention it
+runs under (`attention`) and how its forward gives one score per completion (`scores`).
 
 One object per layout: `PLAIN` (every completion its own padded row), `PACKED` (one padding-free row per forward,
 each context once: `packed.py`), `KV_CACHE` (contexts once with a KV cache, completions against it: `kv.py`) and
-`BLOCK_MASK` (context and completions in one row under a block mask: `mask.py`). `training_layout` (`mode.py`)
-chooses one, once, from `prefix_sharing`, the model and the device; the trainer and its collator hold it and ask it,
-and nothing outside `sharing/` compares a layout's name. Every layout gives the scores the plain model gives each
+`BLOCK_MASK` (context and completions in one row under a block mask: `mask.py`). `training_layout` chooses one for
+a trainer, once, from `prefix_sharing`, the model and the device (`scoring_layout`: for a scorer's mode); the trainer,
+its collator and the scoring engine hold it and ask it, and nothing outside `sharing/` compares a layout's name. Every layout gives the scores the plain model gives each
 completion alone (fp32: within 1e-4, tested).
 """
 
@@ -18,7 +18,6 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
-from trl.trainer.utils import pad
 
 from .kv import collate_shared_context, pad_to_multiple, shared_context_scores
 from .mask import plan_rows, record_row, shared_prefix_scores
@@ -76,12 +75,16 @@ class Layout:
 
 
 def right_padded(input_ids: list[torch.Tensor], pad_token_id: int, multiple: int | None) -> dict[str, torch.Tensor]:
-    """`input_ids` and `attention_mask`, right-padded (to a multiple of `multiple` when set)."""
-    mask = [torch.ones_like(ids) for ids in input_ids]
-    return {
-        "input_ids": pad(input_ids, pad_token_id, padding_side="right", pad_to_multiple_of=multiple),
-        "attention_mask": pad(mask, 0, padding_side="right", pad_to_multiple_of=multiple),
-    }
+    """`input_ids` and `attention_mask` `(N, L)`, right-padded (`L` a multiple of `multiple` when set)."""
+    length = max(len(ids) for ids in input_ids)
+    if multiple:
+        length = -(-length // multiple) * multiple
+    padded = torch.full((len(input_ids), length), pad_token_id, dtype=input_ids[0].dtype)
+    mask = torch.zeros((len(input_ids), length), dtype=torch.long)
+    for row, ids in enumerate(input_ids):
+        padded[row, : len(ids)] = ids
+        mask[row, : len(ids)] = 1
+    return {"input_ids": padded, "attention_mask": mask}
 
 
 class PackedLayout(Layout):

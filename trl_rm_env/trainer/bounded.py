@@ -1,7 +1,7 @@
 """Training forwards of bounded size (`pack_max_tokens`): the packed and KV layouts' collators cut a micro-batch with
-more tokens into `chunks` of consecutive records (the layouts that `cuts_chunks`, `trl_rm_env.sharing.layouts`); this mixin of
-`RankedRewardTrainer` runs one forward and backward per chunk in the same step, each chunk's loss weighted by its share
-of the pairs, so the step's loss and gradients are the whole micro-batch's.
+more tokens into `chunks` of consecutive records (the layouts that `cuts_chunks`: `trl_rm_env.sharing.layouts`);
+this mixin of `RankedRewardTrainer` runs one forward and backward per chunk in the same step, each chunk's loss
+weighted by its share of the pairs, so the step's loss and gradients are the whole micro-batch's.
 
 Across processes every batch runs as many forwards on every process (ZeRO-3 and FSDP gather each layer's weights in
 each forward, DDP syncs buffers): the chunk counts are gathered and the last chunk repeated, with weight 0, where a

@@ -53,7 +53,7 @@ def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
 
 def _record_fields(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """What the shared layouts' batches carry beside their tokens: `ranks` and `record_index` `(C,)` (completions in
-    record order), and `margin` `(B,)` when the examples have one (`_TakesPairs` puts one in every example)."""
+    record order), and `margin` `(B,)` when the examples have one (`_SharedLayoutCollator` puts one in every example when any has one)."""
     fields = {
         "ranks": torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long),
         "record_index": torch.tensor(

@@ -64,8 +64,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
     Args:
         model: Model id or path, or a sequence-classification model (`num_labels=1`), or a `PeftModel`.
         args: A [`RankedRewardConfig`] (a plain TRL `RewardConfig` is upgraded with the defaults of the new fields).
-        data_collator: Defaults to [`DataCollatorForRankedPreference`] (or the prefix-sharing collator); TRL's
-            `DataCollatorForPreference` works too, for TRL pair data.
+        data_collator: Defaults to the collator of the layout `prefix_sharing` resolves to
+            ([`DataCollatorForRankedPreference`] for the plain one); any of ours runs its own layout, and any other
+            (TRL's `DataCollatorForPreference`, for TRL pair data) is read as the plain layout, as TRL reads it.
         train_dataset: Rank-schema records, TRL preference data, or already tokenized data.
         eval_dataset: The same, or a dict `{name: dataset}` for named validation sets.
         processing_class: The tokenizer; loaded from the model when None.
@@ -116,7 +117,8 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         self._layout = self._check_prefix_sharing()  # what prefix_sharing resolves to (a `sharing.layouts` object)
         self._forward_budget = self._check_forward_budget(user_collator)  # `BoundedForwardsMixin`
         if user_collator is None:  # the one collator of the layout
-            settings = {"pad_token_id": self.processing_class.pad_token_id, "pad_to_multiple_of": args.pad_to_multiple_of}
+            settings = {"pad_token_id": self.processing_class.pad_token_id}
+            settings["pad_to_multiple_of"] = args.pad_to_multiple_of
             if self._layout.shares_contexts:  # the packed and KV forwards' budget; the block-mask rows' length
                 settings["pack_max_tokens"] = self._forward_budget if self._layout.cuts_chunks else args.pack_max_tokens
             if self._layout is KV_CACHE:  # ZeRO-3: the same layer calls on every rank, so no passes split by length

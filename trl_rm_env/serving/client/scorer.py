@@ -43,7 +43,6 @@ and the server's message. When retries run out the error names the URL(s) that f
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import os
 import warnings
@@ -56,7 +55,6 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without aiohttp
     raise ImportError("RemoteScorer needs aiohttp: pip install aiohttp") from err
 import torch
-from transformers import AutoTokenizer
 
 from ...data.messages import strip_completion_reasoning
 from ...options import build, route
@@ -73,8 +71,6 @@ from ...tokenization import (
 from ..dialects import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
 from .pool import RemoteScoringError, ServerPool
 from .remote_options import RemoteOptions, local_only
-
-logger = logging.getLogger(__name__)
 
 
 def _payload(item: Any) -> dict[str, Any]:
@@ -335,30 +331,3 @@ class RemoteScorer:
                 url,
                 200,
             ) from err
-
-
-def client_tokenizer(
-    tokenizer: Any, model: str | None, remote_input: str, name: str, *, api: str = "pooling", what: str = "reward model"
-) -> Any:
-    """The model's tokenizer for a client of servers (a reward model's, or a judge's: `what`): the one given (loaded
-    when it is a path or Hub id), else `model`'s when the API takes token ids and `model` names a loadable tokenizer;
-    None sends messages (logged)."""
-    if isinstance(tokenizer, str | os.PathLike):
-        return AutoTokenizer.from_pretrained(str(tokenizer))  # given: failing to load it is an error
-    if tokenizer is not None or api == "openrlhf" or remote_input == "messages":
-        return tokenizer
-    if model:
-        try:
-            return AutoTokenizer.from_pretrained(model)
-        except (OSError, ValueError) as err:
-            if remote_input == "tokens":
-                raise ValueError(
-                    f"{name}: remote_input='tokens' needs the {what}'s tokenizer; {model!r} is not one ({err}). "
-                    "Give tokenizer= (its path or Hub id)."
-                ) from err
-    logger.info(
-        "%s: sending messages to the server, which renders them with its chat template (give tokenizer= to send "
-        "token ids encoded exactly as local scoring does).",
-        name,
-    )
-    return None
