@@ -417,6 +417,11 @@ def test_loading_options_are_refused_for_a_model_already_loaded(tiny_rm, tiny_to
                                          r"when a model is loaded from its path"):  # fmt: skip
         plan_model(tiny_rm, precision="bf16", trust_remote_code=True)
     assert plan_model(tiny_rm).why == "the model is already loaded in this process"
+    assert (plan_model(tiny_rm).kind, plan_model(tiny_rm, kind=None).kind) == ("reward", "reward")
+    with pytest.raises(ValueError, match=r"^kind must be one of \['reward', 'judge'\] or None"):
+        plan_model(tiny_rm, kind="critic")
+    with pytest.raises(ValueError, match=r"^the judge is a Qwen3ForSequenceClassification, not a causal language"):
+        plan_model(tiny_rm, kind="judge")
 
 
 def test_the_environment_has_the_signature_of_the_call_it_makes(tiny_dir):

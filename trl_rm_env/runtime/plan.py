@@ -191,9 +191,11 @@ def plan_model(
 
     Raises:
         trl_rm_env.model_source.ModelSourceError: a missing local model folder.
-        ValueError: a bad option, a judge that is not a causal LM, weights that do not fit the head, an option of the
+        ValueError: an unknown `kind`, a bad option, a judge that is not a causal LM, weights that do not fit the head, an option of the
             engine not chosen, `engine="vllm"` or a loading option (`precision`, ...) with a model already loaded.
     """
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {list(KINDS)} or None (told from the config), got {kind!r}")
     options = ScoringOptions.build(options, **values)
     if isinstance(model, PreTrainedModel):
         path, loaded, config = None, model, model.config
