@@ -7,6 +7,7 @@ model's head and chooses the engine (`choose_engine`), into an immutable `ModelP
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable
@@ -34,7 +35,11 @@ LOADING_OPTIONS = frozenset({"precision", "trust_remote_code", "model_init_kwarg
 
 def is_causal_lm(config: Any) -> bool:
     """Whether a config's architectures name a causal LM (a judge) rather than a reward model."""
-    return any(a.endswith(CAUSAL_SUFFIXES) for a in getattr(config, "architectures", None) or [])
+    return _names_causal_lm(getattr(config, "architectures", None) or [])
+
+
+def _names_causal_lm(architectures: list[str]) -> bool:
+    return any(a.endswith(CAUSAL_SUFFIXES) for a in architectures)
 
 
 def load_dtype(precision: str, device: torch.device | str) -> torch.dtype | str:
@@ -159,8 +164,7 @@ def _what(kind: str | None) -> str:
 
 
 def _check_kind(kind: str, architectures: list[str], where: str) -> None:
-    causal = any(a.endswith(CAUSAL_SUFFIXES) for a in architectures)
-    if kind == "judge" and architectures and not causal:
+    if kind == "judge" and architectures and not _names_causal_lm(architectures):
         raise ValueError(
             f"the judge {where}is a {', '.join(architectures)}, not a causal language model (*ForCausalLM): a judge "
             "writes its verdict. A reward model (*ForSequenceClassification) is RewardModelEnvironment's."
@@ -228,4 +232,4 @@ def plan_model(
     engine, why = choose_engine(options, hf_only=hf_only, what=_what(kind))
     if kind == "judge" and engine == "hf" and why.startswith("several processes"):
         logger.warning("The judge is loaded on transformers in each of the processes (a copy per process): %s", why)
-    return ModelPlan(path, loaded, config, options, kind, head, engine, why)
+    return dataclasses.replace(plan, engine=engine, why=why)

@@ -54,15 +54,20 @@ def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
 def _record_fields(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """What the shared layouts' batches carry beside their tokens: `ranks` and `record_index` `(C,)` (completions in
     record order), and `margin` `(B,)` when the examples have one (`_SharedLayoutCollator` puts one in every example when any has one)."""
-    fields = {
+    fields = _ranks_and_records(examples)
+    if "margin" in examples[0]:
+        fields["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
+    return fields
+
+
+def _ranks_and_records(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """`ranks` and `record_index` `(C,)`: each completion's rank and record, completions in record order."""
+    return {
         "ranks": torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long),
         "record_index": torch.tensor(
             [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
         ),
     }
-    if "margin" in examples[0]:
-        fields["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
-    return fields
 
 
 def is_pair_example(example: dict[str, Any]) -> bool:
@@ -123,11 +128,7 @@ class DataCollatorForRankedPreference(_RightPadding):
             )
         else:
             examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
-            output = self.layout.collate(examples, self)
-            output["ranks"] = torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long)
-            output["record_index"] = torch.tensor(
-                [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
-            )
+            output = self.layout.collate(examples, self) | _ranks_and_records(examples)
         if margin is not None:
             output["margin"] = margin
         return output
