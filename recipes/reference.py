@@ -37,6 +37,7 @@ def options_reference() -> str:
     from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.rewards.nemo import NEMO_OPTIONS
+    from trl_rm_env.rewards.shaping import GroupShaping
     from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.serving.client.remote_options import RemoteOptions
     from trl_rm_env.serving.server.limits import ServerLimits
@@ -46,9 +47,13 @@ def options_reference() -> str:
     for key, name in NEMO_OPTIONS.items():
         nemo.setdefault(name, []).append(key)
     sections = [
-        ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores (`trl_rm_env.runtime.model_options`)."),
+        ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores (`trl_rm_env.runtime.model_options`): "
+         "the `ModelOptions` of any model we run (the rows down to `model_init_kwargs`, which a judge takes too), then "
+         "the reward model's own (`truncation`, `nonfinite_reward`, its head's)."),
         ("`RewardOptions`", RewardOptions, "What the GRPO reward function does with the scores "
          "(`trl_rm_env.rewards.base`)."),
+        ("`GroupShaping`", GroupShaping, "How a GRPO group's rewards are shaped: NeMo Gym's bonuses and length and "
+         "style adjustments, for a reward model or a judge (`trl_rm_env.rewards.shaping`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
          "(`trl_rm_env.serving.client.remote_options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients "
@@ -56,7 +61,7 @@ def options_reference() -> str:
         ("`JudgeSource`", JudgeSource, "Which judge `eval` and the GRPO recipe add, and where it runs "
          "(`trl_rm_env.judges.judge_options`)."),
         ("`JudgeOptions`", JudgeOptions, "How a generative judge judges, and how its verdicts become rewards "
-         "(`trl_rm_env.judges.judge_options`; the judge also takes the `ScoringOptions` of a causal LM, `RewardOptions` and "
+         "(`trl_rm_env.judges.judge_options`; the judge also takes the `ModelOptions`, `RewardOptions` and "
          "`RemoteOptions`: docs/judges.md)."),
     ]  # fmt: skip
     lines: list[str] = []

@@ -394,7 +394,8 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
     """What a `logprobs` judge must give, from one forward of the plain model per judgement over the built-in template
     rendered here with the judge's chat template (the model card's rule): pointwise, the expected rating over the
     tokens `1..max_score`; pairwise (`pairs="all"`, `swap=True`), each completion's mean preference over its
-    comparisons in both orders."""
+    comparisons in both orders; listwise (`swap=True`), each completion's mean probability of being the best over the
+    group as given and reversed."""
     from trl_rm_env.judges.modes import MODES
 
     def distribution(text, labels):
@@ -404,9 +405,9 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
         p = logprobs[[tok.convert_tokens_to_ids(label) for label in labels]].exp()
         return p / p.sum()
 
-    def fill(mode, **values):
-        answer = MODES[mode].answer_formats["logprobs"].format(max_score=max_score, count=0)
-        return MODES[mode].template.format(answer_format=answer, max_score=max_score, **values)
+    def fill(mode, count=0, **values):
+        answer = MODES[mode].answer_formats["logprobs"].format(max_score=max_score, count=count)
+        return MODES[mode].template.format(answer_format=answer, max_score=max_score, count=count, **values)
 
     texts = [c[0]["content"] for c in completions]
     if mode == "pointwise":
@@ -419,6 +420,15 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
     for i, prompt in enumerate(prompts):
         groups.setdefault(repr(prompt), []).append(i)
     shares = {i: [] for i in range(len(prompts))}
+    if mode == "listwise":  # swap=True: the group as given and reversed; each its probability of being the best
+        for members in groups.values():
+            for order in (members, members[::-1]):
+                listed = "\n\n".join(f"[Answer {k}]\n{texts[i]}" for k, i in enumerate(order, 1))
+                text = fill("listwise", count=len(order), prompt=judge_prompt_text(prompts[order[0]]), completions=listed)
+                p = distribution(text, [str(k) for k in range(1, len(order) + 1)])
+                for k, i in enumerate(order):
+                    shares[i].append(float(p[k]))
+        return torch.tensor([sum(v) / len(v) for _, v in sorted(shares.items())])
     for members in groups.values():
         for a in members:
             for b in members:

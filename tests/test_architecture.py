@@ -142,18 +142,27 @@ def test_nothing_that_uses_a_reward_model_imports_the_trainer():
     assert not offenders, "\n".join(offenders)
 
 
-def test_every_reward_function_lives_in_rewards():
-    """One room for the reward functions: each public one is defined under `trl_rm_env.rewards`, and reached by its
-    name from the package."""
+def test_every_reward_function_lives_in_rewards_on_one_base_with_one_call():
+    """One room for the reward functions: each public one is defined under `trl_rm_env.rewards`, reached by its name
+    from the package, and built on `Reward`, whose one generator (`_steps`) runs synchronously or awaited: no reward
+    function defines its own `__call__` or a second, async copy of its call."""
     import trl_rm_env
+    from trl_rm_env.rewards.attributes import AttributeReward
+    from trl_rm_env.rewards.base import Reward, RewardFunction
 
     names = ("RewardModelEnvironment", "RemoteRewardModelEnvironment", "JudgeEnvironment", "CascadeReward")
     assert {n: getattr(trl_rm_env, n).__module__.split(".")[1] for n in names} == dict.fromkeys(names, "rewards")
-    from trl_rm_env.rewards.attributes import AttributeReward
-    from trl_rm_env.rewards.base import RewardFunction
-
+    classes = [getattr(trl_rm_env, n) for n in names] + [AttributeReward]
+    assert all(issubclass(c, Reward) and "_steps" in vars(c) or c.__base__ in classes for c in classes)
     assert all(issubclass(getattr(trl_rm_env, n), RewardFunction) for n in names if n != "CascadeReward")
     assert AttributeReward.__module__ == "trl_rm_env.rewards.attributes"
+    own_calls = [
+        f"{c.__name__}.{member}"
+        for c in classes
+        for member in ("__call__", "_call", "_call_async", "_drive", "_rewards", "_rewards_async")
+        if member in vars(c)
+    ]
+    assert not own_calls, own_calls
 
 
 def test_judges_load_through_the_runtime_not_the_reward_models_scorer():

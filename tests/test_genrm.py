@@ -9,6 +9,7 @@ import json
 import pytest
 from pytest import approx
 
+from trl_rm_env.data.messages import reasoning_and_answer, split_reasoning
 from trl_rm_env.judges.genrm import (
     EMPTY_ANSWER,
     GenRMVerdictError,
@@ -16,7 +17,6 @@ from trl_rm_env.judges.genrm import (
     comparison_pairs,
     genrm_messages,
     parse_genrm_verdict,
-    split_reasoning,
 )
 from trl_rm_env.rewards.shaping import GroupShaping, centered_weights, style_counts, style_density
 
@@ -156,6 +156,18 @@ def test_reasoning_is_split_from_the_answer():
     assert split_reasoning("<think>Let me add.</think>\n\nIt is 4.") == ("Let me add.", "It is 4.")
     assert split_reasoning("It is 4.") == ("", "It is 4.")
     assert split_reasoning("a</think>b</think> c") == ("a</think>b", "c")  # the last marker ends the reasoning
+
+
+def test_a_completions_reasoning_and_answer_are_its_last_assistant_turn_tool_calls_left_out():
+    turns = [
+        {"role": "assistant", "content": "<think>look it up</think>", "tool_calls": [{"function": {"name": "f"}}]},
+        {"role": "tool", "content": "42"},
+        {"role": "assistant", "content": "<think>so 42</think>\nIt is 42."},
+    ]
+    assert reasoning_and_answer(turns) == ("so 42", "It is 42.")
+    assert reasoning_and_answer("<think>cut off mid-thought") == ("cut off mid-thought", "")
+    assert reasoning_and_answer("Plain.") == ("", "Plain.")
+    assert reasoning_and_answer([{"role": "assistant", "content": None, "tool_calls": []}]) == ("", "")
 
 
 def test_the_first_fenced_verdict_wins_else_the_last_object():

@@ -11,7 +11,8 @@ import torch
 from helpers import judge_conversations, judge_prompt_text
 
 from trl_rm_env import JudgeEnvironment
-from trl_rm_env.judges.modes import MODES, JudgeMode, register_mode
+from trl_rm_env.judges.judge_mode import JudgeMode
+from trl_rm_env.judges.modes import MODES, register_mode
 from trl_rm_env.tiny_models import build_tiny_policy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def test_a_registered_mode_judges_grpo_samples_equal_to_the_plain_model(toy_mode
 
 
 def test_an_unknown_mode_is_refused_naming_the_registered_ones(toy_mode, tiny_tokenizer):
-    with pytest.raises(ValueError, match=r"mode must be one of \['pointwise', 'pairwise', 'listwise', 'toy_acceptable'\]"):
+    with pytest.raises(ValueError, match=r"mode must be one of \['pointwise', 'pairwise', 'listwise', 'genrm', 'toy_acceptable'\]"):
         JudgeEnvironment(build_tiny_policy(tiny_tokenizer), tiny_tokenizer, mode="toy")
 
 

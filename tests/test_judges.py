@@ -13,6 +13,7 @@ from helpers import judge_conversations, judge_reference
 
 from trl_rm_env import CascadeReward, JudgeEnvironment, JudgeOptions
 from trl_rm_env.judges.verdicts import parse_ranking, parse_score, parse_winner
+from trl_rm_env.runtime.model_options import ScoringOptions
 from trl_rm_env.tiny_models import IM_END, IM_START, build_tiny_policy
 
 
@@ -32,16 +33,30 @@ def metrics():
     return logged, lambda key, value: logged.__setitem__(key, value)
 
 
-@pytest.mark.parametrize("mode", ["pointwise", "pairwise"])
-def test_logprob_rewards_equal_one_forward_of_the_plain_model(judge, judge_model, tiny_tokenizer, mode):
+@pytest.fixture(scope="module")
+def gpt2_judge(tiny_tokenizer):
+    """A causal LM with absolute position embeddings (GPT-2's): under left padding its positions must be counted from
+    each prompt's first token, or every padded row shifts (a rotary model hides a uniform shift)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(5)
+    config = GPT2Config(vocab_size=len(tiny_tokenizer), n_positions=1024, n_embd=32, n_layer=2, n_head=2,
+                        bos_token_id=tiny_tokenizer.bos_token_id, eos_token_id=tiny_tokenizer.eos_token_id)  # fmt: skip
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.mark.parametrize("mode", ["pointwise", "pairwise", "listwise"])
+@pytest.mark.parametrize("positions", ["rotary", "absolute"])
+def test_logprob_rewards_equal_one_forward_of_the_plain_model(judge, judge_model, gpt2_judge, tiny_tokenizer, mode, positions):
     prompts, completions = judge_conversations()
-    env = judge.replace(mode=mode)
+    model = judge_model if positions == "rotary" else gpt2_judge
+    env = judge.replace(mode=mode) if positions == "rotary" else JudgeEnvironment(model, tiny_tokenizer, batch_size=4, mode=mode)
     logged, log = metrics()
     rewards = torch.tensor(env(prompts, completions, log_metric=log))
-    want = judge_reference(judge_model, tiny_tokenizer, prompts, completions, mode).float()
+    want = judge_reference(model, tiny_tokenizer, prompts, completions, mode).float()
     torch.testing.assert_close(rewards, want, atol=1e-4, rtol=0)
-    # 5 judgements pointwise; pairwise with swap: 3*2*... groups of 3 and 2: (3 + 1) pairs x 2 orders.
-    assert logged["judge_env/num_judgements"] == (5 if mode == "pointwise" else 8)
+    # 5 judgements pointwise; pairwise with swap: groups of 3 and 2: (3 + 1) pairs x 2 orders; listwise: 2 x 2.
+    assert logged["judge_env/num_judgements"] == {"pointwise": 5, "pairwise": 8, "listwise": 4}[mode]
     assert 0 < logged["judge_env/rating_mass"] <= 1
     assert logged["judge_env/num_unparsed"] == 0
 
@@ -149,15 +164,15 @@ def test_generated_verdicts_are_parsed_and_only_unparsed_ones_retried(judge):
     answers = iter([["x", "[[A]]"], ["<think>[[A]]</think> so [[B]]"]])  # first try: one unparsed; retry: parsed
     calls = []
 
-    def generate(prompts, max_new_tokens, temperature, seed):
-        calls.append((len(prompts), temperature, seed))
+    def generate(prompts, max_new_tokens, temperature, seeds, top_p=1.0, keep_failures=False):
+        calls.append((len(prompts), temperature, list(seeds), top_p, keep_failures))
         return next(answers)
 
     scripted = {"generate": staticmethod(generate), "is_async": False, "max_length": None, "model": None, "sharding": "none"}
     env.engine = type("Scripted", (), scripted)()
     prompts, completions = judge_conversations()
     rewards = env(prompts[3:], completions[3:])
-    assert calls == [(2, 0.0, 0), (1, 1.0, 1)]
+    assert calls == [(2, 0.0, [0, 0], 1.0, False), (1, 1.0, [1], 1.0, False)]
     # Judgement 0 (Blue vs Green) -> B wins; judgement 1 (Green vs Blue) -> A wins: Green preferred both times.
     assert rewards == [0.0, 1.0]
 
@@ -175,9 +190,11 @@ def test_bad_construction_fails_in_one_line(judge_model, tiny_tokenizer, tiny_rm
     with pytest.raises(ValueError, match=r"verdict '1\d' is 2 tokens"):
         JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12)
     JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12, scoring="generate")  # parsed: any number
-    for option in ({"label_index": 1}, {"nonfinite_reward": 0.0}, {"truncation": "none"}):
-        with pytest.raises(ValueError, match=rf"{next(iter(option))}.*not of a judge"):
+    for option in ({"label_index": 1}, {"nonfinite_reward": 0.0}, {"truncation": "none"}):  # a reward model's own
+        with pytest.raises(TypeError, match=rf"unexpected keyword argument\(s\) \['{next(iter(option))}'\]"):
             JudgeEnvironment(judge_model, tiny_tokenizer, **option)
+    with pytest.raises(TypeError, match=r"scoring_options must be a ModelOptions.*got ScoringOptions"):
+        JudgeEnvironment(judge_model, tiny_tokenizer, scoring_options=ScoringOptions())
     with pytest.raises(ValueError, match=r"remote_input='tokens' needs the judge's tokenizer"):
         JudgeEnvironment(remote_url="http://127.0.0.1:9", remote_input="tokens")
     with pytest.raises(ValueError, match=r"batch_size.*applied by a judge loaded in this process"):

@@ -26,6 +26,7 @@ from trl_rm_env.recipes.serve import SERVE_DEFAULTS
 from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe, text_choices, text_type
 
 from trl_rm_env.judges.judge_options import JudgeOptions
+from trl_rm_env.judges.modes import mode_of
 from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
 from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.rewards.judge import OWN_ARGUMENTS as JUDGE_ARGUMENTS
@@ -199,24 +200,32 @@ def test_every_recipe_key_maps_to_exactly_one_option_with_its_default():
 def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
     from trl import TrlParser
 
-    flags_argv, yaml_values, expected = [], {}, {}
-    for cls in RECIPE_OPTION_CLASSES:
-        for f in option_fields(cls):
-            key = recipe_key(f)
-            if key is None:
-                continue
-            words, value, parsed = sample(cls, f)
-            if default_of(f) is True:  # a key takes a value: the one that is not the default
-                words, value, parsed = ["false"], False, False
-            yaml_values[key] = value
-            flags_argv += [f"--{key}", *(words or ["true"])]
-            expected.setdefault(cls, {})[f.name] = parsed
-    config = tmp_path / "rm.yaml"
-    config.write_text(yaml.safe_dump(yaml_values))
-    for argv in (["--config", str(config)], flags_argv):
-        (args,) = TrlParser([RewardModelArguments]).parse_args_and_config(argv)
-        for cls, values in expected.items():
-            assert options_from_recipe(args, cls) == values, argv[:2]
+    genrm = mode_of("genrm")  # its own options in a second config (another mode refuses them)
+    for mode in ("other", "genrm"):
+        flags_argv, yaml_values, expected = [], {}, {}
+        for cls in RECIPE_OPTION_CLASSES:
+            for f in option_fields(cls):
+                key = recipe_key(f)
+                own = f.name in genrm.own_options or f.name in ("mode", "scoring")
+                if key is None or (cls is JudgeOptions and own != (mode == "genrm") and f.name not in ("mode", "scoring")):
+                    continue
+                words, value, parsed = sample(cls, f)
+                if default_of(f) is True:  # a key takes a value: the one that is not the default
+                    words, value, parsed = ["false"], False, False
+                if f.name == "scoring" and mode == "genrm":
+                    continue  # a GenRM reads its verdict from text: its own scoring, not a value given
+                if f.name == "scoring" or (mode == "genrm" and f.name == "mode"):
+                    value = "genrm" if f.name == "mode" else "generate"  # not the mode's own scoring
+                    words, parsed = [value], value
+                yaml_values[key] = value
+                flags_argv += [f"--{key}", *(words or ["true"])]
+                expected.setdefault(cls, {})[f.name] = parsed
+        config = tmp_path / f"rm_{mode}.yaml"
+        config.write_text(yaml.safe_dump(yaml_values))
+        for argv in (["--config", str(config)], flags_argv):
+            (args,) = TrlParser([RewardModelArguments]).parse_args_and_config(argv)
+            for cls, values in expected.items():
+                assert options_from_recipe(args, cls) == values, argv[:2]
 
 
 def test_a_bad_value_is_refused_by_the_spelling_it_was_given_in():

@@ -69,6 +69,18 @@ def launched() -> bool:
     return value.isdigit() and int(value) > 1
 
 
+def world_size() -> int:
+    """The processes of the initialized default process group (1 without one)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank in the initialized default process group (0 without one)."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def exit_process(code: int = 0, thread_timeout: float = 60.0) -> NoReturn:
     """End this process with `code` as the interpreter would, minus its finalization (see "clean exit" above).
 

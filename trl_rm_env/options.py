@@ -193,8 +193,14 @@ def build_spelled(cls: type, values: dict[str, Any], spelled: Callable[[dataclas
 
 
 def changed(obj: Any) -> dict[str, Any]:
-    """The options of `obj` that differ from their defaults, by name."""
-    return {f.name: value for f in option_fields(type(obj)) if (value := getattr(obj, f.name)) != default_of(f)}
+    """The options of `obj` that differ from their defaults, by name. An options class whose default of a field
+    depends on another (None resolved at construction) says what it resolved to in `resolved_defaults()`."""
+    resolved = obj.resolved_defaults() if hasattr(obj, "resolved_defaults") else {}
+    return {
+        f.name: value
+        for f in option_fields(type(obj))
+        if (value := getattr(obj, f.name)) != resolved.get(f.name, default_of(f))
+    }
 
 
 PREFIX_SHARING_TEXT: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False, "packed": "packed"}

@@ -8,8 +8,10 @@ Two kinds, and the only ones this package adds (the trainers' own collectives ar
 - `wait_for_everyone`: a barrier of all processes (around checkpoint saves). Bounded by the process group's
   timeout (`TrainingArguments.ddp_timeout`, 1800 s by default); when it runs out, the error says which barrier it
   was and what to look at instead of a backend's "Timed out waiting ... for recv operation".
+- `gather_objects`: every process's value (a judge's share of whole GRPO groups), bounded and named the same way.
 
-Stdlib only (the barrier imports nothing itself: it calls the accelerator it is given).
+Stdlib only at import (the barrier calls the accelerator it is given; `gather_objects` imports `torch.distributed`
+when it runs).
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WAIT_TIMEOUT_ENV", "WaitTimeoutError", "default_wait_timeout", "wait_for_everyone", "wait_for_path"]
+__all__ = [
+    "WAIT_TIMEOUT_ENV",
+    "WaitTimeoutError",
+    "default_wait_timeout",
+    "gather_objects",
+    "wait_for_everyone",
+    "wait_for_path",
+]
 
 WAIT_TIMEOUT_ENV = "TRL_RM_ENV_WAIT_TIMEOUT"
 DEFAULT_WAIT_TIMEOUT = 600.0
@@ -98,3 +107,26 @@ def wait_for_everyone(accelerator: Any, what: str) -> None:
             "never got there. Look at the other processes' output above for an error or a process stuck elsewhere; "
             "the wait is the process group's timeout (`ddp_timeout`, default 1800 s)."
         ) from err
+
+
+def gather_objects(value: Any, what: str) -> list[Any]:
+    """Every process's `value` (picklable), in rank order, from `torch.distributed.all_gather_object` on the default
+    process group (every process must call it, the same number of times).
+
+    Raises:
+        WaitTimeoutError: the process group's timeout ran out: some process never got to `what`.
+    """
+    import torch.distributed as dist
+
+    found: list[Any] = [None] * dist.get_world_size()
+    try:
+        dist.all_gather_object(found, value)
+    except Exception as err:  # gloo: RuntimeError; NCCL: DistBackendError (a RuntimeError too)
+        if not _is_timeout(err):
+            raise
+        raise WaitTimeoutError(
+            f"timed out waiting for all {len(found)} processes to {what}: at least one never got there. Look at the "
+            "other processes' output above for an error or a process stuck elsewhere; the wait is the process "
+            "group's timeout (`ddp_timeout`, default 1800 s)."
+        ) from err
+    return found

@@ -233,3 +233,29 @@ def strip_completion_reasoning(completion: str | Sequence[Mapping[str, Any]]) ->
         {**m, "content": strip_reasoning_text(m["content"])} if m.get("role") == "assistant" else dict(m)
         for m in completion
     ]
+
+
+END_OF_REASONING = "</think>"
+
+
+def split_reasoning(text: str, end_of_reasoning: str = END_OF_REASONING) -> tuple[str, str]:
+    """`(reasoning, answer)` of a text: what precedes the last `end_of_reasoning` (an opening `<think>` dropped) and
+    what follows it; no marker: no reasoning."""
+    if end_of_reasoning not in text:
+        return "", text
+    reasoning, _, answer = text.rpartition(end_of_reasoning)
+    return reasoning.replace("<think>", "", 1).strip(), answer.lstrip()
+
+
+def reasoning_and_answer(completion: str | Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """`(reasoning, answer)` of a policy completion (a GenRM's and the group shaping's reading): its text, or its last
+    assistant message's content (tool calls left out), split at the last `</think>`; a `<think>` never closed is all
+    reasoning (the answer never came)."""
+    if isinstance(completion, str):
+        text = completion
+    else:
+        contents = [m.get("content") or "" for m in completion if m.get("role") == "assistant"]
+        text = contents[-1] if contents else ""
+    if END_OF_REASONING not in text and text.lstrip().startswith("<think>"):
+        return text.lstrip()[len("<think>") :].strip(), ""
+    return split_reasoning(text)

@@ -7,7 +7,9 @@ Every engine answers the same two requests on prompts already rendered to token 
 
 - `label_logprobs(prompts, label_ids)`: for each prompt, the full-vocabulary log-probability of each label token at
   the first generated position (one forward; vLLM's `logprob_token_ids`);
-- `generate(prompts, max_new_tokens, temperature, seed)`: the judge's text (special tokens skipped).
+- `generate(prompts, max_new_tokens, temperature, seeds, top_p, keep_failures)`: the judge's text (special tokens
+  skipped), each prompt sampled with its seed; with `keep_failures`, a prompt whose request failed (servers only)
+  answers None.
 
 Exactness: `HFJudgeEngine` pads on the left with an attention mask and positions counted from each prompt's first
 token, so each prompt's last-position logits equal running it alone (fp32: < 1e-4, tested); vLLM's equal them too.
@@ -24,7 +26,7 @@ from transformers import PreTrainedModel
 
 from ..distributed import shard_if_requested
 from ..runtime.loading import load_weights
-from ..runtime.model_options import ScoringOptions
+from ..runtime.model_options import ModelOptions
 from ..runtime.plan import ModelPlan, log_engine_choice
 from ..runtime.vllm import engine_arguments, start_llm, stop_llm, vllm_device
 from ..sharing.planning import padded_batches
@@ -53,15 +55,15 @@ class HFJudgeEngine:
     Args:
         model: The judge, a `*ForCausalLM` model.
         tokenizer: Its tokenizer (padding id, decoding).
-        options: The `ScoringOptions` (`batch_size`, `max_tokens_per_batch`, `max_length`, `show_progress`).
+        options: The `ModelOptions` (`batch_size`, `max_tokens_per_batch`, `max_length`, `show_progress`).
     """
 
     name = "hf"
     is_async = False
     sharding = "none"  # `zero3` or `fsdp2` when the weights are sharded (`judge_engine`)
 
-    def __init__(self, model: PreTrainedModel, tokenizer: Any, options: ScoringOptions | None = None):
-        self.options = options = options or ScoringOptions()  # the one owner of the batch bounds
+    def __init__(self, model: PreTrainedModel, tokenizer: Any, options: ModelOptions | None = None):
+        self.options = options = options or ModelOptions()  # the one owner of the batch bounds
         self.model, self.tokenizer = model, tokenizer
         self.max_length = options.longest_sequence(model.config)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -107,14 +109,22 @@ class HFJudgeEngine:
 
     @torch.inference_mode()
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float,
+        seeds: Sequence[int],
+        top_p: float = 1.0,
+        keep_failures: bool = False,
     ) -> list[str]:
-        """The judge's text for each prompt (greedy at temperature 0, else sampled with `seed`)."""
+        """The judge's text for each prompt (greedy at temperature 0, else sampled from one random stream seeded with
+        the first of `seeds`: every prompt, a repeated one included, draws its own sample). Nothing here fails by
+        request, so `keep_failures` changes nothing."""
         out = [""] * len(prompts)
         sample = temperature > 0
         kwargs = {"do_sample": sample, "max_new_tokens": max_new_tokens, "pad_token_id": self.pad_token_id}
         kwargs |= (
-            {"temperature": temperature, "top_p": 1.0, "top_k": 0}
+            {"temperature": temperature, "top_p": top_p, "top_k": 0}
             if sample
             else {"temperature": None, "top_p": None, "top_k": None}
         )
@@ -122,7 +132,7 @@ class HFJudgeEngine:
         self.model.eval()
         try:
             with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.manual_seed(seed)
+                torch.manual_seed(int(seeds[0]) if len(seeds) else 0)
                 for batch in self._batches(prompts, extra=max_new_tokens):
                     inputs = self._left_padded([prompts[i] for i in batch])
                     generated = self.model.generate(**inputs, **kwargs)[:, inputs["input_ids"].shape[1] :]
@@ -140,7 +150,7 @@ class VLLMJudgeEngine:
     Args:
         model: Local folder or Hub id of the judge.
         config: Its transformers config.
-        options: The `ScoringOptions` (vLLM's: `precision`, `max_length`, `max_tokens_per_batch`, `batch_size`,
+        options: The `ModelOptions` (vLLM's: `precision`, `max_length`, `max_tokens_per_batch`, `batch_size`,
             `prefix_sharing`, `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`, `trust_remote_code`).
     """
 
@@ -152,8 +162,8 @@ class VLLMJudgeEngine:
     def device(self) -> str:
         return vllm_device()
 
-    def __init__(self, model: str, config: Any, options: ScoringOptions | None = None):
-        options = options or ScoringOptions()
+    def __init__(self, model: str, config: Any, options: ModelOptions | None = None):
+        options = options or ModelOptions()
         arguments = engine_arguments(config, options, runner="generate")
         self.max_length = arguments.get("max_model_len")
         self.show_progress = options.show_progress
@@ -183,14 +193,24 @@ class VLLMJudgeEngine:
         return out
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int,
+        temperature: float,
+        seeds: Sequence[int],
+        top_p: float = 1.0,
+        keep_failures: bool = False,
     ) -> list[str]:
-        """The judge's text for each prompt (greedy at temperature 0, else sampled with `seed`)."""
+        """The judge's text for each prompt (greedy at temperature 0, else sampled with the prompt's seed). Nothing
+        here fails by request, so `keep_failures` changes nothing."""
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            max_tokens=max_new_tokens, temperature=temperature, seed=seed, skip_special_tokens=True
-        )
+        params = [
+            SamplingParams(
+                max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(seed), skip_special_tokens=True
+            )
+            for seed in seeds
+        ]
         return [result.outputs[0].text for result in self._run(prompts, params)]
 
     def close(self) -> None:

@@ -18,8 +18,11 @@ reward per sample. `rewards/shaping.py` holds the group adjustments that follow 
   own gives the points of rankings 4 to 6 to response 2, the better one, so the loser scores higher there).
 
 The cases of NeMo Gym's tests for these functions pass as written (tests/test_genrm.py), its newest included: a
-non-finite value (NaN, Infinity) is no verdict. Not here yet: the judge mode that sends these messages to a GenRM and
-reads its answers in GRPO (issue 38).
+non-finite value (NaN, Infinity) is no verdict.
+
+`GenRM` is the judge mode (`JudgeEnvironment(mode="genrm")`) that asks a GenRM these comparisons in GRPO: its options
+are `JudgeOptions`' GenRM keys (`comparison_strategy`, `judges_per_comparison`, `aggregator`, `principle`,
+`principle_column`, `default_score`, `default_ranking`, `failed_judgement`).
 """
 
 from __future__ import annotations
@@ -28,14 +31,18 @@ import itertools
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from ..data.messages import reasoning_and_answer, strip_reasoning_text
+from .judge_mode import JudgeMode
 
 DEFAULT_SCORE = 3.0
 DEFAULT_RANKING = 3.5  # no preference
 EMPTY_ANSWER = "None"  # what the GenRM is shown for an empty answer
 PAIR_STRATEGIES = ("circular", "all_pairs")
 AGGREGATORS = ("simple_tiebreaker", "individual_scores", "weighted_win_loss")
+FAILED_JUDGEMENTS = ("neutral", "masked")
 WIN_POINTS = {1: 1.0, 2: 0.75, 3: 0.6, 4: 0.4, 5: 0.25, 6: 0.0}  # response 1's points by ranking
 VERDICT_KEYS = ("score_1", "score_2", "ranking")
 FENCED_JSON = re.compile(r"```json\s*([\s\S]*?)\s*```", re.I)
@@ -45,15 +52,6 @@ Verdict = tuple[float, float, float]
 
 class GenRMVerdictError(ValueError):
     """A GenRM's text holds no valid verdict object."""
-
-
-def split_reasoning(text: str, end_of_reasoning: str = "</think>") -> tuple[str, str]:
-    """`(reasoning, answer)` of a completion's text: what precedes the last `end_of_reasoning` (an opening `<think>`
-    dropped) and what follows it; no marker: no reasoning."""
-    if end_of_reasoning not in text:
-        return "", text
-    reasoning, _, answer = text.rpartition(end_of_reasoning)
-    return reasoning.replace("<think>", "", 1).strip(), answer.lstrip()
 
 
 def genrm_messages(
@@ -162,6 +160,18 @@ def comparison_pairs(strategy: str, n: int) -> list[tuple[int, int]]:
     return [(i, (i + 1) % n) for i in range(n)]
 
 
+def received(verdict: Verdict, method: str) -> tuple[float, float]:
+    """What response 1 and response 2 each receive from one comparison, by aggregator (see the module docstring)."""
+    score_1, score_2, ranking = verdict
+    if method == "weighted_win_loss":
+        score_1 = WIN_POINTS.get(min(6, max(1, round(ranking))), 0.5)
+        return score_1, 1.0 - score_1
+    if method == "simple_tiebreaker" and score_1 == score_2:
+        shift = DEFAULT_RANKING - ranking
+        return score_1 + shift, score_2 - shift
+    return score_1, score_2
+
+
 def aggregate_verdicts(
     verdicts: Sequence[Verdict],
     pairs: Sequence[tuple[int, int]],
@@ -180,17 +190,126 @@ def aggregate_verdicts(
     if len(verdicts) != len(pairs):
         raise ValueError(f"one verdict per compared pair: {len(verdicts)} verdicts, {len(pairs)} pairs")
     totals, counts, ties = [0.0] * n, [0] * n, 0
-    for (score_1, score_2, ranking), (i, j) in zip(verdicts, pairs):
-        ties += score_1 == score_2
-        if method == "weighted_win_loss":
-            score_1 = WIN_POINTS.get(min(6, max(1, round(ranking))), 0.5)
-            score_2 = 1.0 - score_1
-        elif method == "simple_tiebreaker" and score_1 == score_2:
-            shift = DEFAULT_RANKING - ranking
-            score_1, score_2 = score_1 + shift, score_2 - shift
+    for verdict, (i, j) in zip(verdicts, pairs):
+        ties += verdict[0] == verdict[1]
+        score_1, score_2 = received(verdict, method)
         totals[i] += score_1
         totals[j] += score_2
         counts[i] += 1
         counts[j] += 1
     rewards = [total / count if count else default_score for total, count in zip(totals, counts)]
     return rewards, ties / len(verdicts) if verdicts else 0.0
+
+
+class Comparison(NamedTuple):
+    """One GenRM verdict: the scores and ranking it wrote, and what each shown response receives (`received`)."""
+
+    score_1: float
+    score_2: float
+    ranking: float
+    value_1: float
+    value_2: float
+
+
+class GenRM(JudgeMode):
+    """NeMo Gym's `genrm_compare`: the pairs of a group (`comparison_strategy`, each `judges_per_comparison` times)
+    shown to a pairwise GenRM as the protocol's messages (each completion's final answer, its reasoning and tool calls
+    left out: `data.messages.reasoning_and_answer`); its JSON verdict read from what it writes; each completion
+    gets the mean of what it received (`aggregator`), `default_score` alone in its group; a judgement without a
+    verdict after the retries (or whose request failed) counts as `(default_score, default_score, default_ranking)`
+    (`failed_judgement="neutral"`) or masks its samples' rewards (`"masked"`)."""
+
+    name = "genrm"
+    template = ""
+    fields = frozenset()
+    completion_fields = frozenset()
+    answer_formats: Mapping[str, str] = {}
+    neutral = 0.0
+    shows = 2
+    scorings = ("generate",)
+    templated = False
+    own_options = frozenset({"comparison_strategy", "judges_per_comparison", "aggregator", "principle",
+                             "principle_column", "default_score", "default_ranking", "failed_judgement"})  # fmt: skip
+
+    def labels(self, options: Any) -> list[str]:
+        return []  # read from text only
+
+    def fill(self, texts: Sequence[str], options: Any) -> dict[str, Any]:
+        return {}
+
+    def messages(
+        self, context: Any, texts: Sequence[str], options: Any, row: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        prompt = [{"role": "user", "content": context}] if isinstance(context, str) else context
+        principle = row.get(options.principle_column) if options.principle_column else None
+        return genrm_messages(prompt, *texts, principle=options.principle if principle is None else principle)
+
+    def columns(self, options: Any, template: str) -> list[str]:
+        return [options.principle_column] if options.principle_column else []
+
+    def optional_columns(self, options: Any) -> list[str]:
+        return self.columns(options, "") if options.principle is not None else []  # None: the default principle
+
+    def shown_text(self, completion: Any, strip_reasoning: bool) -> str:
+        return reasoning_and_answer(completion)[1]
+
+    def judgements(self, members: Sequence[int], options: Any, what: str) -> Iterator[tuple[int, ...]]:
+        for i, j in comparison_pairs(options.comparison_strategy, len(members)):
+            for _ in range(options.judges_per_comparison):
+                yield members[i], members[j]
+
+    def from_probabilities(self, shown: Sequence[int], probabilities: Sequence[float]) -> Any:
+        raise NotImplementedError("a GenRM's verdict is read from its text")
+
+    def from_text(self, shown: Sequence[int], text: str, options: Any) -> Comparison | None:
+        try:
+            verdict = parse_genrm_verdict(
+                strip_reasoning_text(text), options.default_score, options.default_ranking, raise_on_fail=True
+            )
+        except GenRMVerdictError:
+            return None
+        return Comparison(*verdict, *received(verdict, options.aggregator))
+
+    def failed_verdict(self, options: Any) -> Comparison | None:
+        if options.failed_judgement != "neutral":
+            return None
+        verdict = (options.default_score, options.default_score, options.default_ranking)
+        return Comparison(*verdict, *received(verdict, options.aggregator))
+
+    def lone_reward(self, options: Any) -> float:
+        return float(options.default_score)
+
+    def shares(self, shown: Sequence[int], verdict: Comparison) -> Iterable[tuple[int, float]]:
+        return [(shown[0], verdict.value_1), (shown[1], verdict.value_2)]
+
+    def check_tokenizer(self, tokenizer: Any, options: Any, template_kwargs: Mapping[str, Any]) -> None:
+        """The GenRM's chat template must render the protocol's roles with their text (a probe comparison).
+
+        Raises:
+            ValueError: the template fails on them, or drops a message's text, naming the role.
+        """
+        row = {options.principle_column: "PROBE-PRINCIPLE"} if options.principle_column else {}
+        principle = "PROBE-PRINCIPLE" if options.principle is not None or row else None
+        probe = self.messages("PROBE-PROMPT", ["PROBE-RESPONSE-1", "PROBE-RESPONSE-2"], options, row)
+        if principle is not None:
+            probe = [m if m["role"] != "principle" else {**m, "content": principle} for m in probe]
+        try:
+            text = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **template_kwargs)
+        except Exception as err:  # a template that raises on an unknown role (Jinja's raise_exception)
+            roles = [m["role"] for m in probe]
+            raise ValueError(
+                f"the GenRM's chat template cannot render the genrm_compare roles {roles}: {err}. A GenRM's template "
+                "reads `response_1` and `response_2` (and `principle` when one is sent)"
+            ) from err
+        dropped = [m["role"] for m in probe if m["content"] not in text]
+        if dropped:
+            raise ValueError(
+                f"the GenRM's chat template drops the text of the role(s) {dropped}: it does not read the "
+                "genrm_compare roles (`response_1`, `response_2`, `principle`); use the GenRM's own tokenizer"
+                + (", or no principle" if "principle" in dropped else "")
+            )
+
+    def metrics(self, verdicts: Sequence[Any]) -> dict[str, float]:
+        """`tiebreak_rate`: the share of the call's comparisons whose two scores were equal."""
+        found = [v for v in verdicts if v is not None]
+        return {"tiebreak_rate": sum(v.score_1 == v.score_2 for v in found) / len(found)} if found else {}

@@ -1,7 +1,7 @@
 """`JudgeOptions`: what a generative judge is asked and how its answer becomes a reward, each option declared once.
 
 A judge's other options are declared where they already live: how the judge model loads and runs (`engine`,
-`precision`, `max_length`, `batch_size`, `vllm_*`, `template_kwargs`, `strip_reasoning`, ...) in `ScoringOptions`, what
+`precision`, `max_length`, `batch_size`, `vllm_*`, `template_kwargs`, `strip_reasoning`, ...) in `ModelOptions`, what
 the reward function does with the rewards in `RewardOptions`, how servers are reached in `RemoteOptions`.
 """
 
@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import ENGINES, check_choices, document, option
+from ..options import ENGINES, changed, check_choices, document, option
+from .genrm import AGGREGATORS, FAILED_JUDGEMENTS, PAIR_STRATEGIES
 from .modes import MODES
 
 SCORINGS = ("logprobs", "generate")
@@ -42,12 +43,12 @@ class JudgeOptions:
         "`trl_rm_env.judges.modes.register_mode`.",
         **_judge("mode"),
     )
-    scoring: str = option(
-        "logprobs",
+    scoring: str | None = option(
+        None,
         choices=SCORINGS,
         help="`logprobs`: the verdict is read from the judge's next-token probabilities over the verdict tokens (one "
         "forward, exact, nothing to parse); `generate`: the judge writes (and may reason), then the verdict is "
-        "parsed from its text.",
+        "parsed from its text. None: the mode's own (`logprobs`; `generate` for `genrm`, which writes its verdict).",
         **_judge("scoring"),
     )
     pairs: str = option(
@@ -88,6 +89,12 @@ class JudgeOptions:
         help="`generate`: sampling temperature of the first try (0: greedy); retries sample at 1.0 when it is 0.",
         **_judge("temperature"),
     )
+    top_p: float = option(
+        1.0,
+        help="`generate` with `temperature > 0`: sample from the smallest set of tokens holding this much probability "
+        "(1: all of them).",
+        **_judge("top_p"),
+    )
     parse_retries: int = option(
         2, help="`generate`: how many times an unparseable judgement is asked again.", **_judge("parse_retries")
     )
@@ -98,8 +105,82 @@ class JudgeOptions:
         **_judge("unparsed_reward"),
     )
 
+    comparison_strategy: str = option(
+        "circular",
+        choices=PAIR_STRATEGIES,
+        help="`genrm`: the ordered pairs of a group of N it compares: `circular` (i against i+1 mod N: N "
+        "comparisons, two for N = 2) or `all_pairs` (i < j, the lower index shown first), NeMo Gym's "
+        "`comparison_strategy`.",
+        **_judge("comparison_strategy"),
+    )
+    judges_per_comparison: int = option(
+        1,
+        help="`genrm`: how many times each pair is judged (sampled apart); a response gets the mean of all it "
+        "received. NeMo Gym's `num_judges_per_comparison`.",
+        **_judge("judges_per_comparison"),
+    )
+    aggregator: str = option(
+        "simple_tiebreaker",
+        choices=AGGREGATORS,
+        help="`genrm`: what a response receives from a comparison: `simple_tiebreaker` (its score; equal scores "
+        "split by the ranking), `individual_scores` (its score) or `weighted_win_loss` (points from the ranking). "
+        "NeMo Gym's `aggregator_method`.",
+        **_judge("aggregator"),
+    )
+    principle: str | None = option(
+        None,
+        help="`genrm`: a principle message (role `principle`) sent before the two responses, for a GenRM whose chat "
+        "template reads one. None: none (NeMo Gym's `use_principle: false`); with `principle_column`, the text of "
+        "rows that have none.",
+        **_judge("principle"),
+    )
+    principle_column: str | None = option(
+        None,
+        help="`genrm`: the dataset column holding each row's principle (NeMo Gym reads `principle`); a row whose "
+        "value is None gets `principle`, or, without it, an error naming the samples.",
+        **_judge("principle_column"),
+    )
+    default_score: float = option(
+        3.0,
+        help="`genrm`: the score a verdict lacks (`score_1`, `score_2`), of a failed judgement, and the reward of a "
+        "response alone in its group (NeMo Gym's `default_score`).",
+        **_judge("default_score"),
+    )
+    default_ranking: float = option(
+        3.5, help="`genrm`: the ranking a verdict lacks, and a failed judgement's.", **_judge("default_ranking")
+    )
+    failed_judgement: str = option(
+        "neutral",
+        choices=FAILED_JUDGEMENTS,
+        help="`genrm`: a comparison without a verdict after the retries, or whose request failed: `neutral` counts "
+        "it as `(default_score, default_score, default_ranking)` (NeMo Gym's); `masked` gives its responses no "
+        "reward (None, which TRL leaves out of the loss). Counted in `judge_env/num_failed` either way.",
+        **_judge("failed_judgement"),
+    )
+
+    def resolved_defaults(self) -> dict[str, Any]:
+        """The defaults that depend on the mode: `scoring` (None is the mode's own)."""
+        return {"scoring": MODES[self.mode].scorings[0]}
+
     def __post_init__(self) -> None:
         check_choices(self)
+        mode = MODES[self.mode]
+        if self.scoring is None:
+            object.__setattr__(self, "scoring", self.resolved_defaults()["scoring"])
+        if self.scoring not in mode.scorings:
+            raise ValueError(f"a {self.mode} judge reads its verdict by {' or '.join(mode.scorings)}, not {self.scoring}")
+        if not mode.templated and self.template is not None:
+            raise ValueError(f"a {self.mode} judge sends its own messages: it takes no template")
+        given = changed(self)
+        others = sorted(
+            {name for other in MODES.values() for name in other.own_options - mode.own_options if name in given}
+        )
+        if others:
+            raise ValueError(f"{', '.join(others)}: options of another mode than {self.mode!r}")
+        if self.judges_per_comparison < 1:
+            raise ValueError(f"judges_per_comparison must be >= 1, got {self.judges_per_comparison}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_score < 2:
             raise ValueError(f"max_score must be >= 2, got {self.max_score}")
         if self.parse_retries < 0:

@@ -5,23 +5,24 @@ a verdict from log-probabilities, and each sample's reward as the mean of its sh
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import templates as T
-from .modes import JudgeMode
+from .judge_mode import JudgeMode
 from .verdicts import distribution
 
 
 @dataclass
 class Judgement:
     """One request to the judge: the batch samples it judges, in the order the judge sees them, and its prompt
-    (token ids, or the message list sent to a chat server); `overlength` when the prompt does not fit."""
+    (token ids, or the message list sent to a chat server); `overlength` when the prompt does not fit; `copy` numbers
+    the judgements of the same samples in the same order (each sampled with its own seed)."""
 
     samples: tuple[int, ...]
     prompt: Any
     overlength: bool = False
+    copy: int = 0  # the how-manieth judgement of the same samples in that order (0: the first)
 
 
 @dataclass
@@ -34,6 +35,70 @@ class JudgeVerdicts:
     counts: dict[str, float]
     masses: list[float]
     tokens: int | None
+
+
+SEED_STRIDE = 1000
+"""A judgement asked again (`Judgement.copy`) is sampled with seed `attempt + SEED_STRIDE * copy`: the first copy
+keeps the attempt's seed."""
+
+
+@dataclass
+class Asked:
+    """What the judge answered to a call's judgements (`ask_verdicts`): a verdict each (None: over-length, or none
+    could be read and the mode has no `failed_verdict`), the judgements that failed (no verdict after the retries, or
+    their request failed), the counts (`num_judgements`, `num_overlength`, `num_retried`, `num_unparsed`,
+    `num_failed`), the verdict tokens' mass of each `logprobs` judgement, and an answer no verdict was read from."""
+
+    verdicts: list[Any]
+    failed: list[int] = field(default_factory=list)
+    counts: dict[str, float] = field(default_factory=dict)
+    masses: list[float] = field(default_factory=list)
+    unparsed_text: str = ""
+
+
+def ask_verdicts(mode: JudgeMode, judge: Any, judgements: Sequence[Judgement]) -> Generator[tuple, Any, Asked]:
+    """Each judgement's verdict, yielding the engine's requests and receiving their answers: `("logprobs",
+    prompts)`, or `("generate", prompts, temperature, seeds)` (an answer None: its request failed, not asked again).
+    An unreadable `generate` answer is asked again up to `parse_retries` times (at `temperature`, or 1.0 when it is
+    0); a judgement that still has no verdict gets the mode's `failed_verdict`.
+    """
+    asked = Asked([None] * len(judgements))
+    verdicts, counts = asked.verdicts, asked.counts
+    sendable = [k for k, j in enumerate(judgements) if not j.overlength]
+    counts.update(num_judgements=float(len(judgements)), num_overlength=float(len(judgements) - len(sendable)))
+    counts["num_retried"] = 0.0
+    requests_failed: set[int] = set()
+    if judge.scoring == "logprobs" and sendable:
+        answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
+        for k, logprobs in zip(sendable, answers):
+            verdicts[k], mass = from_logprobs(mode, judgements[k], logprobs)
+            asked.masses.append(mass)
+    elif judge.scoring == "generate":
+        pending, temperature, last_texts = sendable, judge.temperature, {}
+        for attempt in range(judge.parse_retries + 1):
+            if not pending:
+                break
+            if attempt:
+                counts["num_retried"] += len(pending)
+                temperature = judge.temperature if judge.temperature > 0 else 1.0
+            seeds = [attempt + SEED_STRIDE * judgements[k].copy for k in pending]
+            answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, seeds)
+            for k, text in zip(pending, answers):
+                if text is None:
+                    requests_failed.add(k)
+                else:
+                    verdicts[k] = mode.from_text(judgements[k].samples, text, judge)
+                    last_texts[k] = text
+            pending = [k for k in pending if verdicts[k] is None and k not in requests_failed]
+        asked.unparsed_text = last_texts[pending[0]] if pending else ""
+    asked.failed = [k for k in sendable if verdicts[k] is None]
+    counts["num_unparsed"] = float(len(asked.failed) - len(requests_failed))
+    counts["num_failed"] = float(len(asked.failed))
+    fallback = mode.failed_verdict(judge)
+    if fallback is not None:
+        for k in asked.failed:
+            verdicts[k] = fallback
+    return asked
 
 
 def group_samples(
@@ -90,8 +155,11 @@ def aggregate(
     return values, missing
 
 
-def template_columns(names: Sequence[str], kwargs: Mapping[str, Any], n: int, what: str) -> dict[str, Sequence[Any]]:
-    """The dataset columns a template reads (`names`), one value per sample, from TRL's keyword arguments.
+def template_columns(
+    names: Sequence[str], kwargs: Mapping[str, Any], n: int, what: str, optional: Sequence[str] = ()
+) -> dict[str, Sequence[Any]]:
+    """The dataset columns a judgement reads (`names`), one value per sample, from TRL's keyword arguments
+    (`optional`: columns whose None is a value, which the mode replaces).
 
     Raises:
         ValueError: a column not passed, not one value per sample, or None for some sample (an empty reference or
@@ -108,7 +176,7 @@ def template_columns(names: Sequence[str], kwargs: Mapping[str, Any], n: int, wh
             )
         if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != n:
             raise ValueError(f"{what}: column {name!r} must hold one value per sample ({n}), as TRL passes it")
-        missing = [i for i, v in enumerate(value) if v is None]
+        missing = [] if name in optional else [i for i, v in enumerate(value) if v is None]
         if missing:
             raise ValueError(
                 f"{what}: column {name!r}, which the judge template reads, is None for samples {missing[:10]}"
@@ -145,11 +213,13 @@ def build_judgements(
     texts: Mapping[int, str],
     groups: Sequence[Sequence[int]],
     columns: Mapping[str, Sequence[Any]],
-    render: Callable[[dict[str, Any]], tuple[Any, bool]],
+    render: Callable[[Any, list[str], dict[str, Any]], tuple[Any, bool]],
     what: str,
 ) -> tuple[list[Judgement], list[int]]:
-    """Every judgement of a call (`judge`: the `JudgeOptions`; `texts`: each sample's completion text; `render`:
-    template values -> `(prompt, overlength)`), and the samples alone in a group of a mode that compares them.
+    """Every judgement of a call (`judge`: the `JudgeOptions`; `texts`: what the judge is shown of each sample;
+    `render(context, texts, row)` -> `(prompt, overlength)`, `row` holding this group's values of `columns`), and the
+    samples alone in a group of a mode that compares them. A judgement the mode asks for again (a GenRM's k judges of
+    one pair) is numbered by `copy`.
 
     Raises:
         ValueError: a group the mode cannot judge (a listwise `logprobs` group of more than 9 completions).
@@ -160,9 +230,10 @@ def build_judgements(
         if mode.compares and len(members) == 1:
             alone.append(members[0])
             continue
+        seen: dict[tuple[int, ...], int] = {}
         for shown in mode.judgements(members, judge, what):
-            first = shown[0]
-            values = {"prompt": T.prompt_text(prompts[first]), **{c: columns[c][first] for c in columns}}
-            values.update(mode.fill([texts[i] for i in shown], judge))
-            out.append(Judgement(tuple(shown), *render(values)))
+            first, shown = shown[0], tuple(shown)
+            copy = seen[shown] = seen.get(shown, -1) + 1
+            row = {c: columns[c][first] for c in columns}
+            out.append(Judgement(shown, *render(prompts[first], [texts[i] for i in shown], row), copy=copy))
     return out, alone

@@ -1,5 +1,7 @@
 """Judge modes as objects: everything that differs between a pointwise, a pairwise and a listwise judge, in one class
-each. Nothing outside this module tests a mode's name: the judge, the evaluation and the cascade ask the mode.
+each (on `judge_mode.JudgeMode`), and their registry; the GenRM mode (NeMo Gym's `genrm_compare`) is `genrm.py`'s,
+registered here. Nothing outside the modes tests a mode's name: the judge, the evaluation and the cascade ask the
+mode.
 
 A mode owns its built-in template and the fields it fills, what the judge is told to answer (`answer_format`, by
 scoring), its verdict labels (read by log-probabilities), the judgements of a GRPO group, how a verdict is read from
@@ -18,127 +20,16 @@ A new mode is one subclass of `JudgeMode`, registered with `register_mode`; its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from . import templates as T
+from .genrm import GenRM
+from .judge_mode import Ask, EvalPair, JudgeMode, PairVerdicts
 from .verdicts import parse_ranking, parse_score, parse_winner
 
 MAX_LIST = 9
 """Most completions a listwise judgement can rank by log-probabilities: one single-token label each (1..9)."""
-
-
-@dataclass(frozen=True)
-class EvalPair:
-    """One strictly ordered preference pair to judge in evaluation: its context, the better and the worse completion,
-    a key for each completion (a completion in several pairs is the same item), and its position among all pairs
-    (which decides its order when the judge shows one order only)."""
-
-    context: Any
-    better: Any
-    worse: Any
-    better_key: Any
-    worse_key: Any
-    index: int
-
-
-@dataclass
-class PairVerdicts:
-    """A mode's verdicts on preference pairs: each pair's preference for the better completion (None: no verdict;
-    `neutral` is a tie), its preference in each order shown (for position consistency; None when the mode shows one),
-    each rated item's own value by key (modes that judge a completion alone), and the judge's `JudgeVerdicts`."""
-
-    preferences: list[float | None]
-    orders: list[list[float | None]] | None
-    ratings: dict[Any, float | None]
-    found: Any
-
-
-Ask = Callable[[Sequence[Any], Sequence[Sequence[Any]]], Any]
-"""`ask(contexts, shown)`: one judgement per item, showing `shown[k]`'s completions in that order for `contexts[k]`;
-returns the judge's `JudgeVerdicts` (one verdict per item, in the mode's verdict format)."""
-
-
-class JudgeMode:
-    """How a judge judges: subclass it for a new mode (class attributes and the methods below), and register it.
-
-    Class attributes: `name`; `template` (the built-in prompt); `fields` (the template fields the mode fills; any
-    other field is a dataset column); `completion_fields` (those a template must contain, or the judge would not see
-    what it judges); `answer_formats` (`{answer_format}` by scoring: `logprobs`, `generate`); `compares` (the mode
-    judges a group's completions together: a completion alone in its group gets `single_reward`); `neutral` (the
-    preference of a pair that is a tie in evaluation); `shows` (completions per judgement; None: any number).
-    """
-
-    name: ClassVar[str]
-    template: ClassVar[str]
-    fields: ClassVar[frozenset[str]]
-    completion_fields: ClassVar[frozenset[str]]
-    answer_formats: ClassVar[Mapping[str, str]]
-    compares: ClassVar[bool] = True
-    neutral: ClassVar[float] = 0.0
-    shows: ClassVar[int | None] = None
-
-    def labels(self, options: Any) -> list[str]:
-        """The verdicts a `logprobs` judge is read on, each one token of the judge's tokenizer."""
-        raise NotImplementedError
-
-    def fill(self, texts: Sequence[str], options: Any) -> dict[str, Any]:
-        """The template fields (of `fields`, but `prompt` and `answer_format`) of a judgement showing `texts`."""
-        raise NotImplementedError
-
-    def judgements(self, members: Sequence[int], options: Any, what: str) -> Iterator[tuple[int, ...]]:
-        """The judgements of a group of samples (more than one when `compares`), each as the samples it shows, in
-        that order."""
-        raise NotImplementedError
-
-    def from_probabilities(self, shown: Sequence[int], probabilities: Sequence[float]) -> Any:
-        """A verdict from the verdict tokens' probabilities (renormalized over `labels`)."""
-        raise NotImplementedError
-
-    def from_text(self, shown: Sequence[int], text: str, options: Any) -> Any:
-        """A verdict parsed from the judge's text, or None."""
-        raise NotImplementedError
-
-    def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
-        """Each shown sample's share of a verdict: its reward from this judgement (a sample's reward is the mean of
-        its shares)."""
-        raise NotImplementedError
-
-    # ------------------------------------------------------------------ shared by every mode
-    def answer_format(self, scoring: str, **values: Any) -> str:
-        """`{answer_format}`: what the judge is told to answer."""
-        return self.answer_formats[scoring].format(**values)
-
-    def labels_shown(self, shown: Sequence[int], labels: Sequence[Any]) -> Sequence[Any]:
-        """The labels that apply to a judgement showing `shown` (all of them, but for a list of fewer than 9)."""
-        return labels
-
-    def judge_pairs(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> PairVerdicts:
-        """Judge preference pairs for evaluation. By default each pair is a group of two, judged as GRPO judges a
-        group (`judgements`, with the better completion first at even positions), and its preference is the better
-        one's reward minus the worse one's (`neutral` 0)."""
-        shown = []
-        for pair in pairs:
-            members = (0, 1) if pair.index % 2 == 0 else (1, 0)
-            for order in self.judgements(members, options, "eval"):
-                shown.append((pair, order))
-        found = ask(
-            [pair.context for pair, _ in shown],
-            [[(pair.better, pair.worse)[k] for k in order] for pair, order in shown],
-        )
-        rewards: dict[int, list[list[float]]] = {}
-        for (pair, order), verdict in zip(shown, found.values):
-            shares = rewards.setdefault(pair.index, [[], []])
-            if verdict is None:
-                continue
-            for k, value in self.shares(order, verdict):
-                shares[k].append(value)
-        preferences: list[float | None] = []
-        for pair in pairs:
-            better, worse = rewards.get(pair.index, [[], []])
-            preferences.append(sum(better) / len(better) - sum(worse) / len(worse) if better and worse else None)
-        return PairVerdicts(preferences, None, {}, found)
 
 
 MODES: dict[str, JudgeMode] = {}
@@ -370,3 +261,6 @@ class Listwise(JudgeMode):
 
     def shares(self, shown: Sequence[int], verdict: Any) -> Iterable[tuple[int, float]]:
         return list(zip(shown, verdict))
+
+
+register_mode(GenRM)  # NeMo Gym's `genrm_compare` (`judges/genrm.py`)

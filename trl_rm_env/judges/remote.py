@@ -14,6 +14,7 @@ Two ways to send a judgement (`remote_input`):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -22,6 +23,8 @@ from ..serving.client.pool import RemoteScoringError, ServerPool
 from ..serving.client.remote_options import RemoteOptions
 from ..serving.client.tokenizer import client_tokenizer
 from ..serving.dialects import api_key_from_env
+
+logger = logging.getLogger(__name__)
 
 TOP_LOGPROBS = 20
 """`top_logprobs` asked for in `messages` mode (OpenAI's maximum)."""
@@ -82,7 +85,8 @@ class RemoteJudgeEngine:
 
     def _chunks(self, prompts: Sequence[Any]) -> list[list[Any]]:
         """The prompts of one request each: token ids go `PROMPTS_PER_REQUEST` at a time (OpenAI's completions take a
-        list of prompts), spread over every server; a chat request holds one conversation."""
+        list of prompts), spread over every server; a chat request holds one conversation. (A request's fields, its
+        seed among them, apply to all its prompts.)"""
         if not self.tokens:
             return [[p] for p in prompts]
         count = max(len(self.urls), -(-len(prompts) // PROMPTS_PER_REQUEST))
@@ -100,9 +104,25 @@ class RemoteJudgeEngine:
             body["model"] = self.model
         return body | fields
 
-    async def _post(self, prompts: Sequence[Any], fields: dict[str, Any], read_choice: Any) -> list[Any]:
-        """Each prompt's `read_choice(choice, url)`, in input order."""
-        chunks = self._chunks(prompts)
+    async def _post(
+        self, prompts: Sequence[Any], fields: dict[str, Any], read_choice: Any, *, seeds: Sequence[int] | None = None,
+        keep_failures: bool = False,
+    ) -> list[Any]:
+        """Each prompt's `read_choice(choice, url)`, in input order. `seeds`: each prompt's `seed` (prompts of one
+        seed share requests); `keep_failures`: a failed request's prompts answer None, the others go on (warned),
+        unless every request failed (an error naming the server: a dead or unreachable one)."""
+        if seeds is None:
+            groups = [(list(range(len(prompts))), fields)]
+        else:
+            by_seed: dict[int, list[int]] = {}
+            for k, seed in enumerate(seeds):
+                by_seed.setdefault(int(seed), []).append(k)
+            groups = [(ks, fields | {"seed": seed}) for seed, ks in by_seed.items()]
+        chunks, bodies = [], []
+        for ks, group_fields in groups:
+            for chunk in self._chunks(ks):
+                chunks.append(chunk)
+                bodies.append(self._body([prompts[k] for k in chunk], **group_fields))
 
         def read(body: Any, url: str) -> list[Any]:
             try:
@@ -113,14 +133,31 @@ class RemoteJudgeEngine:
                 ) from err
             return [read_choice(choice, url) for choice in choices]
 
-        answers = await self.pool.post_all([self._body(chunk, **fields) for chunk in chunks], read)
-        out = [value for chunk, values in zip(chunks, answers) for value in values]
-        if len(out) != len(prompts):
+        errors: list[RemoteScoringError] = []
+        failed = (lambda error: errors.append(error)) if keep_failures else None  # answers None
+        answers = await self.pool.post_all(bodies, read, on_error=failed)
+        if errors and len(errors) == len(bodies):
             raise RemoteScoringError(
-                f"judge server {self.urls[0]} answered {len(out)} choices for {len(prompts)} prompts",
-                self.urls[0],
-                200,
+                f"every request of this call to the judge servers failed ({len(errors)}): {errors[0]}", errors[0].url,
+                errors[0].status,
+            ) from errors[0]
+        if errors:
+            logger.warning(
+                "%d of %d requests to the judge servers failed (their judgements count as failed, in "
+                "judge_env/num_failed); the first: %s", len(errors), len(bodies), errors[0],
             )
+        out: list[Any] = [None] * len(prompts)
+        for chunk, values in zip(chunks, answers):
+            if values is None:  # a failed request, kept
+                continue
+            if len(values) != len(chunk):
+                raise RemoteScoringError(
+                    f"judge server {self.urls[0]} answered {len(values)} choices for {len(chunk)} prompts",
+                    self.urls[0],
+                    200,
+                )
+            for k, value in zip(chunk, values):
+                out[k] = value
         return out
 
     async def label_logprobs(
@@ -169,9 +206,20 @@ class RemoteJudgeEngine:
 
         return await self._post(prompts, fields, read)
 
-    async def generate(self, prompts: Sequence[Any], max_new_tokens: int, temperature: float, seed: int) -> list[str]:
-        """The judge's text for each prompt."""
-        fields = {"max_tokens": max_new_tokens, "temperature": temperature, "seed": seed}
+    async def generate(
+        self,
+        prompts: Sequence[Any],
+        max_new_tokens: int,
+        temperature: float,
+        seeds: Sequence[int],
+        top_p: float = 1.0,
+        keep_failures: bool = False,
+    ) -> list[str | None]:
+        """The judge's text for each prompt (`seeds`: each prompt's; `keep_failures`: a failed request's prompts get
+        None rather than an error)."""
+        fields: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": temperature}
+        if top_p != 1.0:
+            fields["top_p"] = top_p
 
         def read(choice: Any, url: str) -> str:
             try:
@@ -182,7 +230,7 @@ class RemoteJudgeEngine:
                 ) from err
             return text or ""
 
-        return await self._post(prompts, fields, read)
+        return await self._post(prompts, fields, read, seeds=seeds, keep_failures=keep_failures)
 
 
 def remote_judge_tokenizer(tokenizer: Any, model: str | None, remote_input: str, name: str) -> Any:

@@ -11,10 +11,12 @@ a lock makes the concurrent calls wait for the one that scores.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from .base import Reward
 
 
 class SharedOutputs:
@@ -41,17 +43,22 @@ class SharedOutputs:
             return self._outputs
 
 
-class AttributeReward:
+class AttributeReward(Reward):
     """One attribute of a regression reward model as a TRL reward function, named after it (TRL logs
     `rewards/<attribute>/mean`). Made by `RewardModelEnvironment.attribute_rewards()`."""
 
     def __init__(self, shared: SharedOutputs, index: int, attribute: str, weight: float = 1.0):
         self.shared, self.index, self.__name__, self.weight = shared, index, attribute, float(weight)
 
-    def __call__(
-        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any = None, **kwargs: Any
-    ) -> list[float]:
-        return (self.shared.outputs(prompts, completions, kwargs)[:, self.index] * self.weight).tolist()
+    def _steps(
+        self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any, kwargs: Mapping[str, Any]
+    ) -> Generator[tuple, torch.Tensor, list[float]]:
+        outputs = yield prompts, completions, kwargs
+        return (outputs[:, self.index] * self.weight).tolist()
+
+    def _answer(self, request: tuple) -> torch.Tensor:
+        """The batch's outputs, every attribute (scored by the first of its attribute rewards called)."""
+        return self.shared.outputs(*request)
 
     def __repr__(self) -> str:
         return f"AttributeReward({self.__name__!r}, column {self.index})"

@@ -1,18 +1,20 @@
-"""What every reward-model reward function does around its scorer: TRL's inputs checked (`trl_rm_env.data.messages`),
-empty completions, NaN/inf scores, normalization, clipping and the `reward_model_env/*` metrics, with the options
-of that post-processing (`RewardOptions`).
+"""The bases of every reward function of the package.
 
-`RewardModelEnvironment` builds on `RewardFunction` with a local or a remote scorer; `_plan` and `_finish` bracket
-its scoring call, synchronous or asynchronous.
+`Reward`: TRL's reward-function call, written once as a generator of requests and run synchronously or awaited.
+`RewardFunction`: what a reward function over a model does around its scorer (TRL's inputs checked
+(`trl_rm_env.data.messages`), empty completions, NaN/inf scores, normalization, clipping and the metrics), with the
+options of that post-processing (`RewardOptions`); `_plan`, then `_filled` and `_finish` bracket its model's
+requests.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ import torch
 from ..data.messages import check_sample, message_is_blank, strip_completion_reasoning
 from ..options import check_choices, document, option
 from ..scoring.interfaces import Scorer
+from .shaping import GroupShaping
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +75,92 @@ def is_empty(completion: Any) -> bool:
     return all(message_is_blank(m) for m in completion)
 
 
-class RewardFunction:
+class Reward:
+    """The one base of the package's reward functions: TRL's reward-function call, `(prompts, completions,
+    completion_ids=None, **kwargs) -> list[float | None]`, one way whether it runs synchronously or is awaited.
+
+    A subclass writes its call once, as a generator, `_steps(prompts, completions, completion_ids, kwargs)`: it yields
+    requests (a model's forward, a server's answer, another reward function's call), receives each answer
+    (`_answer(request)`) and returns the rewards. `is_async` says which function `__call__` is: a plain one, run
+    holding `_holding()` (a lock, gathered weights) across all the requests of a call, or a coroutine function (TRL
+    awaits it, concurrently with its other reward functions) that awaits any answer that is awaitable. An answer that
+    raises is thrown into the generator at the `yield` that asked, so the subclass's handlers there see it.
+    """
+
+    __name__: str
+    is_async: bool = False
+
+    def _steps(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
+    ) -> Generator[Any, Any, list[Any]]:
+        """One reward call: yields requests, receives their answers, returns one reward per sample."""
+        raise NotImplementedError
+
+    def _answer(self, request: Any) -> Any:
+        """The answer to one request of `_steps` (with `is_async`, it may be awaitable)."""
+        raise NotImplementedError
+
+    def _holding(self) -> contextlib.AbstractContextManager[Any]:
+        """What a synchronous call holds across all its requests (nothing, unless a subclass says)."""
+        return contextlib.nullcontext()
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The reward function's signature (`inspect.signature(reward)`): TRL's."""
+        return inspect.signature(self.__call__)
+
+    @property
+    def __call__(self) -> Callable[..., Any]:
+        """TRL's reward function; a coroutine function when `is_async` (TRL awaits it)."""
+        return self._call_async if self.is_async else self._call
+
+    def _call(self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any) -> list[Any]:
+        return self._drive(self._steps(prompts, completions, completion_ids, kwargs))
+
+    async def _call_async(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
+    ) -> list[Any]:
+        return await self._drive(self._steps(prompts, completions, completion_ids, kwargs))
+
+    def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
+        """Run a generator of requests to its result; with `is_async`, a coroutine of it."""
+        return self._drive_async(steps) if self.is_async else self._drive_sync(steps)
+
+    def _drive_sync(self, steps: Generator[Any, Any, Any]) -> Any:
+        with self._holding():
+            try:
+                request = next(steps)
+                while True:
+                    try:
+                        answer = self._answer(request)
+                    except Exception as error:  # raised where it was asked for
+                        request = steps.throw(error)
+                    else:
+                        request = steps.send(answer)
+            except StopIteration as done:
+                return done.value
+
+    async def _drive_async(self, steps: Generator[Any, Any, Any]) -> Any:
+        try:
+            request = next(steps)
+            while True:
+                try:
+                    answer = self._answer(request)
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                except Exception as error:  # raised where it was asked for
+                    request = steps.throw(error)
+                else:
+                    request = steps.send(answer)
+        except StopIteration as done:
+            return done.value
+
+
+class RewardFunction(Reward):
     """The reward pipeline around a `Scorer`: checks, empties, NaN/inf, normalization, clipping, metrics.
 
-    Subclasses build their scorer and call `_setup`; `_plan` and `_finish` bracket the scoring
-    call of their `__call__` (sync or async).
+    Subclasses build their scorer and call `_setup`; `_plan`, then `_filled` and `_finish` bracket the requests of
+    their `_steps`.
     """
 
     scorer: Scorer
@@ -95,8 +179,10 @@ class RewardFunction:
         strip_reasoning: bool = False,
         checkpoint_stats: tuple[float, float] | None = None,
         attributes: Sequence[str] = (),
+        shaping: GroupShaping | None = None,
     ) -> None:
-        """What every reward function holds (`checkpoint_stats`: `(mean, std)` for `normalization="checkpoint"`).
+        """What every reward function holds (`checkpoint_stats`: `(mean, std)` for `normalization="checkpoint"`;
+        `shaping`: the group shaping of its rewards, none by default).
 
         Raises:
             ValueError: `checkpoint` normalization without statistics.
@@ -115,6 +201,7 @@ class RewardFunction:
         self.__name__ = options.name  # TRL reads the reward function's name here
         self.strip_reasoning = strip_reasoning
         self.attributes = list(attributes)  # a regression RM's: the mean of each is logged
+        self.shaping = shaping or GroupShaping()
         self._checkpoint_stats = checkpoint_stats
         self._count, self._mean, self._m2 = 0, 0.0, 0.0  # running statistics (Welford)
         self.num_nonfinite = 0  # samples given `nonfinite_reward` so far (the first time is warned)
@@ -177,26 +264,43 @@ class RewardFunction:
         strip = self.strip_reasoning
         return [i for i, c in enumerate(completions) if is_empty(strip_completion_reasoning(c) if strip else c)]
 
-    def _plan(self, prompts: Samples, completions: Samples) -> tuple[list[int], list[int], torch.Tensor]:
-        """Check TRL's inputs; return the empty completions, the samples to score and the rewards to fill."""
+    def _plan(
+        self, prompts: Samples, completions: Samples, dtype: torch.dtype = torch.float32
+    ) -> tuple[list[int], list[int], torch.Tensor]:
+        """Check TRL's inputs; return the empty completions, the samples to score and the rewards to fill (`dtype`:
+        fp32 for a model's scores, fp64 where rewards are computed from parsed numbers, kept exact)."""
         empty = self._check_inputs(prompts, completions)
         skip = set(empty) if self.empty_completion_reward is not None else set()
         to_score = [i for i in range(len(prompts)) if i not in skip]
-        return empty, to_score, torch.empty(len(prompts), dtype=torch.float32)
+        return empty, to_score, torch.empty(len(prompts), dtype=dtype)
+
+    def _filled(
+        self, rewards: torch.Tensor, empty: Sequence[int], groups: tuple[Samples, Samples] | None = None
+    ) -> torch.Tensor:
+        """The rewards with the empty completions' (`empty_completion_reward`, when set), then shaped group by group
+        (`groups`: the prompts and completions these rewards are of; the shaping reads whole groups)."""
+        if self.empty_completion_reward is not None and len(empty):
+            rewards[torch.tensor(list(empty))] = float(self.empty_completion_reward)
+        if groups is not None and self.shaping.active:
+            rewards = self.shaping.shape(rewards, *groups)
+        return rewards
 
     def _finish(
-        self, rewards: torch.Tensor, empty: list[int], log_metric, nonfinite: int | None = None
-    ) -> list[float]:
-        """Fallback for empty completions, normalization, clipping, metrics (`nonfinite`: how many samples got
-        `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known)."""
-        if self.empty_completion_reward is not None and empty:
-            rewards[torch.tensor(empty)] = float(self.empty_completion_reward)
+        self, rewards: torch.Tensor, empty: int, log_metric, nonfinite: int | None = None
+    ) -> list[float | None]:
+        """Normalization, clipping and metrics of `_filled` rewards (`empty`: how many completions were empty;
+        `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known).
+        A NaN reward is no reward: None to TRL (which leaves it out of the loss), left out of the statistics and the
+        metrics."""
+        kept = ~torch.isnan(rewards)
         raw = rewards.clone()
         rewards = self._normalize(rewards)
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
-        self._log(log_metric, raw, rewards, len(empty), nonfinite)
-        return rewards.tolist()
+        self._log(log_metric, raw[kept], rewards[kept], empty, nonfinite)
+        if kept.all():
+            return rewards.tolist()
+        return [value if keep else None for value, keep in zip(rewards.tolist(), kept.tolist())]
 
     # ------------------------------------------------------------------ normalization and metrics
     def _normalize(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -205,7 +309,7 @@ class RewardFunction:
         if self.normalization == "checkpoint":
             mean, std = self._checkpoint_stats
         else:
-            for value in rewards.double().tolist():  # Welford's update, all rewards seen so far
+            for value in rewards[~torch.isnan(rewards)].double().tolist():  # Welford's update, all rewards so far
                 self._count += 1
                 delta = value - self._mean
                 self._mean += delta / self._count

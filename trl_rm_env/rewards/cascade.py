@@ -5,14 +5,15 @@ GRPO groups it separates by at least that margin and the judge the others (what 
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 from trl.trainer.utils import is_async_callable
+
+from .base import Reward
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +98,11 @@ def _routed(
     return sorted(still)
 
 
-class CascadeReward:
+class CascadeReward(Reward):
     """Several TRL reward functions as one: per sample, the first source that returns a number (not None or NaN)
     gives the reward, and a later source is called only with the samples still undecided (the slices of `prompts`,
-    `completions`, `completion_ids` and of every per-sample column TRL passes). A sample no source decides gets None
+    `completions`, `completion_ids` and of every per-sample column TRL passes; empty ones when none is left, since
+    under several processes a source may be a collective every process enters). A sample no source decides gets None
     (TRL's "no reward from this function").
 
     Works with any reward functions, ours (`JudgeEnvironment`, `RewardModelEnvironment`) or plain ones; asynchronous
@@ -155,30 +157,23 @@ class CascadeReward:
                 )
         self.last_calls: list[int] = []  # samples each source was called with, in the last call
 
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self.__call__)
-
-    @property
-    def __call__(self) -> Callable[..., Any]:
-        """TRL's reward function; a coroutine function when any source is one."""
-        return self._rewards_async if self.is_async else self._rewards
+    def _answer(self, request: tuple[Callable[..., Any], dict[str, Any]]) -> Any:
+        """A source called with its samples: its rewards (an awaitable of them from an async source)."""
+        source, arguments = request
+        return source(**arguments)
 
     def _steps(
         self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any, kwargs: Mapping[str, Any]
-    ):
-        """Yield `(source, its arguments)` for each source with undecided samples; receive its rewards."""
+    ) -> Generator[tuple[Callable[..., Any], dict[str, Any]], Any, list[float | None]]:
+        """Yield `(source, its arguments: the undecided samples)` for each source; receive its rewards."""
         n = len(prompts)
         rewards: list[float | None] = [None] * n
         undecided = list(range(n))
         self.last_calls = []
         counts: dict[str, float] = {}
         for source, name in zip(self.sources, self.source_names):
-            if not undecided:
-                counts[name] = 0.0
-                self.last_calls.append(0)
-                continue
-
+            # Every source is called, with no samples when none is left: under several processes a source may be a
+            # collective (a judge gathering whole groups, a sharded model), which every process must enter.
             rows = list(undecided)
             arguments = {
                 "prompts": [prompts[i] for i in rows],
@@ -209,24 +204,3 @@ class CascadeReward:
                 log_metric(f"judge_env/cascade_{name}", count)
             log_metric("judge_env/cascade_undecided", float(len(undecided)))
         return rewards
-
-    def _rewards(self, prompts, completions, completion_ids=None, **kwargs: Any) -> list[float | None]:
-        steps = self._steps(prompts, completions, completion_ids, kwargs)
-        try:
-            source, arguments = next(steps)
-            while True:
-                source, arguments = steps.send(source(**arguments))
-        except StopIteration as done:
-            return done.value
-
-    async def _rewards_async(self, prompts, completions, completion_ids=None, **kwargs: Any) -> list[float | None]:
-        steps = self._steps(prompts, completions, completion_ids, kwargs)
-        try:
-            source, arguments = next(steps)
-            while True:
-                answer = source(**arguments)
-                if inspect.isawaitable(answer):
-                    answer = await answer
-                source, arguments = steps.send(answer)
-        except StopIteration as done:
-            return done.value

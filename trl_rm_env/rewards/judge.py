@@ -3,53 +3,68 @@ group, or listwise, read from log-probabilities or parsed from generated text.""
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from ..data.messages import strip_completion_reasoning
-from ..distributed import full_weights
+from ..distributed import full_weights, rank, world_size
 from ..judges import templates as T
 from ..judges.engines import judge_engine
+from ..judges.judge_mode import EvalPair, JudgeMode, PairVerdicts
 from ..judges.judge_options import JudgeOptions
 from ..judges.judging import (
     Judgement,
     JudgeVerdicts,
     aggregate,
+    ask_verdicts,
     build_judgements,
     failure_message,
-    from_logprobs,
     group_samples,
     template_columns,
 )
-from ..judges.modes import EvalPair, JudgeMode, PairVerdicts, mode_of
+from ..judges.modes import mode_of
 from ..judges.remote import RemoteJudgeEngine, remote_judge_tokenizer
 from ..judges.verdicts import label_token_ids
-from ..options import build, changed, names, route, spelled
+from ..options import build, names, route, spelled
 from ..runtime.loading import load_tokenizer
-from ..runtime.model_options import ScoringOptions
+from ..runtime.model_options import ModelOptions
 from ..runtime.plan import plan_model
 from ..serving.client.remote_options import RemoteOptions, local_only
 from ..tokenization import encode_messages
+from ..waiting import gather_objects
 from .base import Ids, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
+from .shaping import GroupShaping
 
 logger = logging.getLogger(__name__)
 
+
+@dataclass
+class WholeCall:
+    """A reward call as judged: the samples of every process (one process: its own), the template's columns, the
+    samples to judge and the empty ones (indices into these lists), where this process's samples start, and this
+    process's rank among `world` processes."""
+
+    prompts: list[Any]
+    completions: list[Any]
+    columns: dict[str, list[Any]]
+    to_score: list[int]
+    empty: list[int]
+    offset: int = 0
+    rank: int = 0
+    world: int = 1
+
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "options", "scoring_options")
-OPTION_CLASSES = (JudgeOptions, ScoringOptions, RewardOptions, RemoteOptions)
+OPTION_CLASSES = (JudgeOptions, ModelOptions, RewardOptions, RemoteOptions, GroupShaping)
 """Where the judge's options are declared: how it judges, how the judge model loads and runs, what the reward function
-does with the rewards, and how servers are reached (with `remote_url`)."""
-NOT_FOR_JUDGES = ("label_index", "attribute_weights", "reward_model_type", "truncation", "nonfinite_reward")
-"""`ScoringOptions` of a reward model's head, context truncation and NaN scores: refused for a judge (cutting a judge's
-prompt would cut its instructions: an over-long judgement gets `overlength_reward` or fails; NaN logits leave the
-verdict tokens no probability: that judgement has no verdict, `unparsed_reward` or an error)."""
+does with the rewards, how servers are reached (with `remote_url`), and how a group's rewards are shaped."""
 
 
 class JudgeEnvironment(PicklesByArguments, RewardFunction):
@@ -81,19 +96,22 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             judgements go as token ids rendered with it (else `model`'s when it loads), or as messages.
         remote_url: Judge on OpenAI-compatible servers at this URL or these URLs (`trl-rm-env serve --engine vllm
             --model JUDGE`, `vllm serve`, ...) instead of loading the judge here.
-        options: A `JudgeOptions` instance; `scoring_options`: a `ScoringOptions` instance. Any option of either may
+        options: A `JudgeOptions` instance; `scoring_options`: a `ModelOptions` instance. Any option of either may
             also be given by name.
         **options_by_name: Every option of `JudgeOptions` (`mode`, `scoring`, `pairs`, `swap`, `max_score`,
-            `template`, ...), of `ScoringOptions` that applies to a causal LM (`engine`, `precision`, `max_length`,
-            `batch_size`, `max_tokens_per_batch`, `template_kwargs`, `strip_reasoning`, `overlength_reward`,
-            `vllm_*`, ...), of `RewardOptions` (`name`, default `judge`; `normalization`, `clip`,
-            `empty_completion_reward`) and, with `remote_url`, of `RemoteOptions` (`remote_input`, `timeout`,
-            `retries`, ...).
+            `template`, ...), of `ModelOptions` (how the judge model loads and runs: `engine`, `precision`,
+            `max_length`, `batch_size`, `max_tokens_per_batch`, `template_kwargs`, `strip_reasoning`,
+            `overlength_reward`, `vllm_*`, ...; a reward model's own options, such as `truncation` or `label_index`,
+            are no judge's: a judge's prompt is never cut, an over-long one gets `overlength_reward`), of
+            `RewardOptions` (`name`, default `judge`; `normalization`, `clip`, `empty_completion_reward`), of
+            `GroupShaping` (group bonuses, length and style adjustments) and, with `remote_url`, of `RemoteOptions`
+            (`remote_input`, `timeout`, `retries`, ...).
 
     Raises:
-        TypeError: an unknown keyword argument (the accepted ones are listed), or no model and no `remote_url`.
-        ValueError: a bad option value, a reward-model-only option, a template without the mode's fields, a verdict
-            that is not one token of the judge's tokenizer (`logprobs`), or a model that is not a causal LM.
+        TypeError: an unknown keyword argument (the accepted ones are listed), `scoring_options` that are not
+            `ModelOptions`, or no model and no `remote_url`.
+        ValueError: a bad option value, a template without the mode's fields, a verdict that is not one token of the
+            judge's tokenizer (`logprobs`), or a model that is not a causal LM.
     """
 
     metric_prefix = "judge_env"
@@ -105,7 +123,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         *,
         remote_url: str | Sequence[str] | None = None,
         options: JudgeOptions | None = None,
-        scoring_options: ScoringOptions | None = None,
+        scoring_options: ModelOptions | None = None,
         **options_by_name: Any,
     ):
         self._remember(
@@ -116,18 +134,17 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             scoring_options=scoring_options,
             **options_by_name,
         )  # what pickling sends (AsyncGRPO): `trl_rm_env.rewards.pickling`
-        judge_values, scoring_values, reward_values, remote_values = route(
+        judge_values, scoring_values, reward_values, remote_values, shaping_values = route(
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
+        self.shaping_options = GroupShaping(**shaping_values)
         self.options = judge = build(JudgeOptions, options, **judge_values)
-        scoring = ScoringOptions.build(scoring_options, **scoring_values)
-        refused = sorted(set(changed(scoring)) & set(NOT_FOR_JUDGES))
-        if refused:
-            raise ValueError(
-                f"{spelled(ScoringOptions, refused)}: options of a reward model's head, truncation or NaN scores, not "
-                "of a judge (an over-long judgement gets overlength_reward; a judgement without a verdict, "
-                "unparsed_reward)"
+        if scoring_options is not None and type(scoring_options) is not ModelOptions:
+            raise TypeError(
+                f"scoring_options must be a ModelOptions (how the judge model loads and runs), got "
+                f"{type(scoring_options).__name__}: a reward model's own options are no judge's"
             )
+        scoring = ModelOptions.build(scoring_options, **scoring_values)
         reward = RewardOptions(**{"name": "judge", **reward_values})
         self._check_template(judge)
         self.scoring_options = scoring
@@ -147,7 +164,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             local = sorted(set(local_only(scoring)) - ({"overlength_reward"} if self.tokens else set()))
             if local:
                 raise ValueError(
-                    f"{spelled(ScoringOptions, local)}: applied by a judge loaded in this process, not by one behind "
+                    f"{spelled(ModelOptions, local)}: applied by a judge loaded in this process, not by one behind "
                     "servers; give them to the server or drop them"
                 )
             self._labels_of(judge, reward.name)
@@ -180,12 +197,15 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self.options = judge
         self.mode: JudgeMode = mode_of(judge.mode)
         self.template = judge.template if judge.template is not None else self.mode.template
-        self.columns = sorted(T.check_template(self.template, self.mode))
+        self.columns = self.mode.columns(judge, self.template)
+        self.masks_failures = judge.failed_judgement == "masked"
         self.template_kwargs = scoring.template_kwargs
         self.overlength_reward = scoring.overlength_reward
         self.labels, self.label_ids = self._labels_of(judge, reward.name)
+        if self.tokens:
+            self.mode.check_tokenizer(self.tokenizer, judge, self.template_kwargs)
         self.show_progress = scoring.show_progress
-        self._setup(self.engine, reward, strip_reasoning=scoring.strip_reasoning)
+        self._setup(self.engine, reward, strip_reasoning=scoring.strip_reasoning, shaping=self.shaping_options)
         self.last_judgements: list[Judgement] = []  # the judgements of the last call (tests, debugging)
         self._unparsed_text = ""  # an answer no verdict could be read from, for the error
         self._warned_groups = False
@@ -195,7 +215,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         `JudgeOptions` or `RewardOptions` changed: `judge.replace(mode="pairwise", name="pairwise_judge")`.
 
         Raises:
-            TypeError: a name that is not a `JudgeOptions` or `RewardOptions` option (a `ScoringOptions` one needs a
+            TypeError: a name that is not a `JudgeOptions` or `RewardOptions` option (a `ModelOptions` one needs a
                 new judge: it says how the model loads and runs).
         """
         judge_values, reward_values = route(values, JudgeOptions, RewardOptions, what="option")
@@ -229,137 +249,117 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
 
     # ------------------------------------------------------------------ the reward function
     @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self.__call__)
-
-    @property
-    def __call__(self) -> Callable[..., Any]:
-        """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`; a coroutine
-        function when servers judge (TRL awaits it)."""
-        if "_pending" in self.__dict__:  # unpickled, not loaded yet: a local one (a remote one is rebuilt at once)
-            return self._rewards
-        return self._rewards_async if self.engine.is_async else self._rewards
+    def is_async(self) -> bool:
+        """Servers judge: the call is a coroutine function (one unpickled and not loaded yet is local: a remote one is
+        rebuilt as it unpickles)."""
+        return "_pending" not in self.__dict__ and self.engine.is_async
 
     @staticmethod
     def _pending_name(arguments: dict[str, Any]) -> str:
         return str(arguments.get("name", "judge"))
 
-    def _rewards(
-        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
-    ) -> list[float]:
-        return self._drive(self._judge(prompts, completions, kwargs))
+    def _holding(self) -> contextlib.ExitStack:
+        # One call at a time; entered on every rank, even one with nothing to judge: under ZeRO-3 and FSDP2 gathering
+        # is a collective.
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._calls)
+        stack.enter_context(full_weights(self.engine.model, self.engine.sharding))
+        return stack
 
-    async def _rewards_async(
-        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
-    ) -> list[float]:
-        return await self._drive_async(self._judge(prompts, completions, kwargs))
-
-    def _drive(self, steps: Generator[tuple, Any, Any]) -> Any:
-        """Run a call's generator on a local engine: each request it yields answered by `_run`."""
-        # Entered on every rank, even one with nothing to judge: under ZeRO-3 and FSDP2 gathering is a collective.
-        with self._calls, full_weights(self.engine.model, self.engine.sharding):
-            try:
-                request = next(steps)
-                while True:
-                    request = steps.send(self._run(request))
-            except StopIteration as done:
-                return done.value
-
-    async def _drive_async(self, steps: Generator[tuple, Any, Any]) -> Any:
-        """Run a call's generator on a remote engine, awaiting each request."""
-        try:
-            request = next(steps)
-            while True:
-                request = steps.send(await self._run(request))
-        except StopIteration as done:
-            return done.value
-
-    def _run(self, request: tuple) -> Any:
-        """One engine call: `("logprobs", prompts)` or `("generate", prompts, temperature, seed)`."""
+    def _answer(self, request: tuple) -> Any:
+        """One engine call: `("logprobs", prompts)` or `("generate", prompts, temperature, seeds)`."""
         if request[0] == "logprobs":
             return self.engine.label_logprobs(request[1], self.label_ids, self.labels)
-        _, prompts, temperature, seed = request
-        return self.engine.generate(prompts, self.options.max_new_tokens, temperature, seed)
+        _, prompts, temperature, seeds = request
+        return self.engine.generate(
+            prompts, self.options.max_new_tokens, temperature, seeds, self.options.top_p,
+            keep_failures=self.mode.failed_verdict(self.options) is not None or self.masks_failures,
+        )
 
     # ------------------------------------------------------------------ one call
-    def _judge(
-        self, prompts: Samples, completions: Samples, kwargs: Mapping[str, Any]
+    def _steps(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
     ) -> Generator[tuple, Any, list[float]]:
-        """The whole reward call, yielding engine requests (`_run`) and receiving their answers."""
-        empty, to_score, rewards = self._plan(prompts, completions)
-        columns = template_columns(self.columns, kwargs, len(prompts), self.name)
-        strip = self.strip_reasoning
-        texts = {
-            i: T.completion_text(strip_completion_reasoning(completions[i]) if strip else completions[i])
-            for i in to_score
-        }
-        groups = group_samples(prompts, to_score, columns)
-        if self.mode.compares and len({len(g) for g in groups}) > 1 and not self._warned_groups:
-            self._warned_groups = True  # TRL split a group across processes, or a cascade left part of one
+        """The whole reward call, yielding engine requests (`_answer`) and receiving their answers."""
+        empty, to_score, _ = self._plan(prompts, completions, torch.float64)
+        optional = self.mode.optional_columns(self.options)
+        columns = template_columns(self.columns, kwargs, len(prompts), self.name, optional)
+        call = self._whole_call(prompts, completions, columns, to_score, empty)
+        texts = {i: self.mode.shown_text(call.completions[i], self.strip_reasoning) for i in call.to_score}
+        groups = group_samples(call.prompts, call.to_score, call.columns)
+        if call.world == 1 and self.mode.compares and len({len(g) for g in groups}) > 1 and not self._warned_groups:
+            self._warned_groups = True  # a cascade left part of a group, or a judge sharded across processes
             logger.warning(
                 "%s: the groups of this call have %s completions: a %s judge compares the completions of one call "
-                "with equal prompts, so a GRPO group split across processes (or partly decided by an earlier cascade "
-                "source) is compared in parts. Warned once.",
+                "with equal prompts, so a GRPO group partly decided by an earlier cascade source (or split across "
+                "processes that each hold a shard of the judge) is compared in parts. Warned once.",
                 self.name,
                 sorted({len(g) for g in groups}),
                 self.options.mode,
             )
+        mine = groups[call.rank :: call.world]  # each process judges its share of the whole groups
         judgements, alone = build_judgements(
-            self.mode, self.options, prompts, texts, groups, columns, self._prompt, self.name
+            self.mode, self.options, call.prompts, texts, mine, call.columns, self._judgement_prompt, self.name
         )
         self.last_judgements = judgements
-        counts: dict[str, float] = {}
-        masses: list[float] = []
-        verdicts = yield from self._verdicts(judgements, counts, masses)
-        values, missing = aggregate(self.mode, judgements, verdicts, to_score, alone, self.options.single_reward)
+        asked = yield from ask_verdicts(self.mode, self.options, judgements)
+        self._unparsed_text = asked.unparsed_text
+        lone = self.mode.lone_reward(self.options)
+        values, missing = aggregate(self.mode, judgements, asked.verdicts, [i for g in mine for i in g], alone, lone)
+        masked = {i for k in asked.failed for i in judgements[k].samples} if self.masks_failures else set()
+        missing["unparsed"] = [i for i in missing["unparsed"] if i not in masked]
+        error = None
         for reason, samples in missing.items():
             fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
             if samples and fallback is None:
-                raise ValueError(failure_message(self, reason, samples))
-            values.update({i: float(fallback) for i in samples})
-        if to_score:
-            rewards[torch.tensor(to_score)] = torch.tensor([values[i] for i in to_score], dtype=torch.float32)
+                error = error or failure_message(self, reason, samples)
+            elif samples:
+                values.update({i: float(fallback) for i in samples})
+        values.update(dict.fromkeys(masked, float("nan")))  # no reward: None to TRL
+        if call.world > 1:  # every process gets every share (and any process's error)
+            shared = gather_objects((values, error), f"share the rewards of {self.name}'s whole GRPO groups")
+            error = next((e for _, e in shared if e), None)
+            values = {i: value for share, _ in shared for i, value in share.items()}
+        if error:
+            raise ValueError(error)
+        everything = torch.full((len(call.prompts),), float("nan"), dtype=torch.float64)
+        if call.to_score:
+            everything[torch.tensor(call.to_score)] = torch.tensor([values[i] for i in call.to_score], dtype=torch.float64)
+        everything = self._filled(everything, call.empty, (call.prompts, call.completions))  # shaped: whole groups
         log_metric = kwargs.get("log_metric")
-        out = self._finish(rewards, empty, log_metric)
+        out = self._finish(everything[call.offset : call.offset + len(prompts)], len(empty), log_metric)
         if log_metric is not None and len(prompts):
-            for key, value in counts.items():
+            more = {**asked.counts, "num_single": float(len(alone)), **self.mode.metrics(asked.verdicts)}
+            if asked.masses:
+                more["rating_mass"] = sum(asked.masses) / len(asked.masses)
+            for key, value in more.items():
                 log_metric(f"{self.metric_prefix}/{key}", value)
-            log_metric(f"{self.metric_prefix}/num_single", float(len(alone)))
-            if masses:
-                log_metric(f"{self.metric_prefix}/rating_mass", sum(masses) / len(masses))
         return out
 
-    def _verdicts(
-        self, judgements: list[Judgement], counts: dict[str, float], masses: list[float]
-    ) -> Generator[tuple, Any, list[Any]]:
-        """Each judgement's verdict (None: over-length, or no verdict), yielding engine requests; fills `counts`
-        (`num_judgements`, `num_overlength`, `num_retried`, `num_unparsed`) and `masses` (`logprobs`)."""
-        mode, judge = self.mode, self.options
-        verdicts: list[Any] = [None] * len(judgements)
-        sendable = [k for k, j in enumerate(judgements) if not j.overlength]
-        counts.update(num_judgements=float(len(judgements)), num_overlength=float(len(judgements) - len(sendable)))
-        counts["num_retried"] = 0.0
-        if judge.scoring == "logprobs" and sendable:
-            answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
-            for k, logprobs in zip(sendable, answers):
-                verdicts[k], mass = from_logprobs(mode, judgements[k], logprobs)
-                masses.append(mass)
-        elif judge.scoring == "generate":
-            pending, temperature, last_texts = sendable, judge.temperature, {}
-            for attempt in range(judge.parse_retries + 1):
-                if not pending:
-                    break
-                if attempt:
-                    counts["num_retried"] += len(pending)
-                    temperature = judge.temperature if judge.temperature > 0 else 1.0
-                answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, attempt)
-                for k, text in zip(pending, answers):
-                    verdicts[k] = mode.from_text(judgements[k].samples, text, judge)
-                last_texts.update(zip(pending, answers))
-                pending = [k for k in pending if verdicts[k] is None]
-            self._unparsed_text = last_texts[pending[0]] if pending else ""
-        counts["num_unparsed"] = float(sum(1 for k in sendable if verdicts[k] is None))
-        return verdicts
+    def _whole_call(
+        self, prompts: Samples, completions: Samples, columns: dict[str, Any], to_score: list[int], empty: list[int]
+    ) -> WholeCall:
+        """This call as a whole: under several training processes (TRL splits a GRPO group between them when a
+        process's batch is smaller than `num_generations`), every process's samples in rank order, so each group is
+        judged whole, each comparison once (by the process whose share the group is). One process, a mode that judges
+        each completion alone, or a judge sharded across processes (its forwards are collectives): this call's own."""
+        world = world_size() if self.mode.compares and getattr(self.engine, "sharding", "none") == "none" else 1
+        if world == 1:
+            return WholeCall(list(prompts), list(completions), columns, to_score, empty)
+        local = (list(prompts), list(completions), {c: list(v) for c, v in columns.items()}, to_score, empty)
+        shares = gather_objects(local, f"share the samples of {self.name}'s call (whole GRPO groups are judged)")
+        call = WholeCall([], [], {c: [] for c in columns}, [], [], rank=rank(), world=world)
+        for k, (p, c, cols, scored, blank) in enumerate(shares):
+            if k == call.rank:
+                call.offset = len(call.prompts)
+            base = len(call.prompts)
+            call.prompts += p
+            call.completions += c
+            for name in columns:
+                call.columns[name] += cols[name]
+            call.to_score += [base + i for i in scored]
+            call.empty += [base + i for i in blank]
+        return call
 
     def judge_items(
         self, contexts: Sequence[Any], shown: Sequence[Sequence[Any]], **columns: Any
@@ -372,32 +372,24 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             `JudgeVerdicts` (a coroutine of one when servers judge): `values` in the mode's verdict format (None
             where none was read) and the costs.
         """
-        steps = self._items(contexts, shown, columns)
-        return self._drive_async(steps) if self.engine.is_async else self._drive(steps)
+        return self._drive(self._items(contexts, shown, columns))
 
     def _items(self, contexts, shown, columns) -> Generator[tuple, Any, JudgeVerdicts]:
-        values = template_columns(self.columns, columns, len(contexts), self.name)
-        strip = self.strip_reasoning
+        values = template_columns(self.columns, columns, len(contexts), self.name, self.mode.optional_columns(self.options))
         wrong = [i for i, item in enumerate(shown) if self.mode.shows is not None and len(item) != self.mode.shows]
         if len(shown) != len(contexts) or wrong:
             raise ValueError(
                 f"{self.name}: a {self.options.mode} judge shows {self.mode.shows} completion(s) per judgement, one "
                 f"list per context; got {len(shown)} lists for {len(contexts)} contexts, wrong lengths at {wrong[:10]}"
             )
-
-        def text(completion: Any) -> str:
-            return T.completion_text(strip_completion_reasoning(completion) if strip else completion)
-
         judgements = []
         for i, context in enumerate(contexts):
-            fields = {"prompt": T.prompt_text(context), **{c: values[c][i] for c in values}}
-            fields.update(self.mode.fill([text(c) for c in shown[i]], self.options))
-            judgements.append(Judgement(tuple(range(len(shown[i]))), *self._prompt(fields)))
-        counts: dict[str, float] = {}
-        masses: list[float] = []
-        found = yield from self._verdicts(judgements, counts, masses)
+            texts = [self.mode.shown_text(c, self.strip_reasoning) for c in shown[i]]
+            prompt = self._judgement_prompt(context, texts, {c: values[c][i] for c in values})
+            judgements.append(Judgement(tuple(range(len(shown[i]))), *prompt))
+        asked = yield from ask_verdicts(self.mode, self.options, judgements)
         tokens = sum(len(j.prompt) for j in judgements) if self.tokens else None
-        return JudgeVerdicts(found, counts, masses, tokens)
+        return JudgeVerdicts(asked.verdicts, asked.counts, asked.masses, tokens)
 
     def verdicts(
         self, contexts: Sequence[Any], completions: Sequence[Any], others: Sequence[Any] | None = None, **columns: Any
@@ -421,11 +413,16 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
 
         return self.mode.judge_pairs(ask, pairs, self.options)
 
-    def _prompt(self, values: dict[str, Any]) -> tuple[Any, bool]:
-        """A judgement's prompt (token ids, or the message list for a chat server) and whether it is over-length."""
+    def _judgement_prompt(self, context: Any, texts: list[str], row: dict[str, Any]) -> tuple[Any, bool]:
+        """A judgement's prompt showing `texts` for `context` (`row`: the dataset columns it reads), as token ids or
+        as the message list for a chat server, and whether it is over-length: the mode's own messages, or its
+        template filled and sent as one user message."""
         scoring = self.options.scoring
-        values["answer_format"] = self.mode.answer_format(scoring, **values)
-        chat = T.judge_chat(T.fill(self.template, values))
+        chat = self.mode.messages(context, texts, self.options, row)
+        if chat is None:
+            values = {"prompt": T.prompt_text(context), **row, **self.mode.fill(texts, self.options)}
+            values["answer_format"] = self.mode.answer_format(scoring, **values)
+            chat = T.judge_chat(T.fill(self.template, values))
         if not self.tokens:
             return chat, False
         ids = encode_messages(self.tokenizer, chat, add_generation_prompt=True, **self.template_kwargs)

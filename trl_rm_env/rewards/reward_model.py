@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,12 +21,13 @@ from .base import Ids, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
 from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
+from .shaping import GroupShaping
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
-OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions)
+OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping)
 """Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
-and how servers are reached (with `remote_url`)."""
+how servers are reached (with `remote_url`), and how a group's rewards are shaped."""
 
 
 class RewardModelEnvironment(PicklesByArguments, RewardFunction):
@@ -54,7 +55,8 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         options: A `ScoringOptions` instance; any of its options may also be given by name.
         **options_by_name: Every option of `ScoringOptions` (how the RM is loaded and scores: `batch_size`,
             `max_tokens_per_batch`, `max_length`, `truncation`, `precision`, `engine`, `prefix_sharing`, ...),
-            `RewardOptions` (`name`, `normalization`, `clip`, `empty_completion_reward`) and, with `remote_url`,
+            `RewardOptions` (`name`, `normalization`, `clip`, `empty_completion_reward`), `GroupShaping` (NeMo Gym's
+            group bonuses and length and style adjustments: `answer_length_coeff`, ...) and, with `remote_url`,
             `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `api_key`, ...), by name; each is
             documented on its class.
 
@@ -78,7 +80,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         self._remember(
             model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
         )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.rewards.pickling`
-        scoring_values, reward_values, remote_values = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
+        scoring_values, reward_values, remote_values, shaping_values = route(
+            options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
+        )
+        shaping = GroupShaping(**shaping_values)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
         if loaded_here(type(self).__name__, "reward model", model, remote_url, remote_values, "score"):
@@ -102,6 +107,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             strip_reasoning=scoring.strip_reasoning,
             checkpoint_stats=statistics,
             attributes=attributes,
+            shaping=shaping,
         )
 
     @classmethod
@@ -169,7 +175,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         """`(N, attributes)` outputs of a batch for `attribute_rewards` (one scoring call for all of them)."""
         empty, to_score, _ = self._plan(prompts, completions)
         outputs = torch.full((len(prompts), len(self.attributes)), float("nan"), dtype=torch.float32)
-        with self._calls, full_weights(self.model, self.sharding):  # every rank enters: a collective under ZeRO-3
+        with self._holding():  # every rank enters: a collective under ZeRO-3
             if to_score:
                 with self._nonfinite_named(to_score, "completions"):  # the scorer's fallbacks, named here
                     outputs[torch.tensor(to_score)] = self.scorer.attribute_outputs(
@@ -181,63 +187,50 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
 
     # ------------------------------------------------------------------ scoring
     @property
-    def __signature__(self) -> inspect.Signature:
-        """The reward function's signature (`inspect.signature(env)`), that of the call its scorer makes."""
-        return inspect.signature(self.__call__)
-
-    @property
-    def __call__(self) -> Callable[..., Any]:
-        """TRL's reward function, `(prompts, completions, completion_ids=None, **kwargs) -> list[float]`: one reward
-        per `(prompt, completion)`; a coroutine function when servers score (TRL awaits it)."""
-        if "_pending" in self.__dict__:  # unpickled, not loaded yet: a local one (a remote one is rebuilt at once)
-            return self._rewards
-        return self._rewards_async if self.scorer.is_async else self._rewards
+    def is_async(self) -> bool:
+        """Servers score: the call is a coroutine function (one unpickled and not loaded yet is local: a remote one is
+        rebuilt as it unpickles)."""
+        return "_pending" not in self.__dict__ and self.scorer.is_async
 
     @staticmethod
     def _pending_name(arguments: dict[str, Any]) -> str:
         return str(arguments.get("name", RewardOptions().name))
 
-    @property
-    def score(self) -> Callable[[Sequence[Any]], Any]:
+    def _holding(self) -> contextlib.ExitStack:
+        # One call at a time; entered on every rank, even one with nothing to score: under ZeRO-3 and FSDP2 gathering
+        # is a collective. Running normalization and the attribute metrics read this call's state inside it.
+        stack = contextlib.ExitStack()
+        stack.enter_context(self._calls)
+        stack.enter_context(full_weights(self.model, self.sharding))
+        return stack
+
+    def _answer(self, request: tuple[list[Any], list[Any], bool | None]) -> Any:
+        """`(contexts, completions, progress)` scored: a tensor, or an awaitable of one when servers score."""
+        contexts, completions, progress = request
+        return self.scorer.score_pairs(contexts, completions, progress)
+
+    def score(self, conversations: Sequence[Any]) -> Any:
         """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs: no
-        normalization, clipping or metrics (offline use and evaluation); a coroutine function when servers score."""
-        return self._score_async if self.scorer.is_async else self._score
+        normalization, clipping or metrics (offline use and evaluation); a coroutine of them when servers score."""
+        return self._drive(self._scoring(conversations))
 
-    def _score(self, conversations: Sequence[Any]) -> torch.Tensor:
-        contexts, completions = as_pairs(conversations)
-        with self._calls, full_weights(self.model, self.sharding), self._nonfinite_named(range(len(contexts)), "conversations"):
-            return self.scorer.score(contexts, completions)
-
-    async def _score_async(self, conversations: Sequence[Any]) -> torch.Tensor:
+    def _scoring(self, conversations: Sequence[Any]) -> Generator[Any, Any, torch.Tensor]:
         contexts, completions = as_pairs(conversations)
         with self._nonfinite_named(range(len(contexts)), "conversations"):
-            return await self.scorer.score_pairs(contexts, completions)
+            return (yield contexts, completions, None)
 
-    def _rewards(self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any) -> list[float]:
-        empty, to_score, rewards = self._plan(prompts, completions)
-        nonfinite: list[int] = []
-        # Entered on every rank, even one with nothing to score: under ZeRO-3 and FSDP2 gathering is a collective.
-        with self._calls, full_weights(self.model, self.sharding):
-            if to_score:
-                with self._nonfinite_named(to_score, "completions") as nonfinite:
-                    rewards[torch.tensor(to_score)] = self.scorer.score(
-                        [prompts[i] for i in to_score],
-                        [completions[i] for i in to_score],
-                        progress=bool(self.show_progress),
-                    )
-            # Inside the lock: running normalization and the attribute metrics read this call's state.
-            return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
-
-    async def _rewards_async(
-        self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
-    ) -> list[float]:
+    def _steps(
+        self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
+    ) -> Generator[Any, Any, list[float]]:
         empty, to_score, rewards = self._plan(prompts, completions)
         nonfinite: list[int] = []
         if to_score:
-            with self._nonfinite_named(to_score, "completions") as nonfinite:  # NaN/inf: as local scoring
-                scores = await self.scorer.score_pairs([prompts[i] for i in to_score], [completions[i] for i in to_score])
+            with self._nonfinite_named(to_score, "completions") as nonfinite:
+                progress = bool(self.show_progress)
+                scores = yield [prompts[i] for i in to_score], [completions[i] for i in to_score], progress
             rewards[torch.tensor(to_score)] = scores
-        return self._finish(rewards, empty, kwargs.get("log_metric"), nonfinite=len(nonfinite))
+        rewards = self._filled(rewards, empty, (prompts, completions))
+        return self._finish(rewards, len(empty), kwargs.get("log_metric"), nonfinite=len(nonfinite))
 
     def __repr__(self) -> str:
         where = f"remote_url={self.remote_url!r}" if self.remote_url else f"model={self.scorer.config._name_or_path!r}"

@@ -13,14 +13,21 @@ only when its coefficient is > 0:
 3. **Style.** The answer's style density, (markdown headers + numbered and bulleted list items + bold spans + emoji) /
    characters, code blocks left out of both, weighted the same way (lower density higher) times the style coefficient.
 
-A group of one is left as it is. The formulas and the order are NeMo Gym's (tests/test_shaping.py holds its cases).
+A group of one is left as it is. The formulas and the order are NeMo Gym's (tests/test_genrm.py holds its cases).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..data.messages import reasoning_and_answer
+from ..options import document, option
 
 CODE_BLOCK = re.compile(r"```[\s\S]*?```")
 HEADER = re.compile(r"^#{1,6}\s", re.M)
@@ -64,26 +71,44 @@ def centered_weights(values: Sequence[float]) -> list[float]:
     return [w - mean for w in raw]
 
 
+@document
 @dataclass(frozen=True)
 class GroupShaping:
-    """The adjustments of a group's rewards (see the module docstring); every coefficient 0 (the default) is no
-    shaping.
+    """The adjustments of a group's rewards (see the module docstring), for any reward function of ours (its options
+    by name: `RewardModelEnvironment(..., answer_length_coeff=0.35)`); every coefficient 0 (the default) is no
+    shaping. The `Args` below are generated from the fields.
 
-    Args:
-        reasoning_bonus: Added to the shortest non-empty reasoning's score when it is among the top scores.
-        answer_bonus: The same for the shortest non-empty answer.
-        top_percentile: The share of the group counted as top scores (at least the best one).
-        reasoning_length_coeff: Times the centred length weight of each reasoning (shorter scores higher).
-        answer_length_coeff: The same for answers.
-        style_coeff: Times the centred style-density weight of each answer (less markdown scores higher).
+    Raises:
+        ValueError: a negative coefficient or bonus, or `top_percentile` outside [0, 1].
     """
 
-    reasoning_bonus: float = 0.0
-    answer_bonus: float = 0.0
-    top_percentile: float = 0.2
-    reasoning_length_coeff: float = 0.0
-    answer_length_coeff: float = 0.0
-    style_coeff: float = 0.0
+    reasoning_bonus: float = option(
+        0.0,
+        help="Added to the reward of the group's shortest non-empty reasoning when it is among the top rewards "
+        "(NeMo Gym's `reasoning_bonus`).",
+    )
+    answer_bonus: float = option(
+        0.0, help="The same for the shortest non-empty answer (NeMo Gym's `answer_bonus`)."
+    )
+    top_percentile: float = option(
+        0.2,
+        help="The share of a group counted as its top rewards for the bonuses (at least the best one; NeMo Gym's "
+        "`top_percentile`).",
+    )
+    reasoning_length_coeff: float = option(
+        0.0,
+        help="Times each reasoning's centred length weight, shorter higher (NeMo Gym's "
+        "`group_reasoning_length_penalty_coeff`).",
+    )
+    answer_length_coeff: float = option(
+        0.0,
+        help="The same for answers (NeMo Gym's `group_answer_length_penalty_coeff`).",
+    )
+    style_coeff: float = option(
+        0.0,
+        help="Times each answer's centred markdown-density weight, plainer higher (NeMo Gym's "
+        "`group_style_penalty_coeff`).",
+    )
 
     def __post_init__(self) -> None:
         for name in ("reasoning_bonus", "answer_bonus", "reasoning_length_coeff", "answer_length_coeff", "style_coeff"):
@@ -134,3 +159,19 @@ class GroupShaping:
             for i, weight in enumerate(centered_weights([style_density(a) for a in answers])):
                 add(i, weight * self.style_coeff)
         return shaped, adjustments
+
+    def shape(self, rewards: torch.Tensor, prompts: Sequence[Any], completions: Sequence[Any]) -> torch.Tensor:
+        """A call's rewards shaped group by group (the samples with equal prompts, TRL's GRPO groups); a NaN reward
+        (no reward) is left out of its group."""
+        groups: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            if not torch.isnan(rewards[i]):
+                groups.setdefault(json.dumps(prompt, sort_keys=True, default=str), []).append(i)
+        out = rewards.clone()
+        for members in groups.values():
+            parts = [reasoning_and_answer(completions[i]) for i in members]
+            shaped, _ = self.apply(
+                [float(rewards[i]) for i in members], [r for r, _ in parts], [a for _, a in parts]
+            )
+            out[torch.tensor(members)] = torch.tensor(shaped, dtype=out.dtype)
+        return out

@@ -1,7 +1,8 @@
-"""`ScoringOptions`: how a reward model is loaded and scores conversations, each option declared once.
+"""How a model we run for rewards loads and runs, each option declared once: `ModelOptions` for any model (a reward
+model or a judge), `ScoringOptions` for a reward model (those plus its head's, truncation's and NaN scores').
 
 `RewardScorer`, `RewardModelEnvironment`, `load_reward_scorer`, `trl-rm-env eval` and `serve`, the GRPO recipe and
-NeMo RL's block all take these options; each surface's spelling (`--max-tokens-per-batch`,
+NeMo RL's block take `ScoringOptions`; `JudgeEnvironment` and its engines take `ModelOptions`; each surface's spelling (`--max-tokens-per-batch`,
 `reward_max_tokens_per_batch`, NeMo's `dynamic_batching.logprob_mb_tokens`) is generated from or mapped onto the
 field below (`trl_rm_env.options`). The options are immutable: they are resolved once per call path, with the model's
 config, its kind and the engine, into a `trl_rm_env.runtime.plan.ModelPlan`.
@@ -73,12 +74,13 @@ def attribute_weights(value: Any) -> Mapping[str, float] | list[float] | None:
 
 
 @dataclass(frozen=True)
-class ScoringOptions:
-    """How a reward model scores `(context, completion)` pairs; the `Args` below are generated from the fields.
+class ModelOptions:
+    """How a model we run for rewards (a reward model or a judge) loads and runs: engine, precision, device, batch
+    bounds, vLLM's sizes, its chat template's arguments; the `Args` below are generated from the fields.
 
     Raises:
         ValueError: a value outside an option's choices, `batch_size < 1`, a vLLM memory share outside (0, 1], or a
-            bad `prefix_sharing`, `template_kwargs` or `attribute_weights` value.
+            bad `prefix_sharing` or `template_kwargs` value.
     """
 
     batch_size: int | None = option(
@@ -96,24 +98,14 @@ class ScoringOptions:
         "`max_tokens_per_batch`).",
         remote=True,
     )
-    truncation: str = option(
-        "left",
-        choices=TRUNCATION,
-        help="A sequence over `max_length`: `left` cuts its context from the left (a leading BOS is kept, the "
-        "completion never cut); `none` cuts nothing and gives it `overlength_reward`.",
-    )
     overlength_reward: float | None = option(
         None,
         help="The reward of a sequence that cannot be scored within `max_length` (with `left`: its completion alone "
         "is too long). None: an error.",
     )
-    nonfinite_reward: float | None = option(
-        None, help="The reward when the model returns NaN/inf. None: an error naming the items.", remote=True
-    )
     strip_reasoning: bool = option(
         False, help="Remove `<think>...</think>` from completions before scoring.", remote=True
     )
-    label_index: int = option(0, help="Which output column is the reward (0 for a Bradley-Terry model).")
     show_progress: bool | None = option(
         None, help="Progress bar over batches (None: only for more than 8 batches).", flag=None, recipe=None
     )
@@ -132,19 +124,6 @@ class ScoringOptions:
         "cache where a cost model says it pays; `true`: every group; `packed`: the GPU's packed layout on any "
         "device; `false`: never (on vLLM: its prefix caching off).",
         text=str,
-    )
-    attribute_weights: Mapping[str, float] | Sequence[float] | None = option(
-        None,
-        help="A regression RM's reward weights: `name=weight` entries or a mapping by name (unnamed attributes "
-        "weigh 0), or a list in output order. None: the checkpoint's own `attribute_weights`.",
-        text=list,
-    )
-    reward_model_type: str | None = option(
-        None,
-        choices=REWARD_MODEL_TYPES,
-        help="The head kind: `bradley_terry` (the reward is output `label_index`) or `regression` (the "
-        "`attribute_weights` sum of the outputs). None: what the checkpoint's config says.",
-        recipe="reward_model_type",
     )
     engine: str = option(
         "auto",
@@ -186,7 +165,6 @@ class ScoringOptions:
             "prefix_sharing": normalize_prefix_sharing(self.prefix_sharing),
             "template_kwargs": json_object(self.template_kwargs),
             "model_init_kwargs": None if self.model_init_kwargs is None else json_object(self.model_init_kwargs),
-            "attribute_weights": attribute_weights(self.attribute_weights),
         }
         for name, value in normalize.items():
             object.__setattr__(self, name, value)
@@ -219,7 +197,7 @@ class ScoringOptions:
         return option_names(cls)
 
     @classmethod
-    def build(cls, options: ScoringOptions | None = None, **values: Any) -> ScoringOptions:
+    def build(cls, options: ModelOptions | None = None, **values: Any) -> Any:
         """`options` (default: the defaults) with `values` replacing some of them.
 
         Raises:
@@ -230,6 +208,55 @@ class ScoringOptions:
     def overrides(self) -> dict[str, Any]:
         """The options that differ from the defaults, by name (for a log line or a child process)."""
         return changed(self)
+
+
+document(ModelOptions)
+
+
+@dataclass(frozen=True)
+class ScoringOptions(ModelOptions):
+    """How a reward model loads and scores `(context, completion)` pairs: every `ModelOptions` option, and its head's
+    (`label_index`, `reward_model_type`, `attribute_weights`), `truncation` of over-long contexts and the reward of a
+    NaN/inf score; the `Args` below are generated from the fields.
+
+    Raises:
+        ValueError: as `ModelOptions`, or a bad `truncation`, `reward_model_type` or `attribute_weights` value.
+    """
+
+    truncation: str = option(
+        "left",
+        choices=TRUNCATION,
+        help="A sequence over `max_length`: `left` cuts its context from the left (a leading BOS is kept, the "
+        "completion never cut); `none` cuts nothing and gives it `overlength_reward`.",
+    )
+    nonfinite_reward: float | None = option(
+        None, help="The reward when the model returns NaN/inf. None: an error naming the items.", remote=True
+    )
+    label_index: int = option(0, help="Which output column is the reward (0 for a Bradley-Terry model).")
+    reward_model_type: str | None = option(
+        None,
+        choices=REWARD_MODEL_TYPES,
+        help="The head kind: `bradley_terry` (the reward is output `label_index`) or `regression` (the "
+        "`attribute_weights` sum of the outputs). None: what the checkpoint's config says.",
+        recipe="reward_model_type",
+    )
+    attribute_weights: Mapping[str, float] | Sequence[float] | None = option(
+        None,
+        help="A regression RM's reward weights: `name=weight` entries or a mapping by name (unnamed attributes "
+        "weigh 0), or a list in output order. None: the checkpoint's own `attribute_weights`.",
+        text=list,
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attribute_weights", attribute_weights(self.attribute_weights))
+        super().__post_init__()
+
+    @classmethod
+    def of(cls, options: ModelOptions) -> ScoringOptions:
+        """A reward model's options from any model's (the reward model's own at their defaults)."""
+        if isinstance(options, ScoringOptions):
+            return options
+        return cls(**{name: getattr(options, name) for name in ModelOptions.names()})
 
 
 document(ScoringOptions)

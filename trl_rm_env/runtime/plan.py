@@ -21,7 +21,7 @@ from ..distributed import launched
 from ..heads import RewardHead, reward_head
 from ..model_source import check_model_source
 from ..options import changed, option_fields, spelled, spelling
-from .model_options import PRECISIONS, ScoringOptions
+from .model_options import PRECISIONS, ModelOptions, ScoringOptions
 from .vllm import vllm_device, vllm_installed
 
 logger = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ def _names_causal_lm(architectures: list[str]) -> bool:
 
 
 def load_dtype(precision: str, device: torch.device | str) -> torch.dtype | str:
-    """What `from_pretrained(dtype=...)` gets for a precision name (`ScoringOptions.precision`) on `device`:
+    """What `from_pretrained(dtype=...)` gets for a precision name (`ModelOptions.precision`) on `device`:
     `auto` is the checkpoint's own dtype (transformers' `"auto"`) on an accelerator, fp32 on the CPU."""
     name = PRECISIONS[precision]
     if name == "auto":
@@ -66,7 +66,7 @@ class ModelPlan:
         model: The model's checked local folder or Hub id (None when `loaded` holds the model).
         loaded: A model the caller loaded, or None.
         config: The model's config (read once).
-        options: The `ScoringOptions`.
+        options: The model's options: `ScoringOptions` for a reward model, `ModelOptions` for a judge.
         kind: `"reward"` (a `*ForSequenceClassification` reward model) or `"judge"` (a causal LM).
         head: How a reward model's outputs become one reward (`trl_rm_env.heads.RewardHead`); None for a judge.
         engine: `"vllm"` or `"hf"`.
@@ -76,7 +76,7 @@ class ModelPlan:
     model: str | None
     loaded: PreTrainedModel | None
     config: Any
-    options: ScoringOptions
+    options: ModelOptions
     kind: str
     head: RewardHead | None
     engine: str
@@ -88,14 +88,14 @@ class ModelPlan:
         return self.model if self.model is not None else str(self.loaded.config._name_or_path)
 
 
-def engine_specific(options: ScoringOptions) -> dict[str, str]:
+def engine_specific(options: ModelOptions) -> dict[str, str]:
     """The options given (not at their defaults) that belong to one engine: `{name: engine}`."""
     given = changed(options)
-    return {f.name: spelling(f).engine for f in option_fields(ScoringOptions) if spelling(f).engine and f.name in given}
+    return {f.name: spelling(f).engine for f in option_fields(ModelOptions) if spelling(f).engine and f.name in given}
 
 
 def choose_engine(
-    options: ScoringOptions, *, hf_only: str | None = None, what: str = "reward model"
+    options: ModelOptions, *, hf_only: str | None = None, what: str = "reward model"
 ) -> tuple[str, str]:
     """`(engine, why)` for a model (`what`, for messages) given by path or Hub id: `"vllm"` or `"hf"`.
 
@@ -139,7 +139,7 @@ def choose_engine(
         if options.engine != "auto":
             fix += f", or set engine='{owner}'"
         raise ValueError(
-            f"{spelled(ScoringOptions, wrong)} applies to engine='{owner}', but this {what} scores on "
+            f"{spelled(ModelOptions, wrong)} applies to engine='{owner}', but this {what} scores on "
             f"{'vLLM' if engine == 'vllm' else 'transformers'} ({why}): {fix}"
         )
     return engine, why
@@ -173,7 +173,7 @@ def _check_kind(kind: str, architectures: list[str], where: str) -> None:
 
 def plan_model(
     model: str | os.PathLike | PreTrainedModel,
-    options: ScoringOptions | None = None,
+    options: ModelOptions | None = None,
     *,
     kind: str | None = "reward",
     hf_only: str | Callable[[ModelPlan], str | None] | None = None,
@@ -185,7 +185,9 @@ def plan_model(
 
     Args:
         model: A local folder or Hub id, or a loaded model.
-        options, **values: The `ScoringOptions`, an instance and/or by name.
+        options, **values: The model's options, an instance and/or by name: a reward model's are `ScoringOptions`
+            (a `ModelOptions` gets the head's defaults), a judge's `ModelOptions` (default: a reward model's when
+            `kind` is None, the judge's when it is `"judge"`).
         kind: `"reward"` or `"judge"`; None: told from the config (a causal LM is a judge).
         hf_only: Why only transformers can serve this case (see `choose_engine`), or None; or a function of the plan
             (its engine not yet chosen) that says why (`trl-rm-env serve`: vLLM's server computes no regression
@@ -200,7 +202,9 @@ def plan_model(
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)} or None (told from the config), got {kind!r}")
-    options = ScoringOptions.build(options, **values)
+    options = (ModelOptions if kind == "judge" and options is None else type(options or ScoringOptions())).build(
+        options, **values
+    )
     if isinstance(model, PreTrainedModel):
         path, loaded, config = None, model, model.config
         _check_kind(kind or "", [type(model).__name__], "")
@@ -212,7 +216,7 @@ def plan_model(
         loading = sorted(set(changed(options)) & LOADING_OPTIONS)
         if loading:
             raise ValueError(
-                f"{spelled(ScoringOptions, loading)}: applied when a model is loaded from its path or Hub id; this "
+                f"{spelled(ModelOptions, loading)}: applied when a model is loaded from its path or Hub id; this "
                 "one is already loaded (load it that way, or give the path)"
             )
     else:
@@ -223,6 +227,7 @@ def plan_model(
         kind = "judge" if is_causal_lm(config) else "reward"
     head = None
     if kind == "reward":
+        options = ScoringOptions.of(options)
         head = reward_head(config, options.attribute_weights, options.reward_model_type, one_reward=one_reward)
     plan = ModelPlan(path, loaded, config, options, kind, head, engine="", why="")
     if callable(hf_only):

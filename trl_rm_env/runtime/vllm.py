@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from .model_options import PRECISIONS, ScoringOptions
+from .model_options import PRECISIONS, ModelOptions
 
 FEW_CPUS = 4  # at most this many usable cores: vLLM's CPU worker gets all of them (`cpu_thread_env`)
 DEFAULT_MAX_BATCHED_TOKENS = 16384  # vLLM's own default is 8192 on CPU; a whole RM sequence must fit in one step
@@ -40,25 +40,25 @@ def kv_cache_bytes(config: Any, dtype: str, tokens: int) -> int:
 
 VLLM_ENGINE_OPTIONS = frozenset({"precision", "max_length", "max_tokens_per_batch", "batch_size", "prefix_sharing",
                                  "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "trust_remote_code"})
-"""The `ScoringOptions` that `engine_arguments` turns into vLLM's arguments: all vLLM's own server applies (the
+"""The `ModelOptions` that `engine_arguments` turns into vLLM's arguments: all vLLM's own server applies (the
 rest, such as `truncation` or `attribute_weights`, are applied by our `RewardScorer` around the engine)."""
 
 
 def engine_arguments(
-    config: Any, options: ScoringOptions | None = None, *, own_device: bool = False, runner: str = "pooling"
+    config: Any, options: ModelOptions | None = None, *, own_device: bool = False, runner: str = "pooling"
 ) -> dict[str, Any]:
     """vLLM's engine arguments for a reward model with `config` scored with `options` (`VLLM_ENGINE_OPTIONS`):
     `LLM(**arguments)` in this process, or the flags of vLLM's server (`trl_rm_env.serving.server.vllm_server`).
 
     The pooling runner with the classification head (`runner="generate"`: the generate runner, for a causal-LM
     judge, `trl_rm_env.judges`); prefix caching unless `prefix_sharing=False`; `precision` as
-    vLLM's `dtype`; `max_model_len`, the longest sequence we send (`ScoringOptions.longest_sequence`);
+    vLLM's `dtype`; `max_model_len`, the longest sequence we send (`ModelOptions.longest_sequence`);
     `max_num_batched_tokens`, the token budget, never below one sequence; `max_num_seqs`, `batch_size`; the
     tensor-parallel size. Memory: `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one
     longest sequence (`kv_cache_bytes`), except for a server that has a GPU to itself (`own_device`), which keeps
     vLLM's default.
     """
-    options = options or ScoringOptions()
+    options = options or ModelOptions()
     check_max_length(config, options.max_length)
     dtype = PRECISIONS[options.precision]
     if dtype == "auto":  # fp32 on the CPU; on an accelerator the checkpoint's own dtype, named (vLLM's `auto` would

@@ -1,5 +1,5 @@
 """Scoring conversations with a reward model: the `Scorer` seam, the local scorer and its engines (loaded through
-`trl_rm_env.runtime`, which also declares `ScoringOptions`).
+`trl_rm_env.runtime`, which also declares `ScoringOptions` and `ModelOptions`).
 
 - `interfaces.py`: the `Scorer` protocol (what the environment, `eval` and the server use) and the `Engine` protocol;
 - `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);

@@ -69,14 +69,17 @@ class ServerPool:
         *,
         error_values: Mapping[str, T] | None = None,
         urls: Sequence[str] | None = None,
+        on_error: Callable[[RemoteScoringError], T] | None = None,
     ) -> list[T]:
         """POST every body concurrently (at most `max_concurrency` in flight) and `read(json, url)` each answer, in
         input order. `error_values`: an error type a server answers (vLLM's `error.type`) read as that value instead
         of an error. `urls`: other endpoints of the same servers, in the same order (default: `self.urls`).
+        `on_error`: a request that failed (refused, or still failing after the retries) answers `on_error(error)`
+        and the others go on (None: the error is raised).
 
         Raises:
-            RemoteScoringError: a request refused (a 4xx other than retried ones, 500), or still failing after
-                `retries` retries; the first error stops the other requests.
+            RemoteScoringError: without `on_error`, a request refused (a 4xx other than retried ones, 500), or still
+                failing after `retries` retries; the first error stops the other requests.
         """
         urls = list(urls or self.urls)
         start, self._next = self._next, (self._next + len(bodies)) % len(urls)
@@ -89,7 +92,12 @@ class ServerPool:
 
             async def one(i: int, body: Mapping[str, Any]) -> T:
                 async with semaphore:
-                    return await self._post(session, urls, body, start + i, read, error_values or {})
+                    try:
+                        return await self._post(session, urls, body, start + i, read, error_values or {})
+                    except RemoteScoringError as error:
+                        if on_error is None:
+                            raise
+                        return on_error(error)
 
             tasks = [asyncio.ensure_future(one(i, b)) for i, b in enumerate(bodies)]
             try:

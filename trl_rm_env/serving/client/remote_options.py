@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...options import changed, check_choices, document, option, option_fields, spelling
-from ...runtime.model_options import ScoringOptions
+from ...runtime.model_options import ModelOptions
 from ..dialects import APIS
 
 INPUT_FORMATS = ("auto", "tokens", "messages")
@@ -61,7 +61,7 @@ class RemoteOptions:
             )
 
 
-def local_only(scoring: ScoringOptions) -> list[str]:
-    """The scoring options given (not at their defaults) that only local scoring applies (`Spelling.remote`)."""
-    remote = {f.name for f in option_fields(ScoringOptions) if spelling(f).remote}
+def local_only(scoring: ModelOptions) -> list[str]:
+    """The model options given (not at their defaults) that only a model loaded here applies (`Spelling.remote`)."""
+    remote = {f.name for f in option_fields(type(scoring)) if spelling(f).remote}
     return sorted(set(changed(scoring)) - remote)
