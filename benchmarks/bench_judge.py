@@ -24,6 +24,16 @@ Methods:
   completion (the same template, asking for a number) to the same server, `max_tokens=8`, parsing the first number
   (0 when none: what a naive parser does; the random judge writes none, so its rewards say nothing, its time does).
 
+GenRM methods (NeMo Gym's `genrm_compare`: each group's circular pairs, the GenRM writing up to `--genrm-tokens`
+tokens, greedy, the verdict read by `parse_genrm_verdict`, no retries, so every method does the same work):
+- `ours: genrm`: `JudgeEnvironment(path, mode="genrm")` in this process (vLLM here);
+- `vLLM offline: genrm`: `LLM.generate` alone on the same rendered prompts, the same parsing: the engine's floor;
+- `ours: genrm served`: `JudgeEnvironment(remote_url=..., remote_input="messages", mode="genrm")` on vLLM's OpenAI
+  server (`/v1/chat/completions`, the server's chat template rendering the roles);
+- `hand-written genrm: gathered`: the best reward function a user writes by hand, as TRL suggests: async, every
+  comparison of the batch posted at once (`asyncio.gather`) to the same server, the same messages and parsing;
+- `hand-written genrm: sequential`: the same, one request after another.
+
 Columns: judgements/s and completions/s, tokens per judgement (prompt tokens sent, mean), time per call, speed against
 `vLLM offline`, peak memory (RSS of the process and everything it started, the server's for served rows; CUDA: max
 allocated of the process). A method that fails prints its error in its row.
@@ -57,7 +67,13 @@ METHODS = [
     "ours: pairwise all+swap",
     "ours: pointwise served",
     "TRL docs: chat per completion",
+    "vLLM offline: genrm",
+    "ours: genrm",
+    "ours: genrm served",
+    "hand-written genrm: gathered",
+    "hand-written genrm: sequential",
 ]
+GENRM_METHODS = ("vLLM offline: genrm", "ours: genrm")
 NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
@@ -107,11 +123,15 @@ def judge_one(method: str, opts: dict, queue) -> None:
     batches = [hh_batch(tokenizer, opts["prompts"], opts["generations"], index, opts["hh_path"])
                for index in range(1 + opts["repeats"])]  # fmt: skip
     server, measured, tokens = None, None, []
-    if method in ("vLLM offline", "ours: pointwise", "ours: pairwise all+swap"):
+    if "genrm" in method:
+        judge, server, measured = genrm_method(method, opts, tokens)
+    elif method in ("vLLM offline", "ours: pointwise", "ours: pairwise all+swap"):
         env = JudgeEnvironment(path, max_length=max_length, precision=opts["precision"])  # defaults: vLLM here, logprobs
         if method == "ours: pairwise all+swap":
             env = env.replace(mode="pairwise")
-    if method == "vLLM offline":
+    if "genrm" in method:
+        pass
+    elif method == "vLLM offline":
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -169,18 +189,106 @@ def judge_one(method: str, opts: dict, queue) -> None:
     tokens.clear()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    if hasattr(judge, "rendering"):
+        judge.rendering = 0.0
     start, count = time.perf_counter(), 0
     for prompts, completions in batches[1:]:
         count += judge(prompts, completions)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = (time.perf_counter() - start) / opts["repeats"]
+    if hasattr(judge, "rendering"):  # the rendering is not the floor's work: its generate and parse alone
+        seconds = judge.rendering / opts["repeats"]
     peak = peak_memory_mb(measured)
     if server is not None:
         os.killpg(server.pid, 15)
         server.wait(60)
     queue.put({"seconds": seconds, "judgements": count / opts["repeats"], "tokens": sum(tokens) / max(len(tokens), 1),
                "peak_mb": peak})  # fmt: skip
+
+
+def genrm_method(method: str, opts: dict, tokens: list[float]):
+    """`(judge(prompts, completions) -> judgements, server, measured pids)` for a GenRM method (see the docstring)."""
+    from trl_rm_env import JudgeEnvironment
+    from trl_rm_env.data.messages import reasoning_and_answer
+    from trl_rm_env.judges.genrm import comparison_pairs, genrm_messages, parse_genrm_verdict
+
+    path, max_length, new = opts["path"], opts["max_length"], opts["genrm_tokens"]
+    common = {"mode": "genrm", "max_new_tokens": new, "parse_retries": 0}
+    if method in GENRM_METHODS:
+        env = JudgeEnvironment(path, max_length=max_length, precision=opts["precision"], **common)
+        if method == "ours: genrm":
+
+            def judge(prompts, completions):
+                env(prompts, completions)
+                tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
+                return len(env.last_judgements)
+
+            return judge, None, None
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        llm, generate = env.engine.llm, env.engine.generate
+
+        def judge(prompts, completions):  # rendered by the environment, then timed: generate and parse alone
+            env.engine.generate = lambda p, *a, **k: [""] * len(p)
+            env(prompts, completions)
+            env.engine.generate = generate
+            requests = [TokensPrompt(prompt_token_ids=j.prompt) for j in env.last_judgements]
+            start = time.perf_counter()
+            outputs = llm.generate(requests, SamplingParams(max_tokens=new, temperature=0.0), use_tqdm=False)
+            [parse_genrm_verdict(o.outputs[0].text) for o in outputs]
+            tokens.append(sum(len(r["prompt_token_ids"]) for r in requests) / len(requests))
+            judge.rendering += time.perf_counter() - start  # noqa: B023 - the timed part only, summed
+            return len(requests)
+
+        judge.rendering = 0.0
+        return judge, None, None
+    server, url = start_vllm_server(path, max_length, opts["precision"])
+    if method == "ours: genrm served":
+        env = JudgeEnvironment("judge", remote_url=url, remote_input="messages", max_concurrency=256, **common)
+
+        def judge(prompts, completions):
+            asyncio.run(env(prompts, completions))
+            return len(env.last_judgements)
+
+        return judge, server, [server.pid]
+    import aiohttp
+
+    sequential = method.endswith("sequential")
+
+    async def reward(prompts, completions, **kwargs):  # as a user writes it: circular pairs of each group, tie-breaker
+        groups: dict[str, list[int]] = {}
+        for i, prompt in enumerate(prompts):
+            groups.setdefault(repr(prompt), []).append(i)
+        answers = [reasoning_and_answer(c)[1] for c in completions]
+        jobs = [(g[a], g[b]) for g in groups.values() if len(g) > 1 for a, b in comparison_pairs("circular", len(g))]
+
+        async def one(session, i, j):
+            body = {"model": "judge", "messages": genrm_messages(prompts[i], answers[i], answers[j]),
+                    "max_tokens": new, "temperature": 0.0}  # fmt: skip
+            async with session.post(url + "/v1/chat/completions", json=body) as response:
+                text = (await response.json())["choices"][0]["message"]["content"] or ""
+            return parse_genrm_verdict(text)
+
+        connector = aiohttp.TCPConnector(limit=256)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            if sequential:
+                verdicts = [await one(session, i, j) for i, j in jobs]
+            else:
+                verdicts = await asyncio.gather(*(one(session, i, j) for i, j in jobs))
+        received: dict[int, list[float]] = {}
+        for (i, j), (s1, s2, r) in zip(jobs, verdicts):
+            if s1 == s2:
+                s1, s2 = s1 + 3.5 - r, s2 - 3.5 + r
+            received.setdefault(i, []).append(s1)
+            received.setdefault(j, []).append(s2)
+        return [sum(v) / len(v) if (v := received.get(i)) else 3.0 for i in range(len(prompts))], len(jobs)
+
+    def judge(prompts, completions):
+        return asyncio.run(reward(prompts, completions))[1]
+
+    return judge, server, [server.pid]
 
 
 def main() -> None:
@@ -190,6 +298,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2, help="timed calls, each on a new batch")
     parser.add_argument("--max-length", type=int, default=4096)
+    parser.add_argument("--genrm-tokens", type=int, default=64, help="GenRM methods: most tokens the GenRM writes")
     parser.add_argument("--methods", default=None, help="comma-separated subset of: " + ", ".join(METHODS))
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the judge's dtype")
     parser.add_argument("--hh-path", default=str(HH_PATH), help="hh-rlhf harmless-base test .jsonl.gz")
@@ -201,7 +310,7 @@ def main() -> None:
         raise SystemExit(f"unknown method(s) {unknown}; choose from {METHODS}")
     opts = {"prompts": args.prompts, "generations": args.generations, "repeats": args.repeats,
             "max_length": args.max_length, "path": save_judge(args.layers), "precision": args.precision,
-            "hh_path": args.hh_path, "threads": args.threads}  # fmt: skip
+            "hh_path": args.hh_path, "threads": args.threads, "genrm_tokens": args.genrm_tokens}  # fmt: skip
     ctx = mp.get_context("spawn")
     results = {}
     for method in methods:
@@ -210,18 +319,25 @@ def main() -> None:
               file=sys.stderr)
         time.sleep(3)
     n = args.prompts * args.generations
-    base = results.get("vLLM offline")
-    base = None if base is None or "error" in base else base
+    def floor_of(method: str) -> dict | None:
+        found = results.get("vLLM offline: genrm" if "genrm" in method else "vLLM offline")
+        return None if found is None or "error" in found else found
+
     header = ["method", "judgements/call", "judgements/s", "completions/s", "tokens/judgement", "s/call",
-              "vs vLLM offline (compl/s)", "peak MB"]  # fmt: skip
+              "vs vLLM offline (compl/s)", "vs hand-written gathered", "peak MB"]  # fmt: skip
+    gathered = results.get("hand-written genrm: gathered")
+    gathered = None if gathered is None or "error" in gathered else gathered
     rows = []
     for method, r in results.items():
         if "error" in r:
             rows.append([method, "error: " + short_error(r["error"])] + ["-"] * (len(header) - 2))
             continue
+        base = floor_of(method)
+        versus = gathered if "genrm" in method and "offline" not in method else None
         rows.append([method, f"{r['judgements']:.0f}", f"{r['judgements'] / r['seconds']:.2f}", f"{n / r['seconds']:.2f}",
                      f"{r['tokens']:.0f}" if r["tokens"] else "-", f"{r['seconds']:.2f}",
-                     f"{base['seconds'] / r['seconds']:.2f}x" if base else "-", f"{r['peak_mb']:.0f}"])  # fmt: skip
+                     f"{base['seconds'] / r['seconds']:.2f}x" if base else "-",
+                     f"{versus['seconds'] / r['seconds']:.2f}x" if versus else "-", f"{r['peak_mb']:.0f}"])  # fmt: skip
     import torch
 
     device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cpu"

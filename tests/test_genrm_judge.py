@@ -327,10 +327,19 @@ def test_groups_split_across_two_processes_are_judged_whole_each_comparison_once
         out = tmp_path / "rewards.json"
         launch("ddp_cpu.yaml", "tests/scripts/genrm_whole_groups.py", url, str(batch), str(out), processes=2)
         asked_split = sorted(json.dumps(b["messages"]) for b in bodies)
-    shares = json.loads(out.read_text())
-    assert [len(s) for s in shares] == [6, 6]  # the group of OTHER spans both processes
-    assert shares[0] + shares[1] == pytest.approx(want, abs=1e-9)
-    assert asked_split == asked_once  # every comparison of the whole groups, once
+        shares = json.loads(out.read_text())
+        bad = json.loads(batch.read_text()) | {"options": {"principle_column": "rule"}}
+        bad["columns"] = {"rule": ["Be kind."] * 7 + [None] * 5}  # None on process 1 only, without a default
+        batch.write_text(json.dumps(bad))
+        launch("ddp_cpu.yaml", "tests/scripts/genrm_whole_groups.py", url, str(batch), str(out), processes=2)
+        failed = json.loads(out.read_text())
+    assert [[len(c) for c in s] for s in shares] == [[6, 6], [6, 6]]  # OTHER's group spans both processes
+    for call in range(2):
+        assert shares[0][call] + shares[1][call] == pytest.approx(want, abs=1e-9)
+    assert asked_split == sorted(asked_once * 2)  # every comparison of the whole groups, once a call
+    # A process that fails still enters the exchanges: every process raises, none is left waiting.
+    assert failed[1]["error"].startswith("ValueError: ") and "column 'rule'" in failed[1]["error"]
+    assert failed[0]["error"].startswith("RuntimeError: process 1 failed while judge: share the samples")
 
 
 def test_a_dead_genrm_server_is_an_error_naming_it_not_neutral_rewards():

@@ -252,6 +252,7 @@ def one_step(trainer):
     return loss.item(), [p.grad.clone() for p in trainer.model.parameters()], shapes, batch
 
 
+@pytest.mark.slow  # about a second each: training runs
 @pytest.mark.parametrize("layout", ["packed", "kv", "packed-varlen", "pairs"])
 def test_pack_max_tokens_bounds_every_forward(tmp_path, tiny_tokenizer, layout, request):
     """A micro-batch over `pack_max_tokens` runs as several forwards of at most that many tokens (a record over it
@@ -660,6 +661,7 @@ def test_a_forward_that_never_ran_the_packed_attention_raises(tiny_tokenizer, mo
     assert model.config._attn_implementation == "sdpa"
 
 
+@pytest.mark.slow  # several seconds: trainers built and stepped
 def test_training_token_budget_from_free_memory(tiny_tokenizer, monkeypatch):
     """The default `pack_max_tokens` on CUDA: half the free memory less the gradients and Adam's moments to come,
     over a token's activations in every layer (one hidden state per layer under checkpointing), clamped."""

@@ -109,18 +109,18 @@ def wait_for_everyone(accelerator: Any, what: str) -> None:
         ) from err
 
 
-def gather_objects(value: Any, what: str) -> list[Any]:
-    """Every process's `value` (picklable), in rank order, from `torch.distributed.all_gather_object` on the default
-    process group (every process must call it, the same number of times).
+def gather_objects(value: Any, what: str, group: Any = None) -> list[Any]:
+    """Every process's `value` (picklable), in rank order, from `torch.distributed.all_gather_object` on `group`
+    (None: the default process group); every process of it must call it, the same number of times.
 
     Raises:
         WaitTimeoutError: the process group's timeout ran out: some process never got to `what`.
     """
     import torch.distributed as dist
 
-    found: list[Any] = [None] * dist.get_world_size()
+    found: list[Any] = [None] * dist.get_world_size(group)
     try:
-        dist.all_gather_object(found, value)
+        dist.all_gather_object(found, value, group=group)
     except Exception as err:  # gloo: RuntimeError; NCCL: DistBackendError (a RuntimeError too)
         if not _is_timeout(err):
             raise

@@ -3,10 +3,10 @@
     accelerate launch --config_file accelerate_configs/ddp_cpu.yaml tests/scripts/genrm_whole_groups.py \
         URL BATCH_JSON OUT_JSON
 
-Each process takes its contiguous share of BATCH_JSON (`{"prompts": [...], "completions": [...], "options": {...}}`),
-as TRL splits a global batch between processes (a GRPO group may span both), and calls one GenRM judge
-(`JudgeEnvironment(remote_url=URL, mode="genrm", **options)`) on it. Rank 0 writes every process's rewards, in rank
-order, to OUT_JSON.
+Each process takes its contiguous share of BATCH_JSON (`{"prompts": [...], "completions": [...], "options": {...},
+"columns": {...}}`), as TRL splits a global batch between processes (a GRPO group may span both), and calls one
+GenRM judge (`JudgeEnvironment(remote_url=URL, mode="genrm", **options)`) on it, twice (a judge's exchanges repeat
+call after call). Rank 0 writes every process's rewards, or the error its calls raised, in rank order, to OUT_JSON.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ def main(url: str, batch_path: str, out_path: str) -> None:
     size = -(-n // world)
     share = slice(rank * size, (rank + 1) * size)
     env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", **batch["options"])
-    rewards = asyncio.run(env(batch["prompts"][share], batch["completions"][share]))
+    columns = {name: values[share] for name, values in batch.get("columns", {}).items()}
+    try:
+        rewards = [asyncio.run(env(batch["prompts"][share], batch["completions"][share], **columns)) for _ in range(2)]
+    except Exception as err:  # every process raises (none is left waiting): recorded, for the test to read
+        rewards = {"error": f"{type(err).__name__}: {err}"}
     gathered = [None] * world
     dist.all_gather_object(gathered, rewards)
     if rank == 0:

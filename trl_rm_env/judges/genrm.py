@@ -230,6 +230,7 @@ class GenRM(JudgeMode):
     templated = False
     own_options = frozenset({"comparison_strategy", "judges_per_comparison", "aggregator", "principle",
                              "principle_column", "default_score", "default_ranking", "failed_judgement"})  # fmt: skip
+    refuses = frozenset({"pairs", "swap", "max_score", "single_reward", "unparsed_reward"})  # Gym's own keys instead
 
     def labels(self, options: Any) -> list[str]:
         return []  # read from text only

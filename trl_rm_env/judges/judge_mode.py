@@ -62,6 +62,7 @@ class JudgeMode:
     shows: ClassVar[int | None] = None
     scorings: ClassVar[tuple[str, ...]] = ("logprobs", "generate")  # what it can read; the first is its default
     own_options: ClassVar[frozenset[str]] = frozenset()  # `JudgeOptions` that this mode alone reads
+    refuses: ClassVar[frozenset[str]] = frozenset()  # other modes' `JudgeOptions` that this one cannot apply
     templated: ClassVar[bool] = True  # False: the mode writes the judge's messages itself (`messages`)
 
     def labels(self, options: Any) -> list[str]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import ENGINES, changed, check_choices, document, option
+from ..options import ENGINES, build, changed, check_choices, document, option
 from .genrm import AGGREGATORS, FAILED_JUDGEMENTS, PAIR_STRATEGIES
 from .modes import MODES
 
@@ -158,6 +158,20 @@ class JudgeOptions:
         **_judge("failed_judgement"),
     )
 
+    @classmethod
+    def build(cls, options: JudgeOptions | None = None, **values: Any) -> JudgeOptions:
+        """`options` (default: the defaults) with `values` replacing some; a new `mode` without a `scoring` gets
+        the new mode's own scoring (unless `options` had one of its own that the mode reads).
+
+        Raises:
+            TypeError: a name that is not an option, listing the options.
+        """
+        if options is not None and "mode" in values and "scoring" not in values:
+            own = options.scoring != options.resolved_defaults()["scoring"]
+            if not own or options.scoring not in MODES[values["mode"]].scorings:
+                values["scoring"] = None
+        return build(cls, options, **values)
+
     def resolved_defaults(self) -> dict[str, Any]:
         """The defaults that depend on the mode: `scoring` (None is the mode's own)."""
         return {"scoring": MODES[self.mode].scorings[0]}
@@ -174,6 +188,7 @@ class JudgeOptions:
         given = changed(self)
         others = sorted(
             {name for other in MODES.values() for name in other.own_options - mode.own_options if name in given}
+            | (mode.refuses & set(given))
         )
         if others:
             raise ValueError(f"{', '.join(others)}: options of another mode than {self.mode!r}")

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..data.messages import check_sample, message_is_blank, strip_completion_reasoning
+from ..distributed import world_size
 from ..options import check_choices, document, option
 from ..scoring.interfaces import Scorer
 from .shaping import GroupShaping
@@ -202,6 +203,7 @@ class RewardFunction(Reward):
         self.strip_reasoning = strip_reasoning
         self.attributes = list(attributes)  # a regression RM's: the mean of each is logged
         self.shaping = shaping or GroupShaping()
+        self._warned_shaping = False
         self._checkpoint_stats = checkpoint_stats
         self._count, self._mean, self._m2 = 0, 0.0, 0.0  # running statistics (Welford)
         self.num_nonfinite = 0  # samples given `nonfinite_reward` so far (the first time is warned)
@@ -275,13 +277,26 @@ class RewardFunction(Reward):
         return empty, to_score, torch.empty(len(prompts), dtype=dtype)
 
     def _filled(
-        self, rewards: torch.Tensor, empty: Sequence[int], groups: tuple[Samples, Samples] | None = None
+        self,
+        rewards: torch.Tensor,
+        empty: Sequence[int],
+        groups: tuple[Samples, Samples] | None = None,
+        whole: bool = False,
     ) -> torch.Tensor:
         """The rewards with the empty completions' (`empty_completion_reward`, when set), then shaped group by group
-        (`groups`: the prompts and completions these rewards are of; the shaping reads whole groups)."""
+        (`groups`: the prompts and completions these rewards are of; `whole`: of every process, not this one's
+        share, which under several processes may hold part of a group: warned once)."""
         if self.empty_completion_reward is not None and len(empty):
             rewards[torch.tensor(list(empty))] = float(self.empty_completion_reward)
         if groups is not None and self.shaping.active:
+            if not whole and world_size() > 1 and not self._warned_shaping:
+                self._warned_shaping = True
+                logger.warning(
+                    "%s: group shaping reads each process's share of a call: a GRPO group that TRL splits between "
+                    "processes (a per-device batch smaller than num_generations) is shaped in parts. Keep a "
+                    "process's batch a multiple of num_generations. Warned once.",
+                    self.name,
+                )
             rewards = self.shaping.shape(rewards, *groups)
         return rewards
 

@@ -7,13 +7,12 @@ import contextlib
 import logging
 import os
 from collections.abc import Generator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
-from ..distributed import full_weights, rank, world_size
+from ..distributed import full_weights
 from ..judges import templates as T
 from ..judges.engines import judge_engine
 from ..judges.judge_mode import EvalPair, JudgeMode, PairVerdicts
@@ -37,29 +36,13 @@ from ..runtime.model_options import ModelOptions
 from ..runtime.plan import plan_model
 from ..serving.client.remote_options import RemoteOptions, local_only
 from ..tokenization import encode_messages
-from ..waiting import gather_objects
 from .base import Ids, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
 from .shaping import GroupShaping
+from .whole_groups import GATHER, gather, own_group, processes, shared_values, whole_call
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class WholeCall:
-    """A reward call as judged: the samples of every process (one process: its own), the template's columns, the
-    samples to judge and the empty ones (indices into these lists), where this process's samples start, and this
-    process's rank among `world` processes."""
-
-    prompts: list[Any]
-    completions: list[Any]
-    columns: dict[str, list[Any]]
-    to_score: list[int]
-    empty: list[int]
-    offset: int = 0
-    rank: int = 0
-    world: int = 1
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "options", "scoring_options")
 OPTION_CLASSES = (JudgeOptions, ModelOptions, RewardOptions, RemoteOptions, GroupShaping)
@@ -138,7 +121,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
         self.shaping_options = GroupShaping(**shaping_values)
-        self.options = judge = build(JudgeOptions, options, **judge_values)
+        self.options = judge = JudgeOptions.build(options, **judge_values)
         if scoring_options is not None and type(scoring_options) is not ModelOptions:
             raise TypeError(
                 f"scoring_options must be a ModelOptions (how the judge model loads and runs), got "
@@ -209,14 +192,15 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self.last_judgements: list[Judgement] = []  # the judgements of the last call (tests, debugging)
         self._unparsed_text = ""  # an answer no verdict could be read from, for the error
         self._warned_groups = False
+        self._gather_group = None  # the processes' group for whole GRPO groups (`whole_groups.own_group`)
 
     def replace(self, **values: Any) -> JudgeEnvironment:
         """Another reward function on the same judge (its engine is shared, nothing loads again) with some
         `JudgeOptions` or `RewardOptions` changed: `judge.replace(mode="pairwise", name="pairwise_judge")`.
 
         Raises:
-            TypeError: a name that is not a `JudgeOptions` or `RewardOptions` option (a `ModelOptions` one needs a
-                new judge: it says how the model loads and runs).
+            TypeError: a name that is not a `JudgeOptions` or `RewardOptions` option (a `ModelOptions` or
+                `GroupShaping` one needs a new judge: it says how the model loads and runs, or shapes every reward).
         """
         judge_values, reward_values = route(values, JudgeOptions, RewardOptions, what="option")
         self.engine  # noqa: B018 - an unpickled judge loads before it is shared
@@ -224,10 +208,11 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         other.__dict__.update(self.__dict__)
         other._remember(**{**self._arguments, **values})
         other._configure(
-            build(JudgeOptions, self.options, **judge_values),
+            JudgeOptions.build(self.options, **judge_values),
             build(RewardOptions, self.reward_options, **reward_values),
         )
         other._calls = self._calls  # one engine, one call at a time
+        other._gather_group = None  # its exchanges its own: two judges must not take each other's
         return other
 
     def _labels_of(self, judge: JudgeOptions, name: str) -> tuple[list[str], list[int] | None]:
@@ -267,7 +252,10 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         return stack
 
     def _answer(self, request: tuple) -> Any:
-        """One engine call: `("logprobs", prompts)` or `("generate", prompts, temperature, seeds)`."""
+        """One engine call, `("logprobs", prompts)` or `("generate", prompts, temperature, seeds)`, or an exchange
+        between the processes (`whole_groups.GATHER`)."""
+        if request[0] == GATHER:
+            return gather(request, self._gather_group, self.is_async)
         if request[0] == "logprobs":
             return self.engine.label_logprobs(request[1], self.label_ids, self.labels)
         _, prompts, temperature, seeds = request
@@ -281,85 +269,71 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
     ) -> Generator[tuple, Any, list[float]]:
         """The whole reward call, yielding engine requests (`_answer`) and receiving their answers."""
-        empty, to_score, _ = self._plan(prompts, completions, torch.float64)
-        optional = self.mode.optional_columns(self.options)
-        columns = template_columns(self.columns, kwargs, len(prompts), self.name, optional)
-        call = self._whole_call(prompts, completions, columns, to_score, empty)
-        texts = {i: self.mode.shown_text(call.completions[i], self.strip_reasoning) for i in call.to_score}
-        groups = group_samples(call.prompts, call.to_score, call.columns)
-        if call.world == 1 and self.mode.compares and len({len(g) for g in groups}) > 1 and not self._warned_groups:
-            self._warned_groups = True  # a cascade left part of a group, or a judge sharded across processes
-            logger.warning(
-                "%s: the groups of this call have %s completions: a %s judge compares the completions of one call "
-                "with equal prompts, so a GRPO group partly decided by an earlier cascade source (or split across "
-                "processes that each hold a shard of the judge) is compared in parts. Warned once.",
-                self.name,
-                sorted({len(g) for g in groups}),
-                self.options.mode,
+        world = processes(self.mode.compares, getattr(self.engine, "sharding", "none"))
+        if world > 1 and self._gather_group is None:
+            self._gather_group = own_group()  # on the first call, before any request: the same point on every process
+        error, empty, to_score, columns = None, [], [], {c: [] for c in self.columns}
+        try:
+            empty, to_score, _ = self._plan(prompts, completions, torch.float64)
+            optional = self.mode.optional_columns(self.options)
+            columns = template_columns(self.columns, kwargs, len(prompts), self.name, optional)
+        except Exception as err:  # every process still enters the exchanges: all of them raise there
+            if world == 1:
+                raise
+            error = err
+        what = f"{self.name}: share the samples of a call (its GRPO groups are judged whole)"
+        call = yield from whole_call(prompts, completions, columns, to_score, empty, world, what, error)
+        values: dict[int, float] = {}
+        counts, alone, verdicts, masses = {}, [], [], []
+        try:
+            texts = {i: self.mode.shown_text(call.completions[i], self.strip_reasoning) for i in call.to_score}
+            groups = group_samples(call.prompts, call.to_score, call.columns)
+            if world == 1 and self.mode.compares and len({len(g) for g in groups}) > 1 and not self._warned_groups:
+                self._warned_groups = True  # a cascade left part of a group, or a judge sharded across processes
+                logger.warning(
+                    "%s: the groups of this call have %s completions: a %s judge compares the completions of one "
+                    "call with equal prompts, so a GRPO group partly decided by an earlier cascade source (or split "
+                    "across processes that each hold a shard of the judge) is compared in parts. Warned once.",
+                    self.name,
+                    sorted({len(g) for g in groups}),
+                    self.options.mode,
+                )
+            mine = groups[call.rank :: call.world]  # each process judges its share of the whole groups
+            judgements, alone = build_judgements(
+                self.mode, self.options, call.prompts, texts, mine, call.columns, self._judgement_prompt, self.name
             )
-        mine = groups[call.rank :: call.world]  # each process judges its share of the whole groups
-        judgements, alone = build_judgements(
-            self.mode, self.options, call.prompts, texts, mine, call.columns, self._judgement_prompt, self.name
-        )
-        self.last_judgements = judgements
-        asked = yield from ask_verdicts(self.mode, self.options, judgements)
-        self._unparsed_text = asked.unparsed_text
-        lone = self.mode.lone_reward(self.options)
-        values, missing = aggregate(self.mode, judgements, asked.verdicts, [i for g in mine for i in g], alone, lone)
-        masked = {i for k in asked.failed for i in judgements[k].samples} if self.masks_failures else set()
-        missing["unparsed"] = [i for i in missing["unparsed"] if i not in masked]
-        error = None
-        for reason, samples in missing.items():
-            fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
-            if samples and fallback is None:
-                error = error or failure_message(self, reason, samples)
-            elif samples:
+            self.last_judgements = judgements
+            asked = yield from ask_verdicts(self.mode, self.options, judgements)
+            counts, verdicts, masses, self._unparsed_text = asked.counts, asked.verdicts, asked.masses, asked.unparsed_text
+            lone = self.mode.lone_reward(self.options)
+            values, missing = aggregate(self.mode, judgements, verdicts, [i for g in mine for i in g], alone, lone)
+            masked = {i for k in asked.failed for i in judgements[k].samples} if self.masks_failures else set()
+            missing["unparsed"] = [i for i in missing["unparsed"] if i not in masked]
+            for reason, samples in missing.items():
+                fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
+                if samples and fallback is None:
+                    raise ValueError(failure_message(self, reason, samples))
                 values.update({i: float(fallback) for i in samples})
-        values.update(dict.fromkeys(masked, float("nan")))  # no reward: None to TRL
-        if call.world > 1:  # every process gets every share (and any process's error)
-            shared = gather_objects((values, error), f"share the rewards of {self.name}'s whole GRPO groups")
-            error = next((e for _, e in shared if e), None)
-            values = {i: value for share, _ in shared for i, value in share.items()}
-        if error:
-            raise ValueError(error)
+            values.update(dict.fromkeys(masked, float("nan")))  # no reward: None to TRL
+        except Exception as err:
+            if world == 1:
+                raise
+            error = err
+        what = f"{self.name}: share the rewards of the whole GRPO groups"
+        values = yield from shared_values(values, world, what, error)
         everything = torch.full((len(call.prompts),), float("nan"), dtype=torch.float64)
         if call.to_score:
             everything[torch.tensor(call.to_score)] = torch.tensor([values[i] for i in call.to_score], dtype=torch.float64)
-        everything = self._filled(everything, call.empty, (call.prompts, call.completions))  # shaped: whole groups
+        everything = self._filled(everything, call.empty, (call.prompts, call.completions), whole=call.world > 1)
         log_metric = kwargs.get("log_metric")
         out = self._finish(everything[call.offset : call.offset + len(prompts)], len(empty), log_metric)
         if log_metric is not None and len(prompts):
-            more = {**asked.counts, "num_single": float(len(alone)), **self.mode.metrics(asked.verdicts)}
-            if asked.masses:
-                more["rating_mass"] = sum(asked.masses) / len(asked.masses)
+            more = {**counts, "num_single": float(len(alone)), **self.mode.metrics(verdicts)}
+            if masses:
+                more["rating_mass"] = sum(masses) / len(masses)
             for key, value in more.items():
                 log_metric(f"{self.metric_prefix}/{key}", value)
         return out
-
-    def _whole_call(
-        self, prompts: Samples, completions: Samples, columns: dict[str, Any], to_score: list[int], empty: list[int]
-    ) -> WholeCall:
-        """This call as a whole: under several training processes (TRL splits a GRPO group between them when a
-        process's batch is smaller than `num_generations`), every process's samples in rank order, so each group is
-        judged whole, each comparison once (by the process whose share the group is). One process, a mode that judges
-        each completion alone, or a judge sharded across processes (its forwards are collectives): this call's own."""
-        world = world_size() if self.mode.compares and getattr(self.engine, "sharding", "none") == "none" else 1
-        if world == 1:
-            return WholeCall(list(prompts), list(completions), columns, to_score, empty)
-        local = (list(prompts), list(completions), {c: list(v) for c, v in columns.items()}, to_score, empty)
-        shares = gather_objects(local, f"share the samples of {self.name}'s call (whole GRPO groups are judged)")
-        call = WholeCall([], [], {c: [] for c in columns}, [], [], rank=rank(), world=world)
-        for k, (p, c, cols, scored, blank) in enumerate(shares):
-            if k == call.rank:
-                call.offset = len(call.prompts)
-            base = len(call.prompts)
-            call.prompts += p
-            call.completions += c
-            for name in columns:
-                call.columns[name] += cols[name]
-            call.to_score += [base + i for i in scored]
-            call.empty += [base + i for i in blank]
-        return call
 
     def judge_items(
         self, contexts: Sequence[Any], shown: Sequence[Sequence[Any]], **columns: Any
@@ -382,11 +356,14 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
                 f"{self.name}: a {self.options.mode} judge shows {self.mode.shows} completion(s) per judgement, one "
                 f"list per context; got {len(shown)} lists for {len(contexts)} contexts, wrong lengths at {wrong[:10]}"
             )
-        judgements = []
+        judgements, seen = [], {}
         for i, context in enumerate(contexts):
             texts = [self.mode.shown_text(c, self.strip_reasoning) for c in shown[i]]
-            prompt = self._judgement_prompt(context, texts, {c: values[c][i] for c in values})
-            judgements.append(Judgement(tuple(range(len(shown[i]))), *prompt))
+            row = {c: values[c][i] for c in values}
+            prompt = self._judgement_prompt(context, texts, row)
+            key = repr((context, texts, row))  # the same judgement asked again (a GenRM's k judges): sampled apart
+            seen[key] = copy = seen.get(key, -1) + 1
+            judgements.append(Judgement(tuple(range(len(shown[i]))), *prompt, copy=copy))
         asked = yield from ask_verdicts(self.mode, self.options, judgements)
         tokens = sum(len(j.prompt) for j in judgements) if self.tokens else None
         return JudgeVerdicts(asked.verdicts, asked.counts, asked.masses, tokens)

@@ -202,9 +202,10 @@ def plan_model(
     """
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {list(KINDS)} or None (told from the config), got {kind!r}")
-    options = (ModelOptions if kind == "judge" and options is None else type(options or ScoringOptions())).build(
-        options, **values
-    )
+    if kind == "judge":  # a judge's options are any model's; a reward model's (or one told later) its own
+        options = ModelOptions.build(options, **values) if options is None else type(options).build(options, **values)
+    else:
+        options = ScoringOptions.build(None if options is None else ScoringOptions.of(options), **values)
     if isinstance(model, PreTrainedModel):
         path, loaded, config = None, model, model.config
         _check_kind(kind or "", [type(model).__name__], "")
