@@ -144,3 +144,27 @@ def test_grpo_with_a_pairwise_judge_beside_the_rm_logs_both_rewards(quickstart, 
     for step in steps:
         assert "rewards/tiny_rm/mean" in step and 0.0 <= step["rewards/judge/mean"] <= 1.0
         assert step["judge_env/num_judgements"] == 32 and step["judge_env/num_single"] == 0
+
+
+def test_the_genrm_recipe_config_runs_end_to_end_against_a_served_genrm(quickstart, tmp_path):
+    # recipes/configs/grpo_genrm.yaml (the Super stage's GenRM reward) on the tiny policy, on the CPU, its GenRM the
+    # scripted OpenAI-compatible server of tests/test_genrm_judge.py: each step compares 2 groups of 4 in a circle.
+    from test_genrm_judge import genrm_text, scripted_genrm
+
+    tiny = quickstart["rm_dir"].parent / "tiny-models"
+    out = tmp_path / "grpo-genrm"
+    with scripted_genrm(genrm_text) as (url, bodies):
+        launch("grpo_rm", "grpo_genrm.yaml", "--output_dir", str(out), "--max_steps", "2", "--use_cpu", "true",
+               "--model_name_or_path", str(tiny / "policy"), "--dtype", "float32", "--bf16", "false",
+               "--attn_implementation", "sdpa", "--activation_checkpointing", "false", "--reward_judge_url", url,
+               "--prompt_data", "sample:train", "--per_device_train_batch_size", "8", "--num_generations", "4",
+               "--gradient_accumulation_steps", "1", "--max_completion_length", "12", "--save_strategy", "no",
+               "--log_completions", "false")  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "rewards/genrm/mean" in h]
+    assert len(steps) == 2
+    for step in steps:
+        assert step["judge_env/num_judgements"] == 8 and step["judge_env/num_failed"] == 0
+        assert 1.0 <= step["rewards/genrm/mean"] <= 6.5  # scores 1-5, tie-breaks and the Super stage's shaping
+    assert len(bodies) == 16 and all([m["role"] for m in b["messages"]][-2:] == ["response_1", "response_2"] for b in bodies)
+    assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in bodies} == {(0.6, 0.95, 16384)}
