@@ -568,3 +568,22 @@ def test_grpo_trainer_drop_in(tiny_dir, tmp_path):
     for entry in logs:
         assert np.isfinite(entry[f"rewards/{env.__name__}/mean"])
         assert entry["reward_model_env/num_samples"] == 4.0  # TRL passed `log_metric` and averaged what we logged
+
+
+def test_reward_hacking_diagnostics_are_logged_from_the_rewards_returned():
+    """`length_corr` is Pearson's correlation of the returned rewards with the completions' lengths (token ids where
+    TRL passes them, else characters); `flat_groups` the share of groups whose rewards are all equal."""
+    import numpy as np
+
+    from trl_rm_env.rewards.base import diagnostics
+
+    prompts = [["a"]] * 3 + [["b"]] * 3 + [["c"]]  # the lone "c" is no group
+    completions = ["x", "xxxx", "xx", "y", "yyy", "yyyyyy", "z"]
+    ids = [[1] * n for n in (1, 4, 2, 2, 2, 2, 5)]
+    rewards = torch.tensor([0.1, 0.9, 0.4, 0.5, 0.5, 0.5, float("nan")], dtype=torch.float64)
+    found = diagnostics(rewards, prompts, completions, ids)
+    want = np.corrcoef([0.1, 0.9, 0.4, 0.5, 0.5, 0.5], [1, 4, 2, 2, 2, 2])[0, 1]  # NaN left out
+    assert found["length_corr"] == pytest.approx(want, abs=1e-12) and found["flat_groups"] == 0.5
+    by_characters = diagnostics(rewards, prompts, completions, None)["length_corr"]
+    assert by_characters == pytest.approx(np.corrcoef([0.1, 0.9, 0.4, 0.5, 0.5, 0.5], [1, 4, 2, 1, 3, 6])[0, 1], abs=1e-12)
+    assert "length_corr" not in diagnostics(torch.ones(3), [["a"]] * 3, ["x", "yy", "z"], None)  # constant rewards

@@ -69,6 +69,41 @@ class RewardOptions:
             raise ValueError(f"clip must be > 0, got {self.clip}")
 
 
+def completion_length(completion: Any, ids: Sequence[int] | None) -> int:
+    """A completion's length: its token ids' count where TRL passed them, else the characters of its text."""
+    if ids is not None:
+        return len(ids)
+    if isinstance(completion, str):
+        return len(completion)
+    return sum(len(m.get("content") or "") for m in completion)
+
+
+def diagnostics(rewards: torch.Tensor, prompts: Samples, completions: Samples, ids: Ids) -> dict[str, float]:
+    """A call's signs of reward hacking, from the rewards returned (NaN: none, left out):
+
+    - `length_corr`: Pearson's correlation of reward and completion length (`completion_length`) over the call
+      (absent when either is constant): rising, the policy is paid for length;
+    - `flat_groups`: the share of GRPO groups (equal prompts, two samples or more) whose rewards are all equal: no
+      advantage, no learning signal from them.
+    """
+    out: dict[str, float] = {}
+    kept = [i for i in range(len(prompts)) if not torch.isnan(rewards[i])]
+    if len(kept) >= 2:
+        values = rewards[kept].double()
+        lengths = torch.tensor(
+            [completion_length(completions[i], None if ids is None else ids[i]) for i in kept], dtype=torch.float64
+        )
+        if values.std() > 0 and lengths.std() > 0:
+            out["length_corr"] = float(torch.corrcoef(torch.stack([values, lengths]))[0, 1])
+    groups: dict[str, list[float]] = {}
+    for i in kept:
+        groups.setdefault(repr(prompts[i]), []).append(float(rewards[i]))
+    several = [g for g in groups.values() if len(g) >= 2]
+    if several:
+        out["flat_groups"] = sum(max(g) - min(g) == 0 for g in several) / len(several)
+    return out
+
+
 def is_empty(completion: Any) -> bool:
     """True for a completion with no text and no tool call (blank text, or only blank messages)."""
     if isinstance(completion, str):
@@ -301,10 +336,16 @@ class RewardFunction(Reward):
         return rewards
 
     def _finish(
-        self, rewards: torch.Tensor, empty: int, log_metric, nonfinite: int | None = None
+        self,
+        rewards: torch.Tensor,
+        empty: int,
+        log_metric,
+        nonfinite: int | None = None,
+        samples: tuple[Samples, Samples, Ids] | None = None,
     ) -> list[float | None]:
         """Normalization, clipping and metrics of `_filled` rewards (`empty`: how many completions were empty;
-        `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known).
+        `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known;
+        `samples`: the call's prompts, completions and completion ids, for the diagnostics of reward hacking).
         A NaN reward is no reward: None to TRL (which leaves it out of the loss), left out of the statistics and the
         metrics."""
         kept = ~torch.isnan(rewards)
@@ -313,6 +354,9 @@ class RewardFunction(Reward):
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
         self._log(log_metric, raw[kept], rewards[kept], empty, nonfinite)
+        if log_metric is not None and samples is not None:
+            for key, value in diagnostics(rewards, *samples).items():
+                log_metric(f"{self.metric_prefix}/{key}", value)
         if kept.all():
             return rewards.tolist()
         return [value if keep else None for value, keep in zip(rewards.tolist(), kept.tolist())]

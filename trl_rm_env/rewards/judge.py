@@ -326,7 +326,8 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             everything[torch.tensor(call.to_score)] = torch.tensor([values[i] for i in call.to_score], dtype=torch.float64)
         everything = self._filled(everything, call.empty, (call.prompts, call.completions), whole=call.world > 1)
         log_metric = kwargs.get("log_metric")
-        out = self._finish(everything[call.offset : call.offset + len(prompts)], len(empty), log_metric)
+        own = everything[call.offset : call.offset + len(prompts)]
+        out = self._finish(own, len(empty), log_metric, samples=(prompts, completions, completion_ids))
         if log_metric is not None and len(prompts):
             more = {**counts, "num_single": float(len(alone)), **self.mode.metrics(verdicts)}
             if masses:

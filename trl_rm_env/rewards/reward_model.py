@@ -230,7 +230,9 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 scores = yield [prompts[i] for i in to_score], [completions[i] for i in to_score], progress
             rewards[torch.tensor(to_score)] = scores
         rewards = self._filled(rewards, empty, (prompts, completions))
-        return self._finish(rewards, len(empty), kwargs.get("log_metric"), nonfinite=len(nonfinite))
+        log_metric = kwargs.get("log_metric")
+        samples = (prompts, completions, completion_ids)
+        return self._finish(rewards, len(empty), log_metric, nonfinite=len(nonfinite), samples=samples)
 
     def __repr__(self) -> str:
         where = f"remote_url={self.remote_url!r}" if self.remote_url else f"model={self.scorer.config._name_or_path!r}"
