@@ -37,7 +37,7 @@ def options_reference() -> str:
     from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.rewards.nemo import NEMO_OPTIONS
-    from trl_rm_env.rewards.shaping import GroupShaping
+    from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
     from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.serving.client.remote_options import RemoteOptions
     from trl_rm_env.serving.server.limits import ServerLimits
@@ -54,6 +54,9 @@ def options_reference() -> str:
          "(`trl_rm_env.rewards.base`)."),
         ("`GroupShaping`", GroupShaping, "How a GRPO group's rewards are shaped: NeMo Gym's bonuses and length and "
          "style adjustments, for a reward model or a judge (`trl_rm_env.rewards.shaping`)."),
+        ("`LengthShaping`", LengthShaping, "NeMo RL's GRPO reward shaping by response length (`grpo.reward_shaping`: "
+         "DAPO's overlong buffer, the stop-properly penalty), for a reward model or a judge "
+         "(`trl_rm_env.rewards.shaping`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
          "(`trl_rm_env.serving.client.remote_options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients "

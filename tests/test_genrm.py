@@ -226,3 +226,28 @@ def test_shaping_refuses_bad_values():
         GroupShaping(top_percentile=1.5)
     with pytest.raises(ValueError, match="one reasoning and one answer per score"):
         GroupShaping(style_coeff=1).apply([1.0, 2.0], [""], ["a", "b"])
+
+
+# --- NeMo RL's length shaping (`grpo.reward_shaping`), cases computed from its formulas --------------------------------
+def test_dapo_overlong_buffer_and_stop_properly_penalty_follow_nemo_rls_formulas():
+    import torch
+
+    from trl_rm_env.rewards.shaping import LengthShaping
+
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.5], dtype=torch.float64)
+    ids = [[7] * 10, [7] * 14, [7] * 16, [7] * 20]
+    dapo = LengthShaping(overlong_buffer_length=4, overlong_buffer_penalty=1.0, max_response_length=16)
+    # expected length 12: 10 -> no penalty; 14 -> -2/4; 16 -> -4/4; 20 -> -8/4 (no lower bound, as NeMo RL)
+    assert dapo.shape(rewards, ids, "rm").tolist() == [1.0, 0.5, 0.0, 0.5 - 2.0]
+    stop = LengthShaping(stop_properly_penalty_coef=0.25, eos_token_id=[2, 3])
+    ended = [[5, 2], [5, 5], [], [4, 3]]
+    assert stop.shape(rewards, ended, "rm").tolist() == [1.0, 0.25, 0.25, 0.5]
+    with pytest.raises(ValueError, match="go together"):
+        LengthShaping(overlong_buffer_length=4)
+    with pytest.raises(ValueError, match="needs eos_token_id"):
+        LengthShaping(stop_properly_penalty_coef=0.5)
+    with pytest.raises(ValueError, match="give one kind"):
+        LengthShaping(overlong_buffer_length=4, overlong_buffer_penalty=1.0, max_response_length=16,
+                      stop_properly_penalty_coef=0.5, eos_token_id=2)  # fmt: skip
+    with pytest.raises(ValueError, match="reads TRL's completion_ids"):
+        dapo.shape(rewards, None, "rm")

@@ -351,3 +351,16 @@ def test_a_dead_genrm_server_is_an_error_naming_it_not_neutral_rewards():
         env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=1, backoff=0.01)
         with pytest.raises(RemoteScoringError, match=r"every request .* failed \(4\).*503"):
             rewards_of(env, ANSWERS[:4], [PROMPT] * 4)
+
+
+def test_nemo_rls_length_shaping_applies_to_the_judges_rewards_from_trls_completion_ids():
+    ids = [[5, 2], [5, 5, 5], [5, 2], [5, 5]]  # the 2nd and 4th truncated (no end token 2)
+    with scripted_genrm(genrm_text) as (url, _):
+        plain = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm")
+        stop = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", stop_properly_penalty_coef=0.5,
+                                eos_token_id=2)  # fmt: skip
+        want, _ = rewards_of(plain, ANSWERS[:4], [PROMPT] * 4, completion_ids=ids)
+        got, _ = rewards_of(stop, ANSWERS[:4], [PROMPT] * 4, completion_ids=ids)
+        with pytest.raises(ValueError, match="reads TRL's completion_ids"):
+            rewards_of(stop, ANSWERS[:4], [PROMPT] * 4)
+    assert got == pytest.approx([want[0], want[1] * 0.5, want[2], want[3] * 0.5], abs=1e-12)

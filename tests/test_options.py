@@ -32,6 +32,7 @@ from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.rewards.judge import OWN_ARGUMENTS as JUDGE_ARGUMENTS
 from trl_rm_env.rewards.nemo import NEMO_OPTIONS, environment_arguments
 from trl_rm_env.rewards.reward_model import OPTION_CLASSES, OWN_ARGUMENTS, RewardModelEnvironment
+from trl_rm_env.rewards.shaping import LengthShaping
 from trl_rm_env.runtime.model_options import ScoringOptions
 from trl_rm_env.runtime.plan import choose_engine
 from trl_rm_env.serving.client.remote_options import RemoteOptions
@@ -200,7 +201,8 @@ def test_every_recipe_key_maps_to_exactly_one_option_with_its_default():
 def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
     from trl import TrlParser
 
-    genrm = mode_of("genrm")  # its own options in a second config (another mode refuses them)
+    genrm = mode_of("genrm")  # its own options in a second config (another mode refuses them), and so the stop-properly
+    # penalty (the overlong buffer's keys in the first)
     for mode in ("other", "genrm"):
         flags_argv, yaml_values, expected = [], {}, {}
         for cls in RECIPE_OPTION_CLASSES:
@@ -209,7 +211,11 @@ def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
                 own = f.name in genrm.own_options or f.name in ("mode", "scoring")
                 if key is None or (cls is JudgeOptions and own != (mode == "genrm") and f.name not in ("mode", "scoring")):
                     continue
+                if cls is LengthShaping and (f.name in ("stop_properly_penalty_coef", "eos_token_id")) != (mode == "genrm"):
+                    continue  # the two kinds of length shaping, one per config
                 words, value, parsed = sample(cls, f)
+                if f.name == "eos_token_id":
+                    words, value, parsed = ["2", "3"], [2, 3], [2, 3]
                 if default_of(f) is True:  # a key takes a value: the one that is not the default
                     words, value, parsed = ["false"], False, False
                 if f.name == "scoring" and mode == "genrm":

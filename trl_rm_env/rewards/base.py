@@ -24,7 +24,7 @@ from ..data.messages import check_sample, message_is_blank, strip_completion_rea
 from ..distributed import world_size
 from ..options import check_choices, document, option
 from ..scoring.interfaces import Scorer
-from .shaping import GroupShaping
+from .shaping import GroupShaping, LengthShaping
 
 logger = logging.getLogger(__name__)
 
@@ -216,9 +216,10 @@ class RewardFunction(Reward):
         checkpoint_stats: tuple[float, float] | None = None,
         attributes: Sequence[str] = (),
         shaping: GroupShaping | None = None,
+        length_shaping: LengthShaping | None = None,
     ) -> None:
         """What every reward function holds (`checkpoint_stats`: `(mean, std)` for `normalization="checkpoint"`;
-        `shaping`: the group shaping of its rewards, none by default).
+        `shaping`: the group shaping of its rewards, `length_shaping` NeMo RL's by response length, none by default).
 
         Raises:
             ValueError: `checkpoint` normalization without statistics.
@@ -238,6 +239,7 @@ class RewardFunction(Reward):
         self.strip_reasoning = strip_reasoning
         self.attributes = list(attributes)  # a regression RM's: the mean of each is logged
         self.shaping = shaping or GroupShaping()
+        self.length_shaping = length_shaping or LengthShaping()
         self._warned_shaping = False
         self._checkpoint_stats = checkpoint_stats
         self._count, self._mean, self._m2 = 0, 0.0, 0.0  # running statistics (Welford)
@@ -343,7 +345,7 @@ class RewardFunction(Reward):
         nonfinite: int | None = None,
         samples: tuple[Samples, Samples, Ids] | None = None,
     ) -> list[float | None]:
-        """Normalization, clipping and metrics of `_filled` rewards (`empty`: how many completions were empty;
+        """Normalization, length shaping (`LengthShaping`), clipping and metrics of `_filled` rewards (`empty`: how many completions were empty;
         `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known;
         `samples`: the call's prompts, completions and completion ids, for the diagnostics of reward hacking).
         A NaN reward is no reward: None to TRL (which leaves it out of the loss), left out of the statistics and the
@@ -351,6 +353,8 @@ class RewardFunction(Reward):
         kept = ~torch.isnan(rewards)
         raw = rewards.clone()
         rewards = self._normalize(rewards)
+        if self.length_shaping.active:
+            rewards = self.length_shaping.shape(rewards, None if samples is None else samples[2], self.name)
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
         self._log(log_metric, raw[kept], rewards[kept], empty, nonfinite)

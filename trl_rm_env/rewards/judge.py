@@ -39,13 +39,13 @@ from ..tokenization import encode_messages
 from .base import Ids, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
-from .shaping import GroupShaping
+from .shaping import GroupShaping, LengthShaping
 from .whole_groups import GATHER, gather, own_group, processes, shared_values, whole_call
 
 logger = logging.getLogger(__name__)
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "options", "scoring_options")
-OPTION_CLASSES = (JudgeOptions, ModelOptions, RewardOptions, RemoteOptions, GroupShaping)
+OPTION_CLASSES = (JudgeOptions, ModelOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping)
 """Where the judge's options are declared: how it judges, how the judge model loads and runs, what the reward function
 does with the rewards, how servers are reached (with `remote_url`), and how a group's rewards are shaped."""
 
@@ -117,10 +117,11 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             scoring_options=scoring_options,
             **options_by_name,
         )  # what pickling sends (AsyncGRPO): `trl_rm_env.rewards.pickling`
-        judge_values, scoring_values, reward_values, remote_values, shaping_values = route(
+        judge_values, scoring_values, reward_values, remote_values, shaping_values, length_values = route(
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
         self.shaping_options = GroupShaping(**shaping_values)
+        self.length_shaping_options = LengthShaping(**length_values)
         self.options = judge = JudgeOptions.build(options, **judge_values)
         if scoring_options is not None and type(scoring_options) is not ModelOptions:
             raise TypeError(
@@ -188,7 +189,10 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         if self.tokens:
             self.mode.check_tokenizer(self.tokenizer, judge, self.template_kwargs)
         self.show_progress = scoring.show_progress
-        self._setup(self.engine, reward, strip_reasoning=scoring.strip_reasoning, shaping=self.shaping_options)
+        self._setup(
+            self.engine, reward, strip_reasoning=scoring.strip_reasoning, shaping=self.shaping_options,
+            length_shaping=self.length_shaping_options,
+        )
         self.last_judgements: list[Judgement] = []  # the judgements of the last call (tests, debugging)
         self._unparsed_text = ""  # an answer no verdict could be read from, for the error
         self._warned_groups = False

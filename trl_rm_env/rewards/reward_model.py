@@ -21,13 +21,14 @@ from .base import Ids, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
 from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
-from .shaping import GroupShaping
+from .shaping import GroupShaping, LengthShaping
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
-OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping)
+OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping)
 """Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
-how servers are reached (with `remote_url`), and how a group's rewards are shaped."""
+how servers are reached (with `remote_url`), and how a group's rewards are shaped (NeMo Gym's group shaping, NeMo RL's
+length shaping)."""
 
 
 class RewardModelEnvironment(PicklesByArguments, RewardFunction):
@@ -56,7 +57,8 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         **options_by_name: Every option of `ScoringOptions` (how the RM is loaded and scores: `batch_size`,
             `max_tokens_per_batch`, `max_length`, `truncation`, `precision`, `engine`, `prefix_sharing`, ...),
             `RewardOptions` (`name`, `normalization`, `clip`, `empty_completion_reward`), `GroupShaping` (NeMo Gym's
-            group bonuses and length and style adjustments: `answer_length_coeff`, ...) and, with `remote_url`,
+            group bonuses and length and style adjustments: `answer_length_coeff`, ...), `LengthShaping` (NeMo RL's
+            `grpo.reward_shaping`: `overlong_buffer_length`, `stop_properly_penalty_coef`, ...) and, with `remote_url`,
             `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `api_key`, ...), by name; each is
             documented on its class.
 
@@ -80,10 +82,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         self._remember(
             model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
         )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.rewards.pickling`
-        scoring_values, reward_values, remote_values, shaping_values = route(
+        scoring_values, reward_values, remote_values, shaping_values, length_values = route(
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
-        shaping = GroupShaping(**shaping_values)
+        shaping, length_shaping = GroupShaping(**shaping_values), LengthShaping(**length_values)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
         if loaded_here(type(self).__name__, "reward model", model, remote_url, remote_values, "score"):
@@ -108,6 +110,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             checkpoint_stats=statistics,
             attributes=attributes,
             shaping=shaping,
+            length_shaping=length_shaping,
         )
 
     @classmethod

@@ -175,3 +175,102 @@ class GroupShaping:
             )
             out[torch.tensor(members)] = torch.tensor(shaped, dtype=out.dtype)
         return out
+
+
+@document
+@dataclass(frozen=True)
+class LengthShaping:
+    """NeMo RL's GRPO reward shaping by response length (`grpo.reward_shaping`), for any reward function of ours, with
+    its keys and formulas; applied to the rewards after normalization, before `clip`. The `Args` below are generated
+    from the fields.
+
+    - **Overlong buffer** (DAPO's): with `L` the completion's tokens, the reward gets `min(0, -(L - (max_response_length
+      - overlong_buffer_length)) / overlong_buffer_length * overlong_buffer_penalty)`: nothing up to the buffer, then a
+      linear penalty reaching `overlong_buffer_penalty` at `max_response_length`.
+    - **Stop properly**: a truncated completion (its last token is not an `eos_token_id`: TRL's rule) gets its reward
+      times `stop_properly_penalty_coef`.
+
+    Lengths and truncation are read from TRL's `completion_ids`.
+
+    Raises:
+        ValueError: an overlong key without the other two, a stop-properly coefficient outside [0, 1] or without
+            `eos_token_id`, or both kinds at once (NeMo RL ignores the overlong keys then: here that is refused).
+    """
+
+    overlong_buffer_length: int | None = option(
+        None, help="DAPO's overlong buffer: the last tokens before `max_response_length` over which the penalty grows."
+    )
+    overlong_buffer_penalty: float | None = option(
+        None, help="DAPO's overlong buffer: the penalty at `max_response_length` (>= 0)."
+    )
+    max_response_length: int | None = option(
+        None, help="DAPO's overlong buffer: the longest completion (TRL's `max_completion_length`)."
+    )
+    stop_properly_penalty_coef: float | None = option(
+        None,
+        help="The factor (0-1) of a truncated completion's reward (NeMo RL's `stop_properly_penalty_coef`); needs "
+        "`eos_token_id`.",
+    )
+    eos_token_id: int | list[int] | None = option(
+        None,
+        help="The policy's end-of-sequence token id(s) (TRL's `eos_token_ids`): a completion not ending with one was "
+        "truncated.",
+        text=list,
+    )
+
+    def __post_init__(self) -> None:
+        overlong = (self.overlong_buffer_length, self.overlong_buffer_penalty, self.max_response_length)
+        if any(v is not None for v in overlong) and not all(v is not None for v in overlong):
+            raise ValueError(
+                "overlong_buffer_length, overlong_buffer_penalty and max_response_length go together (DAPO's "
+                f"overlong buffer), got {overlong}"
+            )
+        if self.overlong_buffer_length is not None and (
+            self.overlong_buffer_length < 1
+            or self.overlong_buffer_penalty < 0
+            or self.max_response_length < self.overlong_buffer_length
+        ):
+            raise ValueError(
+                "need overlong_buffer_length >= 1, overlong_buffer_penalty >= 0 and max_response_length >= "
+                f"overlong_buffer_length, got {overlong}"
+            )
+        coef = self.stop_properly_penalty_coef
+        if coef is not None and not 0 <= coef <= 1:
+            raise ValueError(f"stop_properly_penalty_coef must be in [0, 1], got {coef}")
+        if coef is not None and self.eos_token_id is None:
+            raise ValueError("stop_properly_penalty_coef needs eos_token_id: the policy's end token(s) tell truncation")
+        if coef is not None and self.overlong_buffer_length is not None:
+            raise ValueError(
+                "stop_properly_penalty_coef and the overlong buffer keys are two kinds of length shaping; NeMo RL "
+                "applies the first and ignores the others: give one kind"
+            )
+        if isinstance(self.eos_token_id, list | tuple):
+            object.__setattr__(self, "eos_token_id", [int(t) for t in self.eos_token_id])
+
+    @property
+    def active(self) -> bool:
+        """Whether any shaping applies."""
+        return self.overlong_buffer_length is not None or self.stop_properly_penalty_coef is not None
+
+    def shape(self, rewards: torch.Tensor, completion_ids: Sequence[Sequence[int]] | None, what: str) -> torch.Tensor:
+        """The rewards shaped (see the class docstring).
+
+        Raises:
+            ValueError: no `completion_ids` (TRL passes them to reward functions; `what` names the function).
+        """
+        if not self.active:
+            return rewards
+        if completion_ids is None or len(completion_ids) != len(rewards):
+            raise ValueError(f"{what}: length shaping reads TRL's completion_ids (one list per completion); got none")
+        out = rewards.clone()
+        if self.stop_properly_penalty_coef is not None:
+            ends = {self.eos_token_id} if isinstance(self.eos_token_id, int) else set(self.eos_token_id)
+            for i, ids in enumerate(completion_ids):
+                if not len(ids) or int(ids[-1]) not in ends:
+                    out[i] = out[i] * self.stop_properly_penalty_coef
+            return out
+        expected = self.max_response_length - self.overlong_buffer_length
+        for i, ids in enumerate(completion_ids):
+            exceed = len(ids) - expected
+            out[i] = out[i] + min(-exceed / self.overlong_buffer_length * self.overlong_buffer_penalty, 0.0)
+        return out
