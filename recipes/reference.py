@@ -36,6 +36,7 @@ def options_reference() -> str:
     writes them; `tests/test_options.py` checks the page is current)."""
     from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
+    from trl_rm_env.rewards.bounded import ReferenceBound
     from trl_rm_env.rewards.nemo import NEMO_OPTIONS
     from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
     from trl_rm_env.runtime.model_options import ScoringOptions
@@ -57,6 +58,8 @@ def options_reference() -> str:
         ("`LengthShaping`", LengthShaping, "NeMo RL's GRPO reward shaping by response length (`grpo.reward_shaping`: "
          "DAPO's overlong buffer, the stop-properly penalty), for a reward model or a judge "
          "(`trl_rm_env.rewards.shaping`)."),
+        ("`ReferenceBound`", ReferenceBound, "A reward model's reward bounded against the dataset's reference answer "
+         "(Preference As Reward; `trl_rm_env.rewards.bounded`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
          "(`trl_rm_env.serving.client.remote_options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients "

@@ -587,3 +587,26 @@ def test_reward_hacking_diagnostics_are_logged_from_the_rewards_returned():
     by_characters = diagnostics(rewards, prompts, completions, None)["length_corr"]
     assert by_characters == pytest.approx(np.corrcoef([0.1, 0.9, 0.4, 0.5, 0.5, 0.5], [1, 4, 2, 1, 3, 6])[0, 1], abs=1e-12)
     assert "length_corr" not in diagnostics(torch.ones(3), [["a"]] * 3, ["x", "yy", "z"], None)  # constant rewards
+
+
+@pytest.mark.parametrize("sharing", [False, True], ids=["plain", "shared"])
+def test_reference_bounded_reward_is_pars_sigmoid_of_the_gap_scored_in_the_same_call(make_env, tiny_rm, tiny_tokenizer, sharing):
+    """PAR (`reference_column`): sigmoid((r - r_ref) / T) against the plain model's one-at-a-time scores, the reference
+    of each prompt scored once, in the same scoring call as the group (no extra pass)."""
+    prompts, completions = grpo_batch()
+    refs = [f"Reference answer {p}." for p in range(3) for _ in range(3)]
+    env = make_env(reference_column="gold", reference_temperature=0.5, prefix_sharing=sharing)
+    calls = []
+    score = env.scorer.score_pairs
+    env.scorer.score_pairs = lambda c, a, p=None: calls.append(len(c)) or score(c, a, p)
+    logged = {}
+    got = env(prompts, completions, gold=refs, log_metric=logged.__setitem__)
+    r = reference_scores(tiny_rm, tiny_tokenizer, prompts, completions)
+    r_ref = reference_scores(tiny_rm, tiny_tokenizer, prompts, [msg(t) for t in refs])
+    assert_scores(got, torch.sigmoid((r - r_ref) / 0.5), atol=1e-5)
+    assert calls == [len(prompts) + 3]  # one call: the 9 completions and the 3 prompts' references
+    assert logged["reward_model_env/reference_mean"] == pytest.approx(r_ref[::3].mean().item(), abs=1e-4)
+    with pytest.raises(ValueError, match=r"reference_column='gold', but TRL passed no such column.*\['answer'\]"):
+        env(prompts, completions, answer=refs)
+    with pytest.raises(ValueError, match=r"reference column 'gold' is None for samples \[4\]"):
+        env(prompts, completions, gold=refs[:4] + [None] + refs[5:])

@@ -18,6 +18,7 @@ from ..serving.client.remote_options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .base import Ids, RewardFunction, RewardOptions, Samples
+from .bounded import ReferenceBound
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
 from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
@@ -25,10 +26,10 @@ from .shaping import GroupShaping, LengthShaping
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
-OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping)
+OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping, ReferenceBound)
 """Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
-how servers are reached (with `remote_url`), and how a group's rewards are shaped (NeMo Gym's group shaping, NeMo RL's
-length shaping)."""
+how servers are reached (with `remote_url`), how a group's rewards are shaped (NeMo Gym's group shaping, NeMo RL's
+length shaping), and a reward bounded against a reference answer (PAR)."""
 
 
 class RewardModelEnvironment(PicklesByArguments, RewardFunction):
@@ -58,7 +59,8 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             `max_tokens_per_batch`, `max_length`, `truncation`, `precision`, `engine`, `prefix_sharing`, ...),
             `RewardOptions` (`name`, `normalization`, `clip`, `empty_completion_reward`), `GroupShaping` (NeMo Gym's
             group bonuses and length and style adjustments: `answer_length_coeff`, ...), `LengthShaping` (NeMo RL's
-            `grpo.reward_shaping`: `overlong_buffer_length`, `stop_properly_penalty_coef`, ...) and, with `remote_url`,
+            `grpo.reward_shaping`: `overlong_buffer_length`, `stop_properly_penalty_coef`, ...), `ReferenceBound` (PAR:
+            `reference_column`, `reference_temperature`) and, with `remote_url`,
             `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `api_key`, ...), by name; each is
             documented on its class.
 
@@ -82,9 +84,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         self._remember(
             model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
         )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.rewards.pickling`
-        scoring_values, reward_values, remote_values, shaping_values, length_values = route(
+        scoring_values, reward_values, remote_values, shaping_values, length_values, bound_values = route(
             options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
         )
+        self.bound = ReferenceBound(**bound_values)
         shaping, length_shaping = GroupShaping(**shaping_values), LengthShaping(**length_values)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
@@ -226,14 +229,26 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
     ) -> Generator[Any, Any, list[float]]:
         empty, to_score, rewards = self._plan(prompts, completions)
+        references = self.bound.references(completions, kwargs, self.name) if self.bound.active else None
         nonfinite: list[int] = []
+        log_metric = kwargs.get("log_metric")
         if to_score:
-            with self._nonfinite_named(to_score, "completions") as nonfinite:
-                progress = bool(self.show_progress)
-                scores = yield [prompts[i] for i in to_score], [completions[i] for i in to_score], progress
+            contexts, answers = [prompts[i] for i in to_score], [completions[i] for i in to_score]
+            named = list(to_score)  # a reference's NaN is named by the first sample of its prompt
+            if references is not None:  # one more answer per prompt, in the same call (the same forward)
+                more_contexts, more_answers, pair_of = self.bound.pairs(prompts, references, to_score)
+                first = {pair: i for i, pair in reversed(list(pair_of.items()))}
+                contexts, answers = contexts + more_contexts, answers + more_answers
+                named += [first[k] for k in range(len(more_contexts))]
+            with self._nonfinite_named(named, "completions") as nonfinite:
+                scores = yield contexts, answers, bool(self.show_progress)
+            if references is not None:
+                own, reference = scores[: len(to_score)], scores[len(to_score) :]
+                scores = self.bound.bounded(own, reference[torch.tensor([pair_of[i] for i in to_score])])
+                if log_metric is not None:
+                    log_metric(f"{self.metric_prefix}/reference_mean", reference.mean().item())
             rewards[torch.tensor(to_score)] = scores
         rewards = self._filled(rewards, empty, (prompts, completions))
-        log_metric = kwargs.get("log_metric")
         samples = (prompts, completions, completion_ids)
         return self._finish(rewards, len(empty), log_metric, nonfinite=len(nonfinite), samples=samples)
 
