@@ -37,6 +37,7 @@ def options_reference() -> str:
     from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.rewards.bounded import ReferenceBound
+    from trl_rm_env.rewards.ensemble import EnsembleOptions
     from trl_rm_env.rewards.nemo import NEMO_OPTIONS
     from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
     from trl_rm_env.runtime.model_options import ScoringOptions
@@ -60,6 +61,8 @@ def options_reference() -> str:
          "(`trl_rm_env.rewards.shaping`)."),
         ("`ReferenceBound`", ReferenceBound, "A reward model's reward bounded against the dataset's reference answer "
          "(Preference As Reward; `trl_rm_env.rewards.bounded`)."),
+        ("`EnsembleOptions`", EnsembleOptions, "A multi-head reward model's heads, read in one forward, aggregated "
+         "into one reward (`trl_rm_env.rewards.ensemble`; separate reward models: `EnsembleReward`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "
          "(`trl_rm_env.serving.client.remote_options`)."),
         ("`ServerLimits`", ServerLimits, "What `trl-rm-env serve` accepts from its clients "

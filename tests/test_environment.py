@@ -610,3 +610,37 @@ def test_reference_bounded_reward_is_pars_sigmoid_of_the_gap_scored_in_the_same_
         env(prompts, completions, answer=refs)
     with pytest.raises(ValueError, match=r"reference column 'gold' is None for samples \[4\]"):
         env(prompts, completions, gold=refs[:4] + [None] + refs[5:])
+
+
+@pytest.mark.parametrize("how", ["mean", "min", "median", "mean_minus_std"])
+def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_models_heads(tiny_tokenizer, how):
+    """`ensemble=`: every head of a K-head checkpoint read in one scoring call, aggregated per sample, equal to the plain
+    model's heads scored one sample at a time (fp32, 1e-5); `ensemble_std` and each head's mean are logged."""
+    from trl_rm_env.rewards.ensemble import EnsembleReward
+    from trl_rm_env.tiny_models import build_tiny_reward_model
+
+    model = build_tiny_reward_model(tiny_tokenizer, seed=4, num_labels=3)
+    prompts, completions = grpo_batch()
+    env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", ensemble=how, ensemble_penalty=0.5)
+    calls = []
+    outputs = env.scorer.attribute_outputs
+    env.scorer.attribute_outputs = lambda c, a, p=None: calls.append(len(c)) or outputs(c, a, p)
+    logged = {}
+    got = torch.tensor(env(prompts, completions, log_metric=logged.__setitem__))
+    with torch.no_grad():
+        heads = torch.stack([model(**tiny_tokenizer(reference_text(tiny_tokenizer, p, c), return_tensors="pt")).logits[0]
+                             for p, c in zip(prompts, completions)]).double()  # fmt: skip
+    want = {"mean": heads.mean(1), "min": heads.min(1).values, "median": heads.median(1).values,
+            "mean_minus_std": heads.mean(1) - 0.5 * heads.std(1, unbiased=False)}[how]  # fmt: skip
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+    assert calls == [len(prompts)]  # one scoring call, every head
+    assert logged["reward_model_env/ensemble_std"] == pytest.approx(heads.std(1, unbiased=False).mean().item(), abs=1e-5)
+    assert logged["reward_model_env/ensemble_member_2_mean"] == pytest.approx(heads[:, 2].mean().item(), abs=1e-5)
+    # The same members as separate reward functions, one per head (label_index), give the same ensemble.
+    singles = [RewardModelEnvironment(model, tiny_tokenizer, device="cpu", label_index=k, name=f"head_{k}") for k in range(3)]
+    separate = EnsembleReward(singles, ensemble=how, ensemble_penalty=0.5)(prompts, completions)
+    torch.testing.assert_close(torch.tensor(separate, dtype=torch.float64), want, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="multi-head model; .* has one output|one output"):
+        RewardModelEnvironment(build_tiny_reward_model(tiny_tokenizer), tiny_tokenizer, device="cpu", ensemble="min")
+    with pytest.raises(ValueError, match="two or more members with distinct names"):
+        EnsembleReward(singles[:1])

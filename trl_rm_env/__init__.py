@@ -28,6 +28,7 @@ _MODULES = {
     "trl_rm_env.rewards.judge": ("JudgeEnvironment",),
     "trl_rm_env.judges.judge_options": ("JudgeOptions",),
     "trl_rm_env.rewards.cascade": ("CascadeReward",),
+    "trl_rm_env.rewards.ensemble": ("EnsembleReward",),
 }
 
 

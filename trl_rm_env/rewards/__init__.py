@@ -15,9 +15,12 @@
 - `judge.py`: `JudgeEnvironment`, a generative judge as the reward (its modes, templates and verdicts:
   `trl_rm_env.judges`);
 - `cascade.py`: `CascadeReward`, reward functions chained (a rule check, then a judge; or a reward model's margin);
+- `ensemble.py`: `EnsembleReward`, reward functions aggregated as an ensemble (and a multi-head model's heads:
+  `RewardModelEnvironment(..., ensemble=...)`);
+- `bounded.py`: a reward bounded against a reference answer (PAR: `reference_column`);
 - `base.py`: `RewardFunction` (TRL's input checks, empty completions, NaN/inf, normalization, clipping, metrics) and
   its `RewardOptions`;
-- `shaping.py`: group shaping of any reward (NeMo Gym's bonuses and adjustments);
+- `shaping.py`: group shaping of any reward (NeMo Gym's bonuses and adjustments) and NeMo RL's length shaping;
 - `sources.py`: a GRPO run's reward functions from its sources, and their weights (`RewardSources`);
 - `pickling.py`: `PicklesByArguments` (a reward function crosses to AsyncGRPO's spawned workers as the arguments it
   was built with);
@@ -30,6 +33,7 @@ from ..lazy import lazy_exports
 
 _MODULES = {
     ".cascade": ("CascadeReward",),
+    ".ensemble": ("EnsembleReward",),
     ".judge": ("JudgeEnvironment",),
     ".base": ("NORMALIZATIONS", "RewardFunction", "RewardOptions"),
     ".nemo": ("PASSTHROUGH_TEMPLATE",),

@@ -19,6 +19,7 @@ from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .base import Ids, RewardFunction, RewardOptions, Samples
 from .bounded import ReferenceBound
+from .ensemble import EnsembleOptions, aggregate, ensemble_metrics
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
 from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
@@ -26,10 +27,10 @@ from .shaping import GroupShaping, LengthShaping
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
-OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping, ReferenceBound)
+OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping, ReferenceBound, EnsembleOptions)
 """Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
 how servers are reached (with `remote_url`), how a group's rewards are shaped (NeMo Gym's group shaping, NeMo RL's
-length shaping), and a reward bounded against a reference answer (PAR)."""
+length shaping), a reward bounded against a reference answer (PAR), and a multi-head model's heads aggregated."""
 
 
 class RewardModelEnvironment(PicklesByArguments, RewardFunction):
@@ -60,7 +61,8 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             `RewardOptions` (`name`, `normalization`, `clip`, `empty_completion_reward`), `GroupShaping` (NeMo Gym's
             group bonuses and length and style adjustments: `answer_length_coeff`, ...), `LengthShaping` (NeMo RL's
             `grpo.reward_shaping`: `overlong_buffer_length`, `stop_properly_penalty_coef`, ...), `ReferenceBound` (PAR:
-            `reference_column`, `reference_temperature`) and, with `remote_url`,
+            `reference_column`, `reference_temperature`), `EnsembleOptions` (`ensemble`, `ensemble_penalty`: a
+            multi-head model's heads aggregated) and, with `remote_url`,
             `RemoteOptions` (`remote_api`, `remote_input`, `timeout`, `retries`, `api_key`, ...), by name; each is
             documented on its class.
 
@@ -84,10 +86,15 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         self._remember(
             model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
         )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.rewards.pickling`
-        scoring_values, reward_values, remote_values, shaping_values, length_values, bound_values = route(
-            options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
+        scoring_values, reward_values, remote_values, shaping_values, length_values, bound_values, ensemble_values = (
+            route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
         )
-        self.bound = ReferenceBound(**bound_values)
+        self.bound, self.ensemble = ReferenceBound(**bound_values), EnsembleOptions(**ensemble_values)
+        if self.ensemble.ensemble is not None and (remote_url is not None or self.bound.active):
+            raise ValueError(
+                "ensemble reads every head of a multi-head model loaded here, from one forward: not with remote_url "
+                "(servers return one reward per item) nor with reference_column"
+            )
         shaping, length_shaping = GroupShaping(**shaping_values), LengthShaping(**length_values)
         scoring = ScoringOptions.build(options, **scoring_values)
         reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
@@ -96,6 +103,8 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
             self.remote_url, self._built_on = None, accelerator_type(scorer.engine.device)
             statistics, attributes = checkpoint_statistics(scorer.config), scorer.head.attributes
+            if self.ensemble.ensemble is not None and scorer.config.num_labels < 2:
+                raise ValueError(f"ensemble aggregates the heads of a multi-head model; {model} has one output")
         else:
             if fsdp_shard:
                 raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")
@@ -210,9 +219,12 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         stack.enter_context(full_weights(self.model, self.sharding))
         return stack
 
-    def _answer(self, request: tuple[list[Any], list[Any], bool | None]) -> Any:
-        """`(contexts, completions, progress)` scored: a tensor, or an awaitable of one when servers score."""
-        contexts, completions, progress = request
+    def _answer(self, request: tuple) -> Any:
+        """`(contexts, completions, progress)` scored: a tensor, or an awaitable of one when servers score; with a
+        fourth item True, every output of each (`(N, num_labels)`: a multi-head model's heads)."""
+        contexts, completions, progress, *outputs = request
+        if outputs and outputs[0]:
+            return self.scorer.attribute_outputs(contexts, completions, progress)
         return self.scorer.score_pairs(contexts, completions, progress)
 
     def score(self, conversations: Sequence[Any]) -> Any:
@@ -240,8 +252,14 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 first = {pair: i for i, pair in reversed(list(pair_of.items()))}
                 contexts, answers = contexts + more_contexts, answers + more_answers
                 named += [first[k] for k in range(len(more_contexts))]
+            heads = self.ensemble.ensemble is not None
             with self._nonfinite_named(named, "completions") as nonfinite:
-                scores = yield contexts, answers, bool(self.show_progress)
+                scores = yield contexts, answers, bool(self.show_progress), heads
+            if heads:  # every head from the one forward, aggregated
+                if log_metric is not None:
+                    for key, value in ensemble_metrics(scores).items():
+                        log_metric(f"{self.metric_prefix}/{key}", value)
+                scores = aggregate(scores, self.ensemble.ensemble, self.ensemble.ensemble_penalty)
             if references is not None:
                 own, reference = scores[: len(to_score)], scores[len(to_score) :]
                 scores = self.bound.bounded(own, reference[torch.tensor([pair_of[i] for i in to_score])])
