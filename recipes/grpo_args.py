@@ -1,7 +1,8 @@
 """`RewardModelArguments`: the reward-model and prompt-data section of the GRPO recipe's `TrlParser`.
 
 Its own keys are declared below; every option of the reward function (`ScoringOptions`, `RewardOptions`,
-`RemoteOptions`, `GroupShaping`) is a generated key, `reward_<option>` (`recipes/spellings.py`), so the recipe offers each option the
+`RemoteOptions`, `GroupShaping`, `LengthShaping`, `ReferenceBound`, `EnsembleOptions`: the environment's
+`OPTION_CLASSES`) is a generated key, `reward_<option>` (`recipes/spellings.py`), so the recipe offers each option the
 environment takes, with its help, default and choices, and a new option needs no change here. A generative judge
 (`reward_judge`, `reward_judge_url`: generated from `JudgeSource`) is a second reward source beside the reward model
 or instead of it (`reward_model: null`); its `JudgeOptions` are generated keys too, `reward_judge_<option>`, and its

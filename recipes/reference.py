@@ -49,8 +49,8 @@ def options_reference() -> str:
     for key, name in NEMO_OPTIONS.items():
         nemo.setdefault(name, []).append(key)
     sections = [
-        ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores (`trl_rm_env.runtime.model_options`): "
-         "the `ModelOptions` of any model we run (the rows down to `model_init_kwargs`, which a judge takes too), then "
+        ("`ScoringOptions`", ScoringOptions, "How a reward model is loaded and scores "
+         "(`trl_rm_env.runtime.model_options`): the `ModelOptions` of any model we run (the rows down to `model_init_kwargs`, which a judge takes too), then "
          "the reward model's own (`truncation`, `nonfinite_reward`, its head's)."),
         ("`RewardOptions`", RewardOptions, "What the GRPO reward function does with the scores "
          "(`trl_rm_env.rewards.base`)."),

@@ -640,7 +640,23 @@ def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_model
     singles = [RewardModelEnvironment(model, tiny_tokenizer, device="cpu", label_index=k, name=f"head_{k}") for k in range(3)]
     separate = EnsembleReward(singles, ensemble=how, ensemble_penalty=0.5)(prompts, completions)
     torch.testing.assert_close(torch.tensor(separate, dtype=torch.float64), want, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match="multi-head model; .* has one output|one output"):
+    with pytest.raises(ValueError, match="ensemble aggregates the heads of a multi-head model; .* has one output"):
         RewardModelEnvironment(build_tiny_reward_model(tiny_tokenizer), tiny_tokenizer, device="cpu", ensemble="min")
     with pytest.raises(ValueError, match="two or more members with distinct names"):
         EnsembleReward(singles[:1])
+
+
+def test_options_that_cannot_apply_are_refused_naming_them(tiny_tokenizer, tiny_rm):
+    """A reference-bounded reward with checkpoint statistics of raw scores, and attribute rewards with an ensemble, a
+    reference or a shaping (each attribute is a raw value), are refused rather than ignored."""
+    from trl_rm_env.tiny_models import build_tiny_reward_model
+
+    with pytest.raises(ValueError, match="reference_column bounds the reward.*normalization='checkpoint'"):
+        RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu", reference_column="gold", normalization="checkpoint")
+    regression = build_tiny_reward_model(tiny_tokenizer, num_labels=2)
+    regression.config.attribute_names, regression.config.attribute_weights = ["a", "b"], [1.0, 1.0]
+    regression.config.reward_model_type = "regression"
+    for option in ({"ensemble": "min"}, {"reference_column": "gold"}, {"answer_length_coeff": 0.1}):
+        env = RewardModelEnvironment(regression, tiny_tokenizer, device="cpu", **option)
+        with pytest.raises(ValueError, match=r"attribute_rewards\(\) returns raw attribute values.*drop"):
+            env.attribute_rewards()

@@ -251,3 +251,19 @@ def test_dapo_overlong_buffer_and_stop_properly_penalty_follow_nemo_rls_formulas
                       stop_properly_penalty_coef=0.5, eos_token_id=2)  # fmt: skip
     with pytest.raises(ValueError, match="reads TRL's completion_ids"):
         dapo.shape(rewards, None, "rm")
+
+
+def test_length_shaping_takes_token_ids_only_and_warns_when_it_would_raise_a_negative_reward(caplog):
+    import torch
+
+    from trl_rm_env.rewards.shaping import LengthShaping
+
+    assert LengthShaping(stop_properly_penalty_coef=0.5, eos_token_id=["2", "3"]).eos_token_id == [2, 3]  # a CLI's
+    for bad in ("<|im_end|>", True, [2, "eos"]):
+        with pytest.raises(ValueError, match="eos_token_id takes token ids"):
+            LengthShaping(stop_properly_penalty_coef=0.5, eos_token_id=bad)
+    shaped = LengthShaping(stop_properly_penalty_coef=0.5, eos_token_id=2).shape(
+        torch.tensor([-1.0, 1.0]), [[5], [5]], "neg_rm"
+    )
+    assert shaped.tolist() == [-0.5, 0.5]  # NeMo RL's formula, as it is
+    assert "raised by it" in caplog.text

@@ -207,7 +207,11 @@ class VLLMJudgeEngine:
 
         params = [
             SamplingParams(
-                max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(seed), skip_special_tokens=True
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                seed=int(seed),
+                skip_special_tokens=True,
             )
             for seed in seeds
         ]

@@ -182,7 +182,8 @@ class JudgeOptions:
         if self.scoring is None:
             object.__setattr__(self, "scoring", self.resolved_defaults()["scoring"])
         if self.scoring not in mode.scorings:
-            raise ValueError(f"a {self.mode} judge reads its verdict by {' or '.join(mode.scorings)}, not {self.scoring}")
+            readable = " or ".join(mode.scorings)
+            raise ValueError(f"a {self.mode} judge reads its verdict by {readable}, not {self.scoring}")
         if not mode.templated and self.template is not None:
             raise ValueError(f"a {self.mode} judge sends its own messages: it takes no template")
         given = changed(self)

@@ -345,21 +345,22 @@ class RewardFunction(Reward):
         nonfinite: int | None = None,
         samples: tuple[Samples, Samples, Ids] | None = None,
     ) -> list[float | None]:
-        """Normalization, length shaping (`LengthShaping`), clipping and metrics of `_filled` rewards (`empty`: how many completions were empty;
-        `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known;
+        """Normalization, length shaping (`LengthShaping`), clipping and metrics of `_filled` rewards (`empty`: how
+        many completions were empty; `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known;
         `samples`: the call's prompts, completions and completion ids, for the diagnostics of reward hacking).
         A NaN reward is no reward: None to TRL (which leaves it out of the loss), left out of the statistics and the
         metrics."""
         kept = ~torch.isnan(rewards)
         raw = rewards.clone()
         rewards = self._normalize(rewards)
+        unshaped = rewards  # the diagnostics read the reward before length shaping (its penalty would hide them)
         if self.length_shaping.active:
             rewards = self.length_shaping.shape(rewards, None if samples is None else samples[2], self.name)
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
         self._log(log_metric, raw[kept], rewards[kept], empty, nonfinite)
         if log_metric is not None and samples is not None:
-            for key, value in diagnostics(rewards, *samples).items():
+            for key, value in diagnostics(unshaped, *samples).items():
                 log_metric(f"{self.metric_prefix}/{key}", value)
         if kept.all():
             return rewards.tolist()

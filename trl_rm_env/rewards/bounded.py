@@ -83,4 +83,5 @@ class ReferenceBound:
 
     def bounded(self, scores: torch.Tensor, reference_scores: torch.Tensor) -> torch.Tensor:
         """`sigmoid((r - r_ref) / reference_temperature)`."""
-        return torch.sigmoid((scores.double() - reference_scores.double()) / self.reference_temperature).to(scores.dtype)
+        gap = (scores.double() - reference_scores.double()) / self.reference_temperature
+        return torch.sigmoid(gap).to(scores.dtype)

@@ -9,14 +9,14 @@ aggregated conservatively, which reduces over-optimization (Coste et al. 2023; E
 
 Aggregations: `mean`, `min` (worst case), `median`, `mean_minus_std` (uncertainty-weighted: mean - `ensemble_penalty`
 x the members' std). Metrics: `<prefix>/ensemble_std` (the mean over samples of the members' std, rising as the policy
-leaves the reward models' data) and `<prefix>/ensemble_member_<k>_mean`.
+leaves the reward models' data) and `<prefix>/ensemble_member_<k>_mean`. An `EnsembleReward`'s members log their own
+metrics too, under their own prefix (two reward models share `reward_model_env/*`, which TRL then averages).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import inspect
 import math
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -150,15 +150,15 @@ class EnsembleReward(Reward):
         if not self.is_async:
             return [member(**request) for member in self.members]
 
-        async def all_members() -> list[Any]:
-            calls = [member(**request) for member in self.members]
-            return list(await asyncio.gather(*(c if inspect.isawaitable(c) else _done(c) for c in calls)))
+        async def all_members() -> list[Any]:  # a synchronous member in a thread: it never holds the event loop
+            calls = [
+                member(**request) if is_async_callable(member) else asyncio.to_thread(member, **request)
+                for member in self.members
+            ]
+            return list(await asyncio.gather(*calls))
 
         return all_members()
 
     def __repr__(self) -> str:
         return f"EnsembleReward({self.member_names}, ensemble={self.options.ensemble!r})"
 
-
-async def _done(value: Any) -> Any:
-    return value

@@ -308,7 +308,8 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             )
             self.last_judgements = judgements
             asked = yield from ask_verdicts(self.mode, self.options, judgements)
-            counts, verdicts, masses, self._unparsed_text = asked.counts, asked.verdicts, asked.masses, asked.unparsed_text
+            counts, verdicts, masses = asked.counts, asked.verdicts, asked.masses
+            self._unparsed_text = asked.unparsed_text
             lone = self.mode.lone_reward(self.options)
             values, missing = aggregate(self.mode, judgements, verdicts, [i for g in mine for i in g], alone, lone)
             masked = {i for k in asked.failed for i in judgements[k].samples} if self.masks_failures else set()
@@ -327,7 +328,8 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         values = yield from shared_values(values, world, what, error)
         everything = torch.full((len(call.prompts),), float("nan"), dtype=torch.float64)
         if call.to_score:
-            everything[torch.tensor(call.to_score)] = torch.tensor([values[i] for i in call.to_score], dtype=torch.float64)
+            judged = torch.tensor([values[i] for i in call.to_score], dtype=torch.float64)
+            everything[torch.tensor(call.to_score)] = judged
         everything = self._filled(everything, call.empty, (call.prompts, call.completions), whole=call.world > 1)
         log_metric = kwargs.get("log_metric")
         own = everything[call.offset : call.offset + len(prompts)]
@@ -354,7 +356,8 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         return self._drive(self._items(contexts, shown, columns))
 
     def _items(self, contexts, shown, columns) -> Generator[tuple, Any, JudgeVerdicts]:
-        values = template_columns(self.columns, columns, len(contexts), self.name, self.mode.optional_columns(self.options))
+        optional = self.mode.optional_columns(self.options)
+        values = template_columns(self.columns, columns, len(contexts), self.name, optional)
         wrong = [i for i, item in enumerate(shown) if self.mode.shows is not None and len(item) != self.mode.shows]
         if len(shown) != len(contexts) or wrong:
             raise ValueError(

@@ -27,7 +27,9 @@ from .shaping import GroupShaping, LengthShaping
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
 """The environment's own arguments; every other keyword argument is an option of `OPTION_CLASSES`."""
-OPTION_CLASSES = (ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping, ReferenceBound, EnsembleOptions)
+OPTION_CLASSES = (
+    ScoringOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping, ReferenceBound, EnsembleOptions
+)
 """Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
 how servers are reached (with `remote_url`), how a group's rewards are shaped (NeMo Gym's group shaping, NeMo RL's
 length shaping), a reward bounded against a reference answer (PAR), and a multi-head model's heads aggregated."""
@@ -90,6 +92,11 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
         )
         self.bound, self.ensemble = ReferenceBound(**bound_values), EnsembleOptions(**ensemble_values)
+        if self.bound.active and reward_values.get("normalization") == "checkpoint":
+            raise ValueError(
+                "reference_column bounds the reward in (0, 1); normalization='checkpoint' applies the checkpoint's "
+                "statistics of raw scores, which mean nothing there: use 'running' or 'none'"
+            )
         if self.ensemble.ensemble is not None and (remote_url is not None or self.bound.active):
             raise ValueError(
                 "ensemble reads every head of a multi-head model loaded here, from one forward: not with remote_url "
@@ -104,7 +111,9 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             self.remote_url, self._built_on = None, accelerator_type(scorer.engine.device)
             statistics, attributes = checkpoint_statistics(scorer.config), scorer.head.attributes
             if self.ensemble.ensemble is not None and scorer.config.num_labels < 2:
-                raise ValueError(f"ensemble aggregates the heads of a multi-head model; {model} has one output")
+                raise ValueError(
+                    f"ensemble aggregates the heads of a multi-head model; {scorer.config._name_or_path} has one output"
+                )
         else:
             if fsdp_shard:
                 raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")
@@ -167,13 +176,17 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
 
         Raises:
             ValueError: a Bradley-Terry (one-output) model, one behind servers (they return one reward per item),
-                `normalization` or `clip` set (each attribute is a raw value; GDPO normalizes), or `weighted` without
-                weights.
+                `normalization`, `clip`, an ensemble, a reference or a shaping set (each attribute is a raw value;
+                GDPO normalizes), or `weighted` without weights.
         """
-        if self.normalization != "none" or self.clip is not None:
+        post = [name for name, given in (("normalization", self.normalization != "none"), ("clip", self.clip is not None),
+                                         ("ensemble", self.ensemble.ensemble is not None),
+                                         ("reference_column", self.bound.active), ("group shaping", self.shaping.active),
+                                         ("length shaping", self.length_shaping.active)) if given]  # fmt: skip
+        if post:
             raise ValueError(
                 f"{self.name}: attribute_rewards() returns raw attribute values (GDPO normalizes them per group); "
-                "drop normalization and clip"
+                f"drop {', '.join(post)}"
             )
         if weighted and self.attribute_weights is None:
             raise ValueError(f"{self.name}: attribute_rewards(weighted=True) needs attribute_weights")
@@ -228,8 +241,9 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         return self.scorer.score_pairs(contexts, completions, progress)
 
     def score(self, conversations: Sequence[Any]) -> Any:
-        """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs: no
-        normalization, clipping or metrics (offline use and evaluation); a coroutine of them when servers score."""
+        """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs: output
+        `label_index` (or a regression head's weighted sum); no ensemble, reference, shaping, normalization, clipping or
+        metrics, which make rewards (offline use and evaluation); a coroutine of them when servers score."""
         return self._drive(self._scoring(conversations))
 
     def _scoring(self, conversations: Sequence[Any]) -> Generator[Any, Any, torch.Tensor]:

@@ -19,6 +19,7 @@ A group of one is left as it is. The formulas and the order are NeMo Gym's (test
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ import torch
 
 from ..data.messages import reasoning_and_answer
 from ..options import document, option
+
+logger = logging.getLogger(__name__)
+_warned_negative: set[str] = set()
 
 CODE_BLOCK = re.compile(r"```[\s\S]*?```")
 HEADER = re.compile(r"^#{1,6}\s", re.M)
@@ -213,8 +217,8 @@ class LengthShaping:
     )
     eos_token_id: int | list[int] | None = option(
         None,
-        help="The policy's end-of-sequence token id(s) (TRL's `eos_token_ids`): a completion not ending with one was "
-        "truncated.",
+        help="The policy's end-of-sequence token id(s) (TRL's `eos_token_ids`; add its pad id, which TRL also counts "
+        "as a stop): a completion not ending with one was truncated.",
         text=list,
     )
 
@@ -244,8 +248,8 @@ class LengthShaping:
                 "stop_properly_penalty_coef and the overlong buffer keys are two kinds of length shaping; NeMo RL "
                 "applies the first and ignores the others: give one kind"
             )
-        if isinstance(self.eos_token_id, list | tuple):
-            object.__setattr__(self, "eos_token_id", [int(t) for t in self.eos_token_id])
+        if self.eos_token_id is not None:
+            object.__setattr__(self, "eos_token_id", _token_ids(self.eos_token_id))
 
     @property
     def active(self) -> bool:
@@ -253,7 +257,8 @@ class LengthShaping:
         return self.overlong_buffer_length is not None or self.stop_properly_penalty_coef is not None
 
     def shape(self, rewards: torch.Tensor, completion_ids: Sequence[Sequence[int]] | None, what: str) -> torch.Tensor:
-        """The rewards shaped (see the class docstring).
+        """The rewards shaped (see the class docstring). NeMo RL's stop-properly penalty scales a reward: meant for
+        rewards >= 0, it raises a negative one (warned once).
 
         Raises:
             ValueError: no `completion_ids` (TRL passes them to reward functions; `what` names the function).
@@ -264,13 +269,36 @@ class LengthShaping:
             raise ValueError(f"{what}: length shaping reads TRL's completion_ids (one list per completion); got none")
         out = rewards.clone()
         if self.stop_properly_penalty_coef is not None:
-            ends = {self.eos_token_id} if isinstance(self.eos_token_id, int) else set(self.eos_token_id)
-            for i, ids in enumerate(completion_ids):
-                if not len(ids) or int(ids[-1]) not in ends:
-                    out[i] = out[i] * self.stop_properly_penalty_coef
+            ends = set(self.eos_token_id)
+            truncated = [i for i, ids in enumerate(completion_ids) if not len(ids) or int(ids[-1]) not in ends]
+            if any(out[i] < 0 for i in truncated) and what not in _warned_negative:
+                _warned_negative.add(what)
+                logger.warning(
+                    "%s: stop_properly_penalty_coef scales the reward of a truncated completion, as NeMo RL does; a "
+                    "negative reward (a reward model's score, a normalized reward) is raised by it. Use it with "
+                    "rewards >= 0 (normalization='none', a judge's, a reference-bounded one). Warned once.",
+                    what,
+                )
+            for i in truncated:
+                out[i] = out[i] * self.stop_properly_penalty_coef
             return out
         expected = self.max_response_length - self.overlong_buffer_length
         for i, ids in enumerate(completion_ids):
             exceed = len(ids) - expected
             out[i] = out[i] + min(-exceed / self.overlong_buffer_length * self.overlong_buffer_penalty, 0.0)
         return out
+
+
+def _token_ids(value: Any) -> list[int]:
+    """Token ids from an id, a list of ids, or their digit strings (a command line's).
+
+    Raises:
+        ValueError: anything else (a token's text: give its id).
+    """
+    values = value if isinstance(value, list | tuple) else [value]
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.strip().isdigit())):
+            raise ValueError(f"eos_token_id takes token ids (integers), got {value!r}: give the token's id")
+        out.append(int(v))
+    return out

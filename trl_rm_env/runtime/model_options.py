@@ -2,9 +2,9 @@
 model or a judge), `ScoringOptions` for a reward model (those plus its head's, truncation's and NaN scores').
 
 `RewardScorer`, `RewardModelEnvironment`, `load_reward_scorer`, `trl-rm-env eval` and `serve`, the GRPO recipe and
-NeMo RL's block take `ScoringOptions`; `JudgeEnvironment` and its engines take `ModelOptions`; each surface's spelling (`--max-tokens-per-batch`,
-`reward_max_tokens_per_batch`, NeMo's `dynamic_batching.logprob_mb_tokens`) is generated from or mapped onto the
-field below (`trl_rm_env.options`). The options are immutable: they are resolved once per call path, with the model's
+NeMo RL's block take `ScoringOptions`; `JudgeEnvironment` and its engines take `ModelOptions`; each surface's
+spelling (`--max-tokens-per-batch`, `reward_max_tokens_per_batch`, NeMo's `dynamic_batching.logprob_mb_tokens`) is
+generated from or mapped onto the field below (`trl_rm_env.options`). The options are immutable: they are resolved once per call path, with the model's
 config, its kind and the engine, into a `trl_rm_env.runtime.plan.ModelPlan`.
 """
 
