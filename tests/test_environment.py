@@ -621,7 +621,8 @@ def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_model
 
     model = build_tiny_reward_model(tiny_tokenizer, seed=4, num_labels=3)
     prompts, completions = grpo_batch()
-    env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", ensemble=how, ensemble_penalty=0.5)
+    penalty = {"ensemble_penalty": 0.5} if how == "mean_minus_std" else {}
+    env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", ensemble=how, **penalty)
     calls = []
     outputs = env.scorer.attribute_outputs
     env.scorer.attribute_outputs = lambda c, a, p=None: calls.append(len(c)) or outputs(c, a, p)
@@ -638,12 +639,14 @@ def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_model
     assert logged["reward_model_env/ensemble_member_2_mean"] == pytest.approx(heads[:, 2].mean().item(), abs=1e-5)
     # The same members as separate reward functions, one per head (label_index), give the same ensemble.
     singles = [RewardModelEnvironment(model, tiny_tokenizer, device="cpu", label_index=k, name=f"head_{k}") for k in range(3)]
-    separate = EnsembleReward(singles, ensemble=how, ensemble_penalty=0.5)(prompts, completions)
+    separate = EnsembleReward(singles, ensemble=how, **penalty)(prompts, completions)
     torch.testing.assert_close(torch.tensor(separate, dtype=torch.float64), want, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="ensemble aggregates the heads of a multi-head model; .* has one output"):
         RewardModelEnvironment(build_tiny_reward_model(tiny_tokenizer), tiny_tokenizer, device="cpu", ensemble="min")
     with pytest.raises(ValueError, match="two or more members with distinct names"):
         EnsembleReward(singles[:1])
+    with pytest.raises(ValueError, match="ensemble_penalty weighs mean_minus_std's std; ensemble is 'min'"):
+        EnsembleReward(singles, ensemble="min", ensemble_penalty=2.0)
 
 
 def test_options_that_cannot_apply_are_refused_naming_them(tiny_tokenizer, tiny_rm):

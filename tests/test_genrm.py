@@ -239,6 +239,8 @@ def test_dapo_overlong_buffer_and_stop_properly_penalty_follow_nemo_rls_formulas
     dapo = LengthShaping(overlong_buffer_length=4, overlong_buffer_penalty=1.0, max_response_length=16)
     # expected length 12: 10 -> no penalty; 14 -> -2/4; 16 -> -4/4; 20 -> -8/4 (no lower bound, as NeMo RL)
     assert dapo.shape(rewards, ids, "rm").tolist() == [1.0, 0.5, 0.0, 0.5 - 2.0]
+    at_start = dapo.shape(torch.ones(3, dtype=torch.float64), [[7] * 12, [7] * 13, [7] * 11], "rm").tolist()
+    assert at_start == [1.0, 0.75, 1.0]  # exactly at the buffer's start: nothing; one token in: -1/4
     stop = LengthShaping(stop_properly_penalty_coef=0.25, eos_token_id=[2, 3])
     ended = [[5, 2], [5, 5], [], [4, 3]]
     assert stop.shape(rewards, ended, "rm").tolist() == [1.0, 0.25, 0.25, 0.5]

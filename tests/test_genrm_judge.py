@@ -324,15 +324,14 @@ def test_groups_split_across_two_processes_are_judged_whole_each_comparison_once
         want = asyncio.run(one(prompts, completions))
         asked_once = sorted(json.dumps(b["messages"]) for b in bodies)
         bodies.clear()
-        out = tmp_path / "rewards.json"
-        launch("ddp_cpu.yaml", "tests/scripts/genrm_whole_groups.py", url, str(batch), str(out), processes=2)
-        asked_split = sorted(json.dumps(b["messages"]) for b in bodies)
-        shares = json.loads(out.read_text())
+        out, bad_batch, bad_out = tmp_path / "rewards.json", tmp_path / "bad.json", tmp_path / "failed.json"
         bad = json.loads(batch.read_text()) | {"options": {"principle_column": "rule"}}
         bad["columns"] = {"rule": ["Be kind."] * 7 + [None] * 5}  # None on process 1 only, without a default
-        batch.write_text(json.dumps(bad))
-        launch("ddp_cpu.yaml", "tests/scripts/genrm_whole_groups.py", url, str(batch), str(out), processes=2)
-        failed = json.loads(out.read_text())
+        bad_batch.write_text(json.dumps(bad))
+        launch("ddp_cpu.yaml", "tests/scripts/genrm_whole_groups.py", url, str(batch), str(out), str(bad_batch),
+               str(bad_out), processes=2)  # fmt: skip
+        asked_split = sorted(json.dumps(b["messages"]) for b in bodies)  # the bad batch asks nothing
+        shares, failed = json.loads(out.read_text()), json.loads(bad_out.read_text())
     assert [[len(c) for c in s] for s in shares] == [[6, 6], [6, 6]]  # OTHER's group spans both processes
     for call in range(2):
         assert shares[0][call] + shares[1][call] == pytest.approx(want, abs=1e-9)

@@ -216,6 +216,8 @@ def test_a_value_given_by_each_recipe_key_reaches_its_option(tmp_path):
                 words, value, parsed = sample(cls, f)
                 if f.name == "eos_token_id":
                     words, value, parsed = ["2", "3"], [2, 3], [2, 3]
+                if f.name == "ensemble":  # the aggregation that ensemble_penalty weighs
+                    words, value, parsed = ["mean_minus_std"], "mean_minus_std", "mean_minus_std"
                 if default_of(f) is True:  # a key takes a value: the one that is not the default
                     words, value, parsed = ["false"], False, False
                 if f.name == "scoring" and mode == "genrm":

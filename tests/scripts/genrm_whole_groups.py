@@ -1,12 +1,13 @@
 """Launched by tests/test_genrm_judge.py with accelerate_configs/ddp_cpu.yaml and 2 processes.
 
     accelerate launch --config_file accelerate_configs/ddp_cpu.yaml tests/scripts/genrm_whole_groups.py \
-        URL BATCH_JSON OUT_JSON
+        URL BATCH_JSON OUT_JSON [BATCH_JSON OUT_JSON ...]
 
 Each process takes its contiguous share of BATCH_JSON (`{"prompts": [...], "completions": [...], "options": {...},
 "columns": {...}}`), as TRL splits a global batch between processes (a GRPO group may span both), and calls one
 GenRM judge (`JudgeEnvironment(remote_url=URL, mode="genrm", **options)`) on it, twice (a judge's exchanges repeat
 call after call). Rank 0 writes every process's rewards, or the error its calls raised, in rank order, to OUT_JSON.
+Several batches run one after another in the same launch, each with its own judge.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def main(url: str, batch_path: str, out_path: str) -> None:
     if rank == 0:
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump(gathered, f)
-    exit_process(0)
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    for batch, out in zip(sys.argv[2::2], sys.argv[3::2]):
+        main(sys.argv[1], batch, out)
+    exit_process(0)

@@ -53,6 +53,8 @@ class EnsembleOptions:
         check_choices(self)
         if self.ensemble_penalty < 0:
             raise ValueError(f"ensemble_penalty must be >= 0, got {self.ensemble_penalty}")
+        if self.ensemble_penalty != 1.0 and self.ensemble != "mean_minus_std":
+            raise ValueError(f"ensemble_penalty weighs mean_minus_std's std; ensemble is {self.ensemble!r}")
 
 
 def aggregate(members: torch.Tensor, how: str, penalty: float = 1.0) -> torch.Tensor:
