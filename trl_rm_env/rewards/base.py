@@ -346,8 +346,9 @@ class RewardFunction(Reward):
         samples: tuple[Samples, Samples, Ids] | None = None,
     ) -> list[float | None]:
         """Normalization, length shaping (`LengthShaping`), clipping and metrics of `_filled` rewards (`empty`: how
-        many completions were empty; `nonfinite`: how many samples got `nonfinite_reward`, logged as `reward_model_env/num_nonfinite` when known;
-        `samples`: the call's prompts, completions and completion ids, for the diagnostics of reward hacking).
+        many completions were empty; `nonfinite`: how many samples got `nonfinite_reward`, logged as
+        `reward_model_env/num_nonfinite` when known; `samples`: the call's prompts, completions and completion ids,
+        for the diagnostics of reward hacking).
         A NaN reward is no reward: None to TRL (which leaves it out of the loss), left out of the statistics and the
         metrics."""
         kept = ~torch.isnan(rewards)
