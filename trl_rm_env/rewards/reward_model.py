@@ -179,10 +179,15 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 `normalization`, `clip`, an ensemble, a reference or a shaping set (each attribute is a raw value;
                 GDPO normalizes), or `weighted` without weights.
         """
-        post = [name for name, given in (("normalization", self.normalization != "none"), ("clip", self.clip is not None),
-                                         ("ensemble", self.ensemble.ensemble is not None),
-                                         ("reference_column", self.bound.active), ("group shaping", self.shaping.active),
-                                         ("length shaping", self.length_shaping.active)) if given]  # fmt: skip
+        given = {
+            "normalization": self.normalization != "none",
+            "clip": self.clip is not None,
+            "ensemble": self.ensemble.ensemble is not None,
+            "reference_column": self.bound.active,
+            "group shaping": self.shaping.active,
+            "length shaping": self.length_shaping.active,
+        }
+        post = [name for name, on in given.items() if on]
         if post:
             raise ValueError(
                 f"{self.name}: attribute_rewards() returns raw attribute values (GDPO normalizes them per group); "
