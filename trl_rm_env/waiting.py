@@ -97,16 +97,7 @@ def wait_for_everyone(accelerator: Any, what: str) -> None:
     Raises:
         WaitTimeoutError: the process group's timeout ran out: some process never reached this point.
     """
-    try:
-        accelerator.wait_for_everyone()
-    except Exception as err:  # gloo: RuntimeError; NCCL: DistBackendError (a RuntimeError too)
-        if not _is_timeout(err):
-            raise
-        raise WaitTimeoutError(
-            f"timed out waiting for all {getattr(accelerator, 'num_processes', '?')} processes to {what}: at least one "
-            "never got there. Look at the other processes' output above for an error or a process stuck elsewhere; "
-            "the wait is the process group's timeout (`ddp_timeout`, default 1800 s)."
-        ) from err
+    _collective(accelerator.wait_for_everyone, getattr(accelerator, "num_processes", "?"), what)
 
 
 def gather_objects(value: Any, what: str, group: Any = None) -> list[Any]:
@@ -119,14 +110,19 @@ def gather_objects(value: Any, what: str, group: Any = None) -> list[Any]:
     import torch.distributed as dist
 
     found: list[Any] = [None] * dist.get_world_size(group)
+    _collective(lambda: dist.all_gather_object(found, value, group=group), len(found), what)
+    return found
+
+
+def _collective(run: Callable[[], Any], processes: Any, what: str) -> None:
+    """Run a collective; its timeout becomes a `WaitTimeoutError` that names `what` every process was to do."""
     try:
-        dist.all_gather_object(found, value, group=group)
+        run()
     except Exception as err:  # gloo: RuntimeError; NCCL: DistBackendError (a RuntimeError too)
         if not _is_timeout(err):
             raise
         raise WaitTimeoutError(
-            f"timed out waiting for all {len(found)} processes to {what}: at least one never got there. Look at the "
+            f"timed out waiting for all {processes} processes to {what}: at least one never got there. Look at the "
             "other processes' output above for an error or a process stuck elsewhere; the wait is the process "
             "group's timeout (`ddp_timeout`, default 1800 s)."
         ) from err
-    return found
