@@ -12,6 +12,7 @@ import itertools
 import json
 import socket
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -33,13 +34,17 @@ def _free_port() -> int:
 @contextmanager
 def scripted_genrm(answer):
     """An OpenAI-compatible `/v1/chat/completions` server on a thread: `answer(messages, body)` returns the GenRM's
-    text, or an int (an HTTP status to fail with). Yields `(url, bodies)`, every request body received."""
+    text, an int (an HTTP status to fail with) or a float (seconds to hang before failing with 503). Yields
+    `(url, bodies)`, every request body received."""
     bodies: list[dict] = []
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         bodies.append(body)
         text = answer(body["messages"], body)
+        if isinstance(text, float):  # a server that hangs
+            await asyncio.sleep(text)
+            text = 503
         if isinstance(text, int):
             return web.json_response({"error": {"message": "scripted failure", "type": "x"}}, status=text)
         return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
@@ -47,7 +52,7 @@ def scripted_genrm(answer):
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, shutdown_timeout=1.0)  # a hanging handler is not waited for
     loop.run_until_complete(runner.setup())
     port = _free_port()
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
@@ -56,10 +61,19 @@ def scripted_genrm(answer):
     try:
         yield f"http://127.0.0.1:{port}", bodies
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(stop(runner), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+async def stop(runner: web.AppRunner) -> None:
+    """Stop the server and end the handlers still running (a hanging one)."""
+    await runner.cleanup()
+    pending = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def verdict_for(answer_1: str, answer_2: str) -> dict:
@@ -350,6 +364,17 @@ def test_a_dead_genrm_server_is_an_error_naming_it_not_neutral_rewards():
         env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=1, backoff=0.01)
         with pytest.raises(RemoteScoringError, match=r"every request .* failed \(4\).*503"):
             rewards_of(env, ANSWERS[:4], [PROMPT] * 4)
+
+
+def test_a_hanging_genrm_server_times_out_naming_it_and_the_timeout_not_a_silent_wait():
+    with scripted_genrm(lambda messages, body: 30.0) as (url, bodies):  # accepts, then never answers in time
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=1, backoff=0.01,
+                               timeout=0.5)  # fmt: skip
+        started = time.monotonic()
+        with pytest.raises(RemoteScoringError, match=rf"every request .* failed \(2\).*{url}.*timed out \(2 times\)"):
+            rewards_of(env, ANSWERS[:2], [PROMPT] * 2)
+        assert time.monotonic() - started < 10  # two tries of 0.5 s each, concurrently: bounded, not 30 s
+        assert len(bodies) == 4  # both comparisons, each retried once
 
 
 def test_nemo_rls_length_shaping_applies_to_the_judges_rewards_from_trls_completion_ids():

@@ -26,11 +26,20 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
 
 
-def launch(recipe: str, config: str, *overrides: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    # Two threads, as CI runs (the published table was measured so too); nothing here depends on the digits.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CI": "true", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no",
+def launch(
+    recipe: str, config: str, *overrides: str, timeout: int = 600, processes: int = 1
+) -> subprocess.CompletedProcess:
+    # Two threads, as CI runs (the published table was measured so too); nothing here depends on the digits. Two
+    # processes run as accelerate_configs/ddp_cpu.yaml says (one thread each: 2 cores).
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CI": "true", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": str(2 // processes)}  # fmt: skip
+    where = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    if processes > 1:
+        from helpers import free_port
+
+        where = ["--config_file", "accelerate_configs/ddp_cpu.yaml", "--num_processes", str(processes),
+                 "--main_process_port", str(free_port())]  # fmt: skip
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *where,
            f"recipes/{recipe}.py", "--config", f"recipes/configs/{config}", *overrides]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, f"{recipe} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
@@ -146,10 +155,18 @@ def test_grpo_with_a_pairwise_judge_beside_the_rm_logs_both_rewards(quickstart, 
         assert step["judge_env/num_judgements"] == 32 and step["judge_env/num_single"] == 0
 
 
-def test_the_genrm_recipe_config_runs_end_to_end_against_a_served_genrm(quickstart, tmp_path):
-    # recipes/configs/grpo_genrm.yaml (the Super stage's GenRM reward) on the tiny policy, on the CPU, its GenRM the
-    # scripted OpenAI-compatible server of tests/test_genrm_judge.py: each step compares 2 groups of 4 in a circle.
+def test_the_genrm_recipe_config_runs_in_two_processes_and_judges_each_split_group_whole(quickstart, tmp_path):
+    # recipes/configs/grpo_genrm.yaml (the Super stage's GenRM reward) on the tiny policy, on the CPU, in 2 processes
+    # with 2 samples each: every step's one group of 4 is split between them. Its GenRM is the scripted
+    # OpenAI-compatible server of tests/test_genrm_judge.py. The group is still compared whole (the 4 comparisons of
+    # its circle, each once) and the rewards TRL logs are those of one process judging the whole group.
+    import asyncio
+
+    import yaml
     from test_genrm_judge import genrm_text, scripted_genrm
+    from trl_rm_env.recipes.grpo_args import RewardModelArguments
+
+    from trl_rm_env import JudgeEnvironment
 
     tiny = quickstart["rm_dir"].parent / "tiny-models"
     out = tmp_path / "grpo-genrm"
@@ -157,14 +174,26 @@ def test_the_genrm_recipe_config_runs_end_to_end_against_a_served_genrm(quicksta
         launch("grpo_rm", "grpo_genrm.yaml", "--output_dir", str(out), "--max_steps", "2", "--use_cpu", "true",
                "--model_name_or_path", str(tiny / "policy"), "--dtype", "float32", "--bf16", "false",
                "--attn_implementation", "sdpa", "--activation_checkpointing", "false", "--reward_judge_url", url,
-               "--prompt_data", "sample:train", "--per_device_train_batch_size", "8", "--num_generations", "4",
+               "--prompt_data", "sample:train", "--per_device_train_batch_size", "2", "--num_generations", "4",
                "--gradient_accumulation_steps", "1", "--max_completion_length", "12", "--save_strategy", "no",
-               "--log_completions", "false")  # fmt: skip
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    steps = [h for h in history if "rewards/genrm/mean" in h]
-    assert len(steps) == 2
-    for step in steps:
-        assert step["judge_env/num_judgements"] == 8 and step["judge_env/num_failed"] == 0
-        assert 1.0 <= step["rewards/genrm/mean"] <= 6.5  # scores 1-5, tie-breaks and the Super stage's shaping
-    assert len(bodies) == 16 and all([m["role"] for m in b["messages"]][-2:] == ["response_1", "response_2"] for b in bodies)
-    assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in bodies} == {(0.6, 0.95, 16384)}
+               "--log_completions", "false", processes=2)  # fmt: skip
+        asked = [dict(b) for b in bodies]
+        config = yaml.safe_load((ROOT / "recipes" / "configs" / "grpo_genrm.yaml").read_text())
+        args = RewardModelArguments(**{k: v for k, v in config.items() if k.startswith("reward_")})
+        one_process = JudgeEnvironment(args.reward_judge, **{**args.judge_kwargs(), "remote_url": [url]})
+        history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+        steps = [h for h in history if "rewards/genrm/mean" in h]
+        assert len(steps) == 2 and len(asked) == 8
+        assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in asked} == {(0.6, 0.95, 16384)}
+        for step, step_bodies in zip(steps, (asked[:4], asked[4:])):  # steps run one after another
+            prompt = [m for m in step_bodies[0]["messages"] if m["role"] not in ("principle", "response_1", "response_2")]
+            pairs = {b["messages"][-2]["content"]: b["messages"][-1]["content"] for b in step_bodies}
+            circle = [next(iter(pairs))]  # the circle i -> i + 1 of the whole group, each comparison asked once
+            while len(circle) < 4:
+                circle.append(pairs[circle[-1]])
+            assert len(set(circle)) == 4 and pairs[circle[-1]] == circle[0]
+            rewards = asyncio.run(one_process([prompt] * 4, [[{"role": "assistant", "content": a}] for a in circle]))
+            want = torch.tensor(rewards, dtype=torch.float32)
+            assert step["rewards/genrm/mean"] == pytest.approx(want.mean().item(), abs=1e-5)
+            assert step["rewards/genrm/std"] == pytest.approx(want.std().item(), abs=1e-5)
+            assert step["judge_env/num_failed"] == 0
