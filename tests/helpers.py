@@ -44,7 +44,7 @@ class Passes:
 @contextlib.contextmanager
 def watch_passes(target: Any):
     """`Passes` of what `target` (a model, or a scorer, environment or server holding one) runs meanwhile."""
-    import trl_rm_env.scoring.hf as hf
+    import trl_rm_env.sharing.layouts as layouts  # where the layouts plan their passes
 
     model = target
     while not isinstance(model, torch.nn.Module):
@@ -52,7 +52,7 @@ def watch_passes(target: Any):
     passes = Passes()
     embeddings = model.get_input_embeddings()
     handle = embeddings.register_forward_hook(lambda module, args, out: passes.shapes.append(tuple(out.shape[:2])))
-    share_plan, plan_passes = hf.share_plan, hf.plan_passes
+    share_plan, plan_passes = layouts.share_plan, layouts.plan_passes
 
     def watched_share_plan(*args, **kwargs):
         groups, plain = share_plan(*args, **kwargs)
@@ -65,12 +65,12 @@ def watch_passes(target: Any):
             passes.key_shapes += [(len(rows), max(extra[i] for i in rows) + length) for rows, length in chunks]
         return chunks
 
-    hf.share_plan, hf.plan_passes = watched_share_plan, watched_plan_passes
+    layouts.share_plan, layouts.plan_passes = watched_share_plan, watched_plan_passes
     try:
         yield passes
     finally:
         handle.remove()
-        hf.share_plan, hf.plan_passes = share_plan, plan_passes
+        layouts.share_plan, layouts.plan_passes = share_plan, plan_passes
 
 
 # ---------------------------------------------------------------------------------------------------- reference scoring

@@ -8,8 +8,9 @@ losses and gradients as scoring each completion alone (to float rounding).
 - `planning.py`: which items share a context, the cost model, forward passes of bounded size;
 - `kv.py`: the KV-cache layout (the CPU's default): contexts once with a cache, completions against it;
 - `mask.py`: block-mask rows (the training fallback under activation checkpointing or FSDP);
-- `layouts.py`: each training layout as one object (`PLAIN`, `PACKED`, `KV_CACHE`, `BLOCK_MASK`) owning its
-  collation, its attention context and its forward; `training_layout` chooses one.
+- `layouts.py`: each layout as one object (`PLAIN`, `PACKED`, `KV_CACHE`, `BLOCK_MASK`) owning its collation, its
+  attention context and its forward in training, and its planning and passes in scoring; `training_layout` (and
+  `scoring_layout`) chooses one.
 
 The collators (one per layout, each naming its layout) are in `trl_rm_env.trainer.collator`.
 """

@@ -5,8 +5,11 @@ One object per layout: `PLAIN` (every completion its own padded row), `PACKED` (
 each context once: `packed.py`), `KV_CACHE` (contexts once with a KV cache, completions against it: `kv.py`) and
 `BLOCK_MASK` (context and completions in one row under a block mask: `mask.py`). `training_layout` chooses one for
 a trainer, once, from `prefix_sharing`, the model and the device (`scoring_layout`: for a scorer's mode); the trainer,
-its collator and the scoring engine hold it and ask it, and nothing outside `sharing/` compares a layout's name. Every layout gives the scores the plain model gives each
-completion alone (fp32: within 1e-4, tested).
+its collator and the scoring engine hold it and ask it, and nothing outside `sharing/` compares a layout's name.
+
+Training asks a layout to `collate` ranked records and for their `scores`; inference (`HFEngine`) asks it to
+`plan_scoring` token sequences into forward passes (`ScoringPass`, sized by `Sizing`) and to `score_pass` each. Every
+layout gives the scores the plain model gives each completion alone (fp32: within 1e-4, tested).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,12 +33,49 @@ from .mode import (
     on_accelerator,
     packed_choice,
 )
-from .packed import pack_groups, packed_attention, packed_scores
-from .planning import plan_passes, shared_prefix_length
+from .packed import device_token_budget, pack_groups, packed_attention, packed_scores
+from .planning import greedy_batches, padded_batches, plan_packed_rows, plan_passes, share_plan, shared_prefix_length
 
 logger = logging.getLogger(__name__)
 
 Examples = Sequence[dict[str, Any]]
+Sequences = Sequence[Sequence[int]]
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """How big an inference call's forward passes may be (from the engine's `ScoringOptions`).
+
+    Attributes:
+        rows: Sequences per padded pass (None: the token budget alone).
+        tokens: Tokens per pass, padding included (None: no budget; the packed layout sizes its rows from the
+            device, `device_token_budget`).
+        row_sequences: Sequences per packed row (None: no limit).
+        always_share: Whether every group of two or more sharing a context is scored against it (`prefix_sharing`
+            forced on), rather than where the cost model says it pays.
+        cost_ratio: The cost model's linear-to-attention ratio (`linear_to_attention_cost`).
+    """
+
+    rows: int | None
+    tokens: int | None
+    row_sequences: int | None
+    always_share: bool
+    cost_ratio: float
+
+
+@dataclass(frozen=True)
+class ScoringPass:
+    """One forward pass of an inference call: the layout that runs it, the items (indices into the call's
+    sequences) in the order its outputs come, and the layout's own plan of it (a KV pass's groups, a packed row's
+    units; None for a padded pass)."""
+
+    layout: Layout
+    items: list[int]
+    plan: Any = None
+
+    def run(self, model: torch.nn.Module, sequences: Sequences, pad_token_id: int, sizing: Sizing) -> torch.Tensor:
+        """`(len(items), num_labels)` outputs of this pass (on the model's device)."""
+        return self.layout.score_pass(model, self, sequences, pad_token_id, sizing)
 
 
 class Layout:
@@ -72,6 +113,26 @@ class Layout:
         the model's outputs and the real tokens through it."""
         outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
         return outputs.logits[:, 0], outputs, batch["attention_mask"].sum()
+
+    def plan_scoring(
+        self, model: torch.nn.Module, sequences: Sequences, context_lengths: Sequence[int] | None, sizing: Sizing
+    ) -> list[ScoringPass]:
+        """The forward passes that score `sequences` (`context_lengths`: how many leading tokens of each are its
+        context, for the layouts that share one; None: none shared). Plain: padded micro-batches, longest first,
+        within `sizing.rows` rows and `sizing.tokens` padded tokens. The block-mask layout is a training layout and
+        scores plainly too."""
+        batches = padded_batches([len(s) for s in sequences], sizing.rows, sizing.tokens)
+        return [ScoringPass(PLAIN, batch) for batch in batches]
+
+    def score_pass(
+        self, model: torch.nn.Module, scoring_pass: ScoringPass, sequences: Sequences, pad_token_id: int, sizing: Sizing
+    ) -> torch.Tensor:
+        """`(rows, num_labels)` outputs of one pass this layout planned: right padding with an attention mask leaves
+        every real token's computation unchanged, and the classifier reads the last non-pad token."""
+        device = next(model.parameters()).device
+        batch = right_padded([torch.as_tensor(sequences[i]) for i in scoring_pass.items], pad_token_id, None)
+        return model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                     use_cache=False).logits  # fmt: skip
 
 
 def right_padded(input_ids: list[torch.Tensor], pad_token_id: int, multiple: int | None) -> dict[str, torch.Tensor]:
@@ -111,6 +172,32 @@ class PackedLayout(Layout):
         scores, outputs = packed_scores(model, batch)
         return scores, outputs, token_count
 
+    def plan_scoring(
+        self, model: torch.nn.Module, sequences: Sequences, context_lengths: Sequence[int] | None, sizing: Sizing
+    ) -> list[ScoringPass]:
+        """One packed row per pass: every group sharing a context (all of them: with nothing padded, sharing never
+        costs more) with its context once, the other items whole; rows of `sizing.tokens` tokens (default: sized
+        from the device) and at most `sizing.row_sequences` sequences."""
+        if not sequences:
+            return []
+        if context_lengths is None:
+            groups, plain = [], list(range(len(sequences)))
+        else:
+            groups, plain = share_plan(sequences, context_lengths, True, sizing.cost_ratio)
+        units = [(p, members) for p, members in groups] + [(0, [i]) for i in plain]
+        budget = sizing.tokens or device_token_budget(model)
+        rows = plan_packed_rows(units, [len(s) for s in sequences], budget, sizing.row_sequences)
+        return [ScoringPass(self, [i for _, items in row for i in items], row) for row in rows]
+
+    def score_pass(
+        self, model: torch.nn.Module, scoring_pass: ScoringPass, sequences: Sequences, pad_token_id: int, sizing: Sizing
+    ) -> torch.Tensor:
+        row = scoring_pass.plan
+        batch = pack_groups([[sequences[i] for i in items] for _, items in row], [p for p, _ in row], pad_token_id)
+        device = next(model.parameters()).device
+        batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        return packed_scores(model, batch, label_index=None)[0]
+
 
 class KVCacheLayout(Layout):
     """Each record's context once, one padded forward for the contexts with a KV cache and one for the completions
@@ -147,6 +234,51 @@ class KVCacheLayout(Layout):
     def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
         scores, outputs = shared_context_scores(model, batch)
         return scores, outputs, batch["prefix_mask"].sum() + batch["completion_mask"].sum()
+
+    def plan_scoring(
+        self, model: torch.nn.Module, sequences: Sequences, context_lengths: Sequence[int] | None, sizing: Sizing
+    ) -> list[ScoringPass]:
+        """The groups sharing a context where it pays (`share_plan`; all of them when `sizing.always_share`), in
+        passes of whole groups against their contexts' KV cache; the other items in plain padded passes."""
+        if context_lengths is None:
+            return PLAIN.plan_scoring(model, sequences, None, sizing)
+        groups, plain = share_plan(sequences, context_lengths, sizing.always_share, sizing.cost_ratio)
+        passes = [ScoringPass(PLAIN, [plain[j] for j in p.items])
+                  for p in PLAIN.plan_scoring(model, [sequences[i] for i in plain], None, sizing)]  # fmt: skip
+        for batch in self._group_batches(groups, sequences, sizing):
+            chosen = [groups[g] for g in batch]
+            passes.append(ScoringPass(self, [i for _, members in chosen for i in members], chosen))
+        return passes
+
+    def score_pass(
+        self, model: torch.nn.Module, scoring_pass: ScoringPass, sequences: Sequences, pad_token_id: int, sizing: Sizing
+    ) -> torch.Tensor:
+        chosen = scoring_pass.plan
+        prefix_lengths = [p for p, _ in chosen]
+        inputs = collate_shared_context([[sequences[i] for i in members] for _, members in chosen], prefix_lengths,
+                                        pad_token_id)  # fmt: skip
+        inputs["prefix_chunks"] = plan_passes(prefix_lengths, sizing.rows, sizing.tokens)
+        context_of = [prefix_lengths[g] for g in inputs["group_index"].tolist()]
+        inputs["completion_chunks"] = plan_passes(inputs["completion_mask"].sum(1).tolist(), sizing.rows,
+                                                  sizing.tokens, context_of)  # fmt: skip
+        device = next(model.parameters()).device
+        inputs = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in inputs.items()}
+        return shared_context_scores(model, inputs, label_index=None)[0]
+
+    @staticmethod
+    def _group_batches(groups: list[tuple[int, list[int]]], sequences: Sequences, sizing: Sizing) -> list[list[int]]:
+        """Batches of groups for the context pass: longest context first, at most `sizing.rows` contexts and
+        `sizing.tokens` padded context tokens, and every completion row able to fit the budget with the batch's
+        longest context (`rows x (context + completion)`)."""
+        order = sorted(range(len(groups)), key=lambda g: -groups[g][0])
+        budget = sizing.tokens
+
+        def fits(current: list[int], g: int) -> bool:  # longest context first: the batch's longest is its first
+            prefix = groups[current[0]][0]
+            longest_own = max(len(sequences[i]) - groups[g][0] for i in groups[g][1])
+            return budget is None or ((len(current) + 1) * prefix <= budget and prefix + longest_own <= budget)
+
+        return greedy_batches(order, fits, sizing.rows)
 
 
 class BlockMaskLayout(Layout):

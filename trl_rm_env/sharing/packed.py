@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from . import kernels
-from .mode import classifier, find_score_head
+from .mode import classifier, find_score_head, packs_fast
 from .planning import pooled_index
 
 logger = logging.getLogger(__name__)
@@ -301,3 +301,31 @@ def packed_scores(
     else:
         at_last = logits[inputs["last_index"]]
     return (at_last if label_index is None else at_last[:, label_index]), outputs
+
+
+PACKED_CPU_TOKENS = 8192
+"""Tokens per packed row under the block-mask kernel (the CPU's, or fp32) when no `max_tokens_per_batch` is set: its
+mask grows with the square of the row."""
+MIN_DEVICE_TOKENS, MAX_DEVICE_TOKENS = 16384, 131072
+"""The bounds of a packed row's default token budget on an accelerator (`device_token_budget`)."""
+
+
+def device_token_budget(model: torch.nn.Module, share: float = 0.5) -> int:
+    """Tokens per packed forward on the model's accelerator, from its free memory, as vLLM sizes its cache: `share`
+    of the free bytes over one token's transient activations in a decoder layer (hidden states, q/k/v with the
+    gathered context keys, the MLP), within [`MIN_DEVICE_TOKENS`, `MAX_DEVICE_TOKENS`], a multiple of 1,024. Where
+    the packed layout runs under its block mask (the CPU, fp32), `PACKED_CPU_TOKENS`. Measured at each call (the
+    policy, its optimizer and vLLM may have taken memory since the reward model loaded)."""
+    parameter = next(model.parameters())
+    if not packs_fast(parameter.device, parameter.dtype):
+        return PACKED_CPU_TOKENS
+    config = model.config
+    hidden = getattr(config, "hidden_size", 4096)
+    heads = getattr(config, "num_attention_heads", 32)
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = (getattr(config, "num_key_value_heads", None) or heads) * head_dim
+    ffn = getattr(config, "intermediate_size", None) or 4 * hidden
+    per_token = parameter.element_size() * (4 * hidden + 2 * heads * head_dim + 6 * kv + 3 * ffn)
+    free, _ = torch.cuda.mem_get_info(parameter.device)
+    tokens = int(free * share / per_token) // 1024 * 1024
+    return max(MIN_DEVICE_TOKENS, min(MAX_DEVICE_TOKENS, tokens))
