@@ -46,6 +46,10 @@ class RewardModelRecipeArguments:
             instead of the two weighed: the reward model's rewards stand for each GRPO group it separates by at least
             this margin, the judge rewards the others (the cascade `trl-rm-env eval --cascade` measures). None: both
             rewards, weighed by `reward_weights`.
+        reward_ensemble_members: More reward models, each a mapping of `RewardModelEnvironment` arguments
+            (`{"model": PATH}`, or `{"model": NAME, "remote_url": [URL]}` for one behind `trl-rm-env serve`, with
+            `name` and any option; JSON on the command line): with the reward model, one `EnsembleReward`, its
+            members' rewards aggregated per sample by `reward_ensemble` (default `mean`) and `reward_ensemble_penalty`.
     """
 
     reward_model: str | None = field(
@@ -68,6 +72,12 @@ class RewardModelRecipeArguments:
     reward_cascade_margin: float | None = field(
         default=None,
         metadata={"help": "One cascade reward: the RM for groups it separates by this margin, the judge for the rest."},
+    )
+    reward_ensemble_members: list[str] | None = field(
+        default=None,
+        metadata={"help": "More RMs for one EnsembleReward with reward_model, each a JSON object of RewardModelEnvironment "
+                  "arguments ({\"model\": PATH} or {\"model\": NAME, \"remote_url\": [URL]}); aggregated by "
+                  "reward_ensemble (default mean)."},
     )
 
     def judge_kwargs(self) -> dict | None:
@@ -110,7 +120,7 @@ class RewardModelRecipeArguments:
 
     def reward_sources(self) -> RewardSources:
         """What the run is rewarded by (`trl_rm_env.rewards.sources`): the reward model and the judge with their
-        options (`environment_kwargs`, `judge_kwargs`), the cascade and the per-attribute split.
+        options (`environment_kwargs`, `judge_kwargs`), the cascade, the per-attribute split and the ensemble.
 
         Raises:
             ValueError: a bad `reward_*` value, or a combination of keys that cannot apply, named by its keys.
@@ -118,7 +128,7 @@ class RewardModelRecipeArguments:
         return RewardSources(
             reward_model=self.reward_model, reward_options=self.environment_kwargs(), judge=self.reward_judge,
             judge_options=self.judge_kwargs(), cascade_margin=self.reward_cascade_margin,
-            per_attribute=self.reward_per_attribute,
+            per_attribute=self.reward_per_attribute, ensemble_members=self.reward_ensemble_members,
         )  # fmt: skip
 
 

@@ -38,7 +38,7 @@ def options_reference() -> str:
     from trl_rm_env.rewards.base import RewardOptions
     from trl_rm_env.rewards.bounded import ReferenceBound
     from trl_rm_env.rewards.ensemble import EnsembleOptions
-    from trl_rm_env.rewards.nemo import NEMO_OPTIONS
+    from trl_rm_env.rewards.nemo import NEMO_OPTIONS, NEMO_SHAPING_KEYS
     from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
     from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.serving.client.remote_options import RemoteOptions
@@ -91,6 +91,8 @@ def options_reference() -> str:
             cli = "; ".join(f"`{flag}` ({', '.join(sorted(cmds))})" for flag, cmds in by_flag.items()) or "-"
             key = f"`{recipe_key(f)}`" if recipe_key(f) and cls is not ServerLimits else "-"
             nemo_keys = ", ".join(f"`{k}`" for k in nemo.get(f.name, [])) if scoring else ""
+            if cls is LengthShaping and f.name in NEMO_SHAPING_KEYS:
+                nemo_keys = f"`grpo.reward_shaping.{f.name}`"
             help_text = f.metadata.get("help", "").replace("|", "\\|")
             choices = text_choices(f)
             if choices:

@@ -468,6 +468,25 @@ def test_from_config(saved_rm):
     assert env.model.dtype == torch.bfloat16 and env.clip == 0.5 and env.scorer.options.max_tokens_per_batch is None
 
 
+def test_from_config_reads_nemo_rls_reward_shaping_block(saved_rm):
+    """`from_config(rm_block, reward_shaping=grpo_block)`: NeMo RL's DAPO overlong buffer on the reward model's
+    rewards, read from TRL's completion_ids, equal to the same option given by our own name."""
+    path, tok, model = saved_rm
+    prompts, completions = grpo_batch()
+    ids = [[5] * (3 + i) for i in range(len(prompts))]  # 3 to 11 tokens
+    block = {"enabled": True, "overlong_buffer_length": 4, "overlong_buffer_penalty": 1.0, "max_response_length": 8}
+    env = RewardModelEnvironment.from_config(nemo_rl_config(path), reward_shaping=block, device="cpu")
+    ours = RewardModelEnvironment.from_config(nemo_rl_config(path), device="cpu", overlong_buffer_length=4,
+                                              overlong_buffer_penalty=1.0, max_response_length=8)  # fmt: skip
+    plain = RewardModelEnvironment.from_config(nemo_rl_config(path), device="cpu")
+    got, want = env(prompts, completions, completion_ids=ids), ours(prompts, completions, completion_ids=ids)
+    base = plain(prompts, completions, completion_ids=ids)
+    assert got == want
+    penalties = [min(0.0, -(len(i) - 4) / 4 * 1.0) for i in ids]  # expected length 8 - 4
+    assert_scores(got, torch.tensor([b + p for b, p in zip(base, penalties)]), atol=1e-6)
+    assert any(p < 0 for p in penalties)
+
+
 def test_from_config_errors(tiny_dir):
     path = tiny_dir / "reward_model"
     with pytest.raises(ValueError, match=r"Unsupported reward_model config key\(s\) \['reward_scale'\]"):

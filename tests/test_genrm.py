@@ -255,6 +255,37 @@ def test_dapo_overlong_buffer_and_stop_properly_penalty_follow_nemo_rls_formulas
         dapo.shape(rewards, None, "rm")
 
 
+def test_nemo_rls_reward_shaping_block_is_read_as_nemo_rl_applies_it(caplog):
+    """`grpo.reward_shaping` as NeMo RL's GRPO reads it: off unless `enabled`; the stop-properly penalty wins over the
+    overlong keys (which are then not applied, with a warning); DAPO's keys together; the reasoning-length mode and
+    unknown keys refused, each in one line naming the key."""
+    import logging
+
+    from trl_rm_env.rewards.nemo import length_shaping_arguments
+    from trl_rm_env.rewards.shaping import LengthShaping
+
+    # NeMo RL's grpo_math_1B.yaml ships the block disabled, with its DAPO values filled in: nothing applies.
+    shipped = {"enabled": False, "overlong_buffer_length": 128, "overlong_buffer_penalty": 1,
+               "max_response_length": 2048, "stop_properly_penalty_coef": None}  # fmt: skip
+    assert length_shaping_arguments(shipped) == {} and length_shaping_arguments(None) == {}
+    dapo = length_shaping_arguments({**shipped, "enabled": True, "mode": "response_length",
+                                     "reasoning_length": {"tau1": 4096, "tau2": 13000}})  # fmt: skip
+    assert dapo == {"overlong_buffer_length": 128, "overlong_buffer_penalty": 1, "max_response_length": 2048}
+    assert LengthShaping(**dapo) == LengthShaping(overlong_buffer_length=128, overlong_buffer_penalty=1,
+                                                  max_response_length=2048)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="trl_rm_env.rewards.nemo"):
+        stop = length_shaping_arguments({**shipped, "enabled": True, "stop_properly_penalty_coef": 0.5,
+                                         "eos_token_id": [2]})  # fmt: skip
+    assert stop == {"stop_properly_penalty_coef": 0.5, "eos_token_id": [2]}
+    assert "so ['overlong_buffer_length', 'overlong_buffer_penalty', 'max_response_length'] are not applied" in caplog.text
+    with pytest.raises(ValueError, match=r"only 'response_length'"):
+        length_shaping_arguments({"enabled": True, "mode": "reasoning_length"})
+    with pytest.raises(ValueError, match=r"Unsupported grpo.reward_shaping key\(s\) \['overlong_penalty'\]"):
+        length_shaping_arguments({"enabled": True, "overlong_penalty": 1})
+    with pytest.raises(ValueError, match=r"needs \['overlong_buffer_length', .*missing \['max_response_length'\]"):
+        length_shaping_arguments({"enabled": True, "overlong_buffer_length": 4, "overlong_buffer_penalty": 1.0})
+
+
 def test_length_shaping_takes_token_ids_only_and_warns_when_it_would_raise_a_negative_reward(caplog):
     import torch
 

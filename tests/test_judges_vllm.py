@@ -35,42 +35,96 @@ def plain(judge_dir):
     return AutoModelForCausalLM.from_pretrained(judge_dir, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(judge_dir)
 
 
-def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_model(judge_dir, plain):
+@pytest.fixture(scope="module")
+def served(judge_dir):
+    """`(url, server)`: the tiny judge behind `trl-rm-env serve --engine vllm` (vLLM's OpenAI server, API key "k"),
+    shared by this module's tests; it must exit 0 when shut down."""
+    server = ServerProcess(str(judge_dir), "--engine", "vllm", "--max-length", str(MAX_LENGTH), env={"TRL_RM_ENV_API_KEY": "k"})
+    try:
+        yield server.wait(timeout=600), server
+    finally:
+        server.shut_down()
+    assert server.proc.returncode == 0
+
+
+@pytest.fixture(scope="module")
+def local_judge(judge_dir):
+    from trl_rm_env import JudgeEnvironment
+
+    local = JudgeEnvironment(str(judge_dir), engine="vllm", max_length=MAX_LENGTH)
+    yield local
+    local.engine.close()
+
+
+def test_judge_on_vllm_in_process_and_served_equals_transformers_and_the_plain_model(judge_dir, plain, served,
+                                                                                     local_judge):  # fmt: skip
     from trl_rm_env import JudgeEnvironment
 
     model, tokenizer = plain
     prompts, completions = judge_conversations()
-    local = JudgeEnvironment(str(judge_dir), engine="vllm", max_length=MAX_LENGTH)
+    local, (url, server) = local_judge, served
     assert local.engine.name == "vllm"
     hf = JudgeEnvironment(str(judge_dir), engine="hf")
-    server = ServerProcess(str(judge_dir), "--engine", "vllm", "--max-length", str(MAX_LENGTH), env={"TRL_RM_ENV_API_KEY": "k"})
-    try:
-        url = server.wait(timeout=600)
-        assert "/v1/completions" in "".join(server.lines)
-        remote = JudgeEnvironment("policy", tokenizer=str(judge_dir), remote_url=url, api_key="k")
-        for mode in ("pointwise", "pairwise"):
-            want = judge_reference(model, tokenizer, prompts, completions, mode).float()
-            for env in (local, hf, remote):
-                env = env.replace(mode=mode)
-                got = env(prompts, completions)
-                got = asyncio.run(got) if asyncio.iscoroutine(got) else got
-                torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0, msg=f"{mode} on {env.engine.name}")
-        # Messages to any OpenAI-compatible server (the server renders them): a verdict token missing from the top 20
-        # is no verdict, counted or given unparsed_reward, never a 0.
-        chat = JudgeEnvironment("policy", remote_url=url + "/v1", remote_input="messages", api_key="k", unparsed_reward=-1.0)
+    assert "/v1/completions" in "".join(server.lines)
+    remote = JudgeEnvironment("policy", tokenizer=str(judge_dir), remote_url=url, api_key="k")
+    for mode in ("pointwise", "pairwise"):
+        want = judge_reference(model, tokenizer, prompts, completions, mode).float()
+        for env in (local, hf, remote):
+            env = env.replace(mode=mode)
+            got = env(prompts, completions)
+            got = asyncio.run(got) if asyncio.iscoroutine(got) else got
+            torch.testing.assert_close(torch.tensor(got), want, atol=1e-4, rtol=0, msg=f"{mode} on {env.engine.name}")
+    # Messages to any OpenAI-compatible server (the server renders them): a verdict token missing from the top 20
+    # is no verdict, counted or given unparsed_reward, never a 0.
+    chat = JudgeEnvironment("policy", remote_url=url + "/v1", remote_input="messages", api_key="k", unparsed_reward=-1.0)
+    logged = {}
+    got = asyncio.run(chat(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v)))
+    assert all(r == -1.0 or 1.0 <= r <= 9.0 for r in got)
+    assert logged["judge_env/num_unparsed"] == sum(r == -1.0 for r in got)
+    # Generated verdicts go through the same engines; a random judge writes none: counted, never a silent 0.
+    logged = {}
+    generate = local.replace(scoring="generate", unparsed_reward=-1.0, parse_retries=1, max_new_tokens=16)
+    rewards = generate(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v))
+    assert rewards == [-1.0] * 5 and logged["judge_env/num_unparsed"] == 5 and logged["judge_env/num_retried"] == 5
+
+
+def test_a_genrm_on_vllm_in_process_served_and_as_the_super_recipes_reward(judge_dir, served, local_judge, tmp_path):
+    """NeMo Gym's GenRM protocol on a real vLLM: in this process (one batched generate) and behind vLLM's chat
+    endpoint, whose chat template renders the `response_1`/`response_2` roles (the tiny one renders any role); then
+    recipes/configs/grpo_genrm.yaml end to end with that served judge as its GenRM. A random GenRM writes no JSON
+    verdict, so every comparison is Gym's neutral (3, 3, 3.5), counted as failed: never a silent score."""
+    import json
+
+    from test_quickstart import launch
+
+    from trl_rm_env import JudgeEnvironment
+
+    prompts, completions = judge_conversations()  # groups of 3 and 2: 3 + 2 comparisons in circles
+    url, _ = served
+    genrm = dict(mode="genrm", max_new_tokens=8, parse_retries=0)
+    in_process = local_judge.replace(**genrm)
+    behind_server = JudgeEnvironment("policy", remote_url=url + "/v1", remote_input="messages", api_key="k", **genrm)
+    for env in (in_process, behind_server):
         logged = {}
-        got = asyncio.run(chat(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v)))
-        assert all(r == -1.0 or 1.0 <= r <= 9.0 for r in got)
-        assert logged["judge_env/num_unparsed"] == sum(r == -1.0 for r in got)
-        # Generated verdicts go through the same engines; a random judge writes none: counted, never a silent 0.
-        logged = {}
-        generate = local.replace(scoring="generate", unparsed_reward=-1.0, parse_retries=1, max_new_tokens=16)
-        rewards = generate(prompts, completions, log_metric=lambda k, v: logged.__setitem__(k, v))
-        assert rewards == [-1.0] * 5 and logged["judge_env/num_unparsed"] == 5 and logged["judge_env/num_retried"] == 5
-    finally:
-        server.shut_down()
-        local.engine.close()
-    assert server.proc.returncode == 0
+        got = env(prompts, completions, log_metric=logged.__setitem__)
+        got = asyncio.run(got) if asyncio.iscoroutine(got) else got
+        assert got == [3.0] * 5, env.engine.name
+        assert logged["judge_env/num_judgements"] == logged["judge_env/num_failed"] == 5, logged
+    out = tmp_path / "grpo-genrm"
+    launch("grpo_rm", "grpo_genrm.yaml", "--output_dir", str(out), "--max_steps", "1", "--use_cpu", "true",
+           "--model_name_or_path", str(judge_dir), "--dtype", "float32", "--bf16", "false",
+           "--attn_implementation", "sdpa", "--activation_checkpointing", "false", "--reward_judge", "policy",
+           "--reward_judge_url", url, "--reward_judge_max_new_tokens", "8", "--reward_judge_parse_retries", "0",
+           "--prompt_data", "sample:train", "--per_device_train_batch_size", "4", "--num_generations", "4",
+           "--gradient_accumulation_steps", "1", "--max_completion_length", "8", "--save_strategy", "no",
+           "--log_completions", "false", env={"TRL_RM_ENV_API_KEY": "k"})  # fmt: skip
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    step = next(h for h in history if "rewards/genrm/mean" in h)
+    assert step["judge_env/num_judgements"] == step["judge_env/num_failed"] == 4
+    # Every comparison neutral, so the Super stage's shaping alone moves the rewards: its length and style
+    # adjustments sum to 0 within the group, and the shortest answer gets `answer_bonus` (0.5; a random completion
+    # has no reasoning for `reasoning_bonus`).
+    assert step["rewards/genrm/mean"] == pytest.approx(3.0 + 0.5 / 4, abs=1e-6)
 
 
 def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transformers(tiny_dir, judge_dir, tmp_path):

@@ -27,12 +27,12 @@ pytestmark = pytest.mark.slow
 
 
 def launch(
-    recipe: str, config: str, *overrides: str, timeout: int = 600, processes: int = 1
+    recipe: str, config: str, *overrides: str, timeout: int = 600, processes: int = 1, env: dict | None = None
 ) -> subprocess.CompletedProcess:
     # Two threads, as CI runs (the published table was measured so too); nothing here depends on the digits. Two
     # processes run as accelerate_configs/ddp_cpu.yaml says (one thread each: 2 cores).
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CI": "true", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": str(2 // processes)}  # fmt: skip
+           "OMP_NUM_THREADS": str(2 // processes), **(env or {})}  # fmt: skip
     where = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     if processes > 1:
         from helpers import free_port
@@ -97,6 +97,11 @@ def test_grpo_quickstart_reward_rises(quickstart):
     print(f"rewards/tiny_rm/mean: first-5 {first:.3f}, last-5 {last:.3f}")
     assert last > first
     assert any("reward_model_env/mean_reward" in h for h in history)
+    # The live diagnostics are in TRL's logs (docs/reward_hacking.md), each in its range.
+    correlations = [h["reward_model_env/length_corr"] for h in history if "reward_model_env/length_corr" in h]
+    flat = [h["reward_model_env/flat_groups"] for h in history if "reward_model_env/flat_groups" in h]
+    assert correlations and all(-1.0 <= c <= 1.0 for c in correlations)
+    assert len(flat) == len(rewards) and all(0.0 <= f <= 1.0 for f in flat)
     assert (quickstart["grpo_dir"] / "model.safetensors").exists()
 
 
@@ -197,3 +202,29 @@ def test_the_genrm_recipe_config_runs_in_two_processes_and_judges_each_split_gro
             assert step["rewards/genrm/mean"] == pytest.approx(want.mean().item(), abs=1e-5)
             assert step["rewards/genrm/std"] == pytest.approx(want.std().item(), abs=1e-5)
             assert step["judge_env/num_failed"] == 0
+            assert 0.0 <= step["judge_env/flat_groups"] <= 1.0  # the diagnostics in TRL's logs (process 0's share)
+
+
+def test_grpo_rewarded_by_an_ensemble_of_a_local_and_a_served_reward_model(quickstart, tmp_path):
+    # `reward_ensemble_members`: the quickstart's trained RM here and the tiny RM behind `trl-rm-env serve`, one
+    # EnsembleReward aggregated by `min` (the conservative choice), its metrics in TRL's logs.
+    from helpers import ServerProcess
+
+    tiny = quickstart["rm_dir"].parent / "tiny-models"
+    out = tmp_path / "grpo-ensemble"
+    server = ServerProcess(str(tiny / "reward_model"))
+    try:
+        url = server.wait(timeout=300)
+        member = json.dumps({"model": str(tiny / "reward_model"), "remote_url": [url], "name": "served_rm"})
+        launch("grpo_rm", "grpo_rm_tiny.yaml", "--output_dir", str(out), "--max_steps", "2",
+               "--model_name_or_path", str(tiny / "policy"), "--reward_model", str(quickstart["rm_dir"]),
+               "--reward_ensemble", "min", "--reward_ensemble_members", member)  # fmt: skip
+    finally:
+        server.shut_down()
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    steps = [h for h in history if "rewards/ensemble/mean" in h]
+    assert len(steps) == 2 and not any("rewards/tiny_rm/mean" in h for h in history)  # one reward function
+    for step in steps:
+        first, second = step["reward_model_env/ensemble_member_0_mean"], step["reward_model_env/ensemble_member_1_mean"]
+        assert step["rewards/ensemble/mean"] <= min(first, second) + 1e-6  # the mean of a min is at most either mean
+        assert step["reward_model_env/ensemble_std"] > 0  # two different models disagree

@@ -32,11 +32,46 @@ from trl_rm_env.runtime.model_options import ScoringOptions
          "(reward_model or reward_remote_url)"),
         ({"reward_model": "rm", "judge": "j", "judge_options": {}, "cascade_margin": 1.0, "per_attribute": True},
          "reward_cascade_margin routes one reward model's rewards; reward_per_attribute splits them"),
+        ({"judge": "j", "judge_options": {}, "ensemble_members": [{"model": "rm2"}]},
+         "reward_ensemble_members are aggregated with the reward model into one reward: give a reward model "
+         "(reward_model or reward_remote_url), without reward_per_attribute and reward_cascade_margin"),
+        ({"reward_model": "rm", "per_attribute": True, "ensemble_members": [{"model": "rm2"}]},
+         "reward_ensemble_members are aggregated with the reward model into one reward: give a reward model "
+         "(reward_model or reward_remote_url), without reward_per_attribute and reward_cascade_margin"),
+        ({"reward_model": "rm", "ensemble_members": [{"model": "rm2"}, '{"name": "b"}']},
+         "reward_ensemble_members[1] needs a `model` (a path or Hub id) or a `remote_url`: got {'name': 'b'}"),
+        ({"reward_model": "rm", "ensemble_members": ["rm2"]},
+         "reward_ensemble_members[0]: expected a JSON object such as '{\"enable_thinking\": false}', got 'rm2'"),
     ],
 )  # fmt: skip
 def test_a_combination_that_cannot_apply_is_refused_before_any_model_loads(kwargs, message):
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         RewardSources(**kwargs)
+
+
+def test_ensemble_members_make_one_ensemble_reward_aggregated_as_the_reward_options_say(tiny_dir):
+    """`ensemble_members` (the recipe's `reward_ensemble_members`, JSON text or mappings): with the reward model, one
+    `EnsembleReward` whose aggregation is `ensemble` (taken from the reward model, which keeps its one head); its
+    rewards are the members' per sample, aggregated."""
+    import json
+
+    import torch
+
+    from trl_rm_env import EnsembleReward
+    from trl_rm_env.rewards.ensemble import aggregate
+
+    rm = str(tiny_dir / "reward_model")
+    sources = RewardSources(reward_model=rm, reward_options={"name": "first", "ensemble": "min", "device": "cpu"},
+                            ensemble_members=[json.dumps({"model": rm, "name": "second", "normalization": "none",
+                                                          "device": "cpu"})])  # fmt: skip
+    (reward,), weights = sources.build()
+    assert isinstance(reward, EnsembleReward) and weights is None
+    assert reward.member_names == ["first", "second"] and reward.options.ensemble == "min"
+    prompts = [[{"role": "user", "content": "Hi"}]] * 2
+    completions = [[{"role": "assistant", "content": text}] for text in ("Hello.", "Hey there, friend.")]
+    first, second = (m(prompts=prompts, completions=completions) for m in reward.members)
+    want = aggregate(torch.tensor([first, second], dtype=torch.float64).T, "min").tolist()
+    assert reward(prompts=prompts, completions=completions) == pytest.approx(want, abs=1e-12)
 
 
 def test_servers_are_a_reward_model_and_an_empty_tokenizer_is_no_option():

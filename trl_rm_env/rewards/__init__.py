@@ -11,7 +11,8 @@
   `reward_model_scorer.py`: the scorer it holds, loaded here (sharded under ZeRO-3/FSDP2) or behind servers;
 - `attributes.py`: one reward per attribute of a regression RM, all from one forward
   (`RewardModelEnvironment.attribute_rewards`);
-- `nemo.py`: NeMo RL's `env.reward_model` block read as arguments (`RewardModelEnvironment.from_config`);
+- `nemo.py`: NeMo RL's `env.reward_model` and `grpo.reward_shaping` blocks read as arguments
+  (`RewardModelEnvironment.from_config`, `length_shaping_arguments`);
 - `judge.py`: `JudgeEnvironment`, a generative judge as the reward (its modes, templates and verdicts:
   `trl_rm_env.judges`);
 - `cascade.py`: `CascadeReward`, reward functions chained (a rule check, then a judge; or a reward model's margin);

@@ -1,4 +1,5 @@
-"""NeMo RL's `env.reward_model` block, read as `RewardModelEnvironment` arguments.
+"""NeMo RL's `env.reward_model` block, read as `RewardModelEnvironment` arguments, and its `grpo.reward_shaping`
+block, read as `LengthShaping` arguments of any reward of ours (`length_shaping_arguments`).
 
 Mapped onto our options (`NEMO_OPTIONS`, each key onto one option field): `precision`, `batch_size`,
 `max_model_len`, `dynamic_batching.logprob_mb_tokens` (or `train_mb_tokens`) -> `max_tokens_per_batch`,
@@ -133,3 +134,54 @@ def environment_arguments(
     chat_template = tokenizer_cfg["chat_template"] if "chat_template" in tokenizer_cfg else NOT_SET
     return model, tokenizer_cfg.get("name") or model, kwargs, chat_template
 
+
+
+NEMO_SHAPING_KEYS = ("enabled", "mode", "overlong_buffer_length", "overlong_buffer_penalty", "max_response_length",
+                     "stop_properly_penalty_coef", "reasoning_length")  # fmt: skip
+"""The keys of NeMo RL's `grpo.reward_shaping` block (`RewardShapingConfig`, `GRPORewardShapingConfig`)."""
+OVERLONG_KEYS = ("overlong_buffer_length", "overlong_buffer_penalty", "max_response_length")
+
+
+def length_shaping_arguments(block: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`LengthShaping` keyword arguments of NeMo RL's `grpo.reward_shaping` block, as NeMo RL's GRPO applies it:
+    nothing unless `enabled`; with `stop_properly_penalty_coef` set the overlong keys are not applied (a warning, as
+    NeMo RL prints one); otherwise DAPO's overlong buffer. `eos_token_id` (ours: the policy's end token ids, which
+    tell a truncated completion) may be given in the block too. For any reward of ours:
+    `RewardModelEnvironment.from_config(rm_block, reward_shaping=block)` or
+    `JudgeEnvironment(..., **length_shaping_arguments(block))`.
+
+    Raises:
+        ValueError: an unknown key, or `mode: reasoning_length` (NeMo Gym's reasoning-chain reward, not built here).
+    """
+    if block is None:
+        return {}
+    unknown = sorted(set(block) - {*NEMO_SHAPING_KEYS, "eos_token_id"})
+    if unknown:
+        raise ValueError(
+            f"Unsupported grpo.reward_shaping key(s) {unknown}. Supported: {sorted({*NEMO_SHAPING_KEYS, 'eos_token_id'})}."
+        )
+    if not block.get("enabled"):
+        given = sorted(k for k in block if k not in ("enabled", "mode", "reasoning_length") and block[k] is not None)
+        if given:
+            logger.info("grpo.reward_shaping has enabled: false; %s are not applied (as in NeMo RL).", given)
+        return {}
+    mode = block.get("mode") or "response_length"
+    if mode != "response_length":
+        raise ValueError(
+            f"grpo.reward_shaping.mode={mode!r}: only 'response_length' (DAPO's overlong buffer, the stop-properly "
+            "penalty) is built here; NeMo RL's 'reasoning_length' shapes NeMo Gym rollouts' reasoning chains."
+        )
+    kwargs = {"eos_token_id": block["eos_token_id"]} if block.get("eos_token_id") is not None else {}
+    if block.get("stop_properly_penalty_coef") is not None:
+        ignored = [key for key in OVERLONG_KEYS if block.get(key) is not None]
+        if ignored:
+            logger.warning("grpo.reward_shaping: stop_properly_penalty_coef is set, so %s are not applied (as in "
+                           "NeMo RL).", ignored)  # fmt: skip
+        return {**kwargs, "stop_properly_penalty_coef": block["stop_properly_penalty_coef"]}
+    missing = [key for key in OVERLONG_KEYS if block.get(key) is None]
+    if missing:
+        raise ValueError(
+            f"grpo.reward_shaping is enabled without stop_properly_penalty_coef, so DAPO's overlong buffer applies and "
+            f"needs {list(OVERLONG_KEYS)}; missing {missing}"
+        )
+    return {**kwargs, **{key: block[key] for key in OVERLONG_KEYS}}

@@ -135,12 +135,16 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         )
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any], **overrides: Any) -> RewardModelEnvironment:
-        """Build from a NeMo RL `env.reward_model` block (plus any of our own keyword arguments); see
+    def from_config(
+        cls, config: Mapping[str, Any], reward_shaping: Mapping[str, Any] | None = None, **overrides: Any
+    ) -> RewardModelEnvironment:
+        """Build from a NeMo RL `env.reward_model` block (plus any of our own keyword arguments) and, optionally, its
+        `grpo.reward_shaping` block (DAPO's overlong buffer, the stop-properly penalty: `LengthShaping`); see
         `trl_rm_env.rewards.nemo` for what is mapped, ignored and refused.
         """
         served = overrides.get("remote_url", config.get("remote_url")) is not None
         model, tokenizer, kwargs, chat_template = nemo.environment_arguments(config, cls.argument_names(), served)
+        kwargs.update(nemo.length_shaping_arguments(reward_shaping))
         env = cls(model, tokenizer, **{**kwargs, **overrides})
         if chat_template is not nemo.NOT_SET:
             if env.tokenizer is None:  # remote, sending messages: the server renders them with its own template

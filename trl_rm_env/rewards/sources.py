@@ -2,15 +2,15 @@
 
 A run's reward is a reward model (loaded here, or behind servers), a generative judge, both (two reward functions,
 in that order, weighed by TRL's `reward_weights`), a cascade of the two (one reward: the reward model's where it
-separates a group by `cascade_margin`, else the judge's), or a regression reward model's attributes as one reward
-function each (GDPO). `RewardSources` holds that choice and refuses a combination that cannot apply, in the options'
+separates a group by `cascade_margin`, else the judge's), a regression reward model's attributes as one reward
+function each (GDPO), or an ensemble of the reward model with more reward models (`EnsembleReward`, one reward). `RewardSources` holds that choice and refuses a combination that cannot apply, in the options'
 own names, for the GRPO recipe (`reward_*` keys) and a library user alike.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,9 @@ class RewardSources:
         cascade_margin: One cascade reward, the reward model's for groups it separates by this margin, else the
             judge's (`CascadeReward`).
         per_attribute: A regression reward model's attributes as one reward function each.
+        ensemble_members: More reward models, each a mapping of `RewardModelEnvironment` arguments (`model`, and
+            `remote_url`, `name`, any option; JSON text is read): with the reward model, one `EnsembleReward`
+            aggregated by the reward options' `ensemble` (default `mean`) and `ensemble_penalty`.
     """
 
     reward_model: str | None = None
@@ -47,8 +50,11 @@ class RewardSources:
     judge_options: Mapping[str, Any] | None = None
     cascade_margin: float | None = None
     per_attribute: bool = False
+    ensemble_members: Sequence[Mapping[str, Any] | str] | None = None
 
     def __post_init__(self) -> None:
+        if self.ensemble_members:
+            self.ensemble_members = [_member(i, m) for i, m in enumerate(self.ensemble_members)]
         self.check()
 
     @property
@@ -82,6 +88,10 @@ class RewardSources:
             raise ValueError(f"reward_model is null (no reward model), but options of one are given: {', '.join(given)}")
         if self.per_attribute and not with_rm:
             raise ValueError("reward_per_attribute needs a reward model (reward_model is null)")
+        if self.ensemble_members and (not with_rm or self.per_attribute or margin is not None):
+            raise ValueError("reward_ensemble_members are aggregated with the reward model into one reward: give a "
+                             "reward model (reward_model or reward_remote_url), without reward_per_attribute and "
+                             "reward_cascade_margin")  # fmt: skip
         if margin is None:
             return
         if not (math.isfinite(margin) and margin > 0):
@@ -98,16 +108,27 @@ class RewardSources:
         `per_attribute` the regression model's attribute weights (and 1 for a judge beside them), else None (TRL's
         default: all 1)."""
         from .cascade import CascadeReward
+        from .ensemble import EnsembleReward
         from .judge import JudgeEnvironment
         from .reward_model import RewardModelEnvironment
 
         rewards: list[Callable] = []
         weights: list[float] = []  # the default under `per_attribute`: the model's own attribute weights, 1 for a judge
         if self.with_reward_model:
-            environment = RewardModelEnvironment(self.reward_model, **self.reward_options)
+            options = dict(self.reward_options)
+            if self.ensemble_members:  # the aggregation is the members', not the reward model's heads
+                how, penalty = options.pop("ensemble", None) or "mean", options.pop("ensemble_penalty", 1.0)
+            environment = RewardModelEnvironment(self.reward_model, **options)
             if self.per_attribute:  # GDPO: each attribute normalized within its group on its own
                 rewards += environment.attribute_rewards()
                 weights += environment.attribute_weights or [1.0] * len(rewards)
+            elif self.ensemble_members:  # one reward: the members' rewards aggregated per sample
+                members = [environment] + [
+                    RewardModelEnvironment(m.get("model"), **{k: v for k, v in m.items() if k != "model"})
+                    for m in self.ensemble_members
+                ]
+                rewards.append(EnsembleReward(members, ensemble=how, ensemble_penalty=penalty))
+                weights.append(1.0)
             else:
                 rewards.append(environment)
                 weights.append(1.0)
@@ -126,3 +147,22 @@ class RewardSources:
             raise ValueError(f"reward_weights has {len(reward_weights)} weight(s) but the recipe builds {built}: give "
                              f"{len(rewards)} weight(s) or drop reward_weights")  # fmt: skip
         return rewards, list(reward_weights)
+
+
+def _member(index: int, value: Mapping[str, Any] | str) -> dict[str, Any]:
+    """One `ensemble_members` entry as `RewardModelEnvironment` arguments (JSON text read), with a `model` or a
+    `remote_url`.
+
+    Raises:
+        ValueError: not a JSON object, or neither `model` nor `remote_url`, naming the entry.
+    """
+    from ..runtime.model_options import json_object
+
+    try:
+        member = json_object(value)
+    except ValueError as err:
+        raise ValueError(f"reward_ensemble_members[{index}]: {err}") from None
+    if not (member.get("model") or member.get("remote_url")):
+        raise ValueError(f"reward_ensemble_members[{index}] needs a `model` (a path or Hub id) or a `remote_url`: "
+                         f"got {member}")  # fmt: skip
+    return member
