@@ -4,6 +4,7 @@
     python benchmarks/bench_train.py --steps 30 --batch-size 8 --max-length 1024 --data generated
     python benchmarks/bench_train.py --long --context 4096    # long shared contexts, Qwen3-0.6B width, 1 layer
     python benchmarks/bench_train.py --model wide --layers 28 --precision bf16 --methods "TRL RewardTrainer,ours: packed"
+    python benchmarks/bench_train.py --ensemble-heads 8 --rounds 3   # K bootstrapped heads vs one: step time, memory
 
 Every run trains the same offline Qwen3 (random init from one seed) on the same records in the same order (sequential
 sampling, so the timed records are known) with the same hyperparameters, each in a fresh child process on the CPU (so
@@ -13,7 +14,8 @@ gives the median pairs/s and the range. `--grad-accum K`: K micro-batches of `--
 checkpointing` is TRL with its default gradient checkpointing; `ours: one micro-batch` is our defaults with the step's
 pairs in one micro-batch. `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
 against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`, `packed`
-(opt-in through `--methods`) `prefix_sharing="packed"`. A method that fails prints its error in its row. The table shows
+(opt-in through `--methods`) `prefix_sharing="packed"`, `ensemble` (with `--ensemble-heads K`) our defaults with
+`ensemble_heads=K` (the same backbone, K seeded score heads). A method that fails prints its error in its row. The table shows
 pairs/s over the timed steps (after one warm-up step), tokens through the model (padded positions and real tokens)
 against the unique tokens of the data, the FLOP floor of the timed steps (forward + backward, 3x the forward FLOPs of
 the unique tokens: context once, each completion once, each completion's causal attention over its context and itself)
@@ -107,7 +109,7 @@ MODELS = {
     "4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128),
 }
 METHODS = ["TRL RewardTrainer", "TRL RewardTrainer: checkpointing", "ours: defaults", "ours: plain", "ours: shared",
-           "ours: packed", "ours: one micro-batch"]
+           "ours: packed", "ours: one micro-batch", "ours: ensemble"]
 DEFAULT_METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared"]  # the others: --methods
 
 
@@ -178,6 +180,13 @@ def train_one(name: str, records: list[dict], opts: dict, base) -> dict:
     tokenizer = build_tiny_tokenizer()
     tokenizer.model_max_length = 10**6
     model = copy.deepcopy(base).train()
+    heads = opts.get("ensemble_heads") or 1
+    if name == "ours: ensemble":  # the same backbone, K score heads (seeded), as `ensemble_heads=K` loads a path
+        torch.manual_seed(0)
+        model.config.id2label = {k: f"head_{k}" for k in range(heads)}
+        model.config.label2id = {f"head_{k}": k for k in range(heads)}
+        model.num_labels = heads
+        model.score = torch.nn.Linear(model.config.hidden_size, heads, bias=False).to(model.score.weight.dtype)
     bf16 = opts["precision"] == "bf16"
     accumulation = opts["grad_accum"]
     batch_size = opts["batch_size"]
@@ -240,7 +249,7 @@ def train_one(name: str, records: list[dict], opts: dict, base) -> dict:
                                 processing_class=tokenizer, callbacks=[timer])
     else:
         extra = {"defaults": {}, "plain": {"prefix_sharing": False}, "shared": {"prefix_sharing": True},
-                 "packed": {"prefix_sharing": "packed"}}
+                 "packed": {"prefix_sharing": "packed"}, "ensemble": {"ensemble_heads": heads}}
         kind = name.split(": ")[1].replace("one micro-batch", "defaults")
         trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra[kind]),
                                       train_dataset=Dataset.from_list(records), processing_class=tokenizer,
@@ -315,6 +324,9 @@ def main() -> None:
                         help="every method's model dtype (bf16: also bf16=True in the training arguments)")
     parser.add_argument("--hh-path", type=Path, default=HH_PATH, help="hh-rlhf harmless-base test .jsonl.gz")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds a method may take before it fails")
+    parser.add_argument("--ensemble-heads", type=int, default=None,
+                        help="K score heads for `ours: ensemble` (`ensemble_heads=K`), added to the methods; the "
+                        "line under the table compares it with `ours: defaults` (step time, peak memory)")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds from the start for the whole benchmark: then the method running is stopped, "
                         "none starts, and the table shows what finished (the others as errors)")
@@ -338,8 +350,12 @@ def main() -> None:
         records, description = load_records(data, args.records, args.hh_path)
     opts = {"steps": steps, "batch_size": batch_size, "max_length": max_length, "threads": args.threads,
             "tmp": tempfile.mkdtemp(), "model_kwargs": model_kwargs, "precision": args.precision,
-            "grad_accum": args.grad_accum}
+            "grad_accum": args.grad_accum, "ensemble_heads": args.ensemble_heads}
     wanted = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.ensemble_heads:
+        wanted += [m for m in ("ours: defaults", "ours: ensemble") if m not in wanted]
+    elif "ours: ensemble" in wanted:
+        raise SystemExit("ours: ensemble needs --ensemble-heads K")
     if unknown := [m for m in wanted if m not in METHODS]:
         raise SystemExit(f"unknown method(s) {unknown}; choose from {METHODS}")
     names = [m for m in METHODS if m in wanted]
@@ -371,6 +387,14 @@ def main() -> None:
           f"timed steps (forward + backward): {floor:.0f} GFLOP")
     print(f"Date: {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; load: {load}\n")
     print_train_table(runs, floor, gflops, peak)
+    if args.ensemble_heads:
+        one = [r for r in runs.get("ours: defaults", []) if "error" not in r]
+        many = [r for r in runs.get("ours: ensemble", []) if "error" not in r]
+        if one and many:
+            step = statistics.median(r["seconds"] for r in many) / statistics.median(r["seconds"] for r in one)
+            memory = max(r["peak_mb"] for r in many) / max(r["peak_mb"] for r in one)
+            print(f"\nours: ensemble ({args.ensemble_heads} heads) vs ours: defaults (1 head): step time {step:.3f}x "
+                  f"(medians), peak memory {memory:.3f}x")
 
 
 def print_train_table(runs: dict[str, list[dict]], floor: float, gflops: float, peak: float | None) -> None:

@@ -20,6 +20,12 @@ Every set also gets its length bias (Pearson r of score and completion tokens; a
 is the shorter / the longer one) and its calibration (accuracy per |margin| bucket, `MARGIN_BUCKETS`, beside the
 Bradley-Terry expectation). RewardBench 2 rows (`trl_rm_env.evaluation.rewardbench2.load_rewardbench2`) add its subset scores.
 `evaluate_with_scores` also returns one row per scored completion (`eval --scores`; `trl_rm_env.evaluation.report` plots them).
+
+An ensemble checkpoint (`ensemble_heads` in its config: `RankedRewardConfig(ensemble_heads=K)`) is evaluated on the
+mean of its heads, read from one forward (unless `label_index`, `reward_model_type` or `attribute_weights` picks a
+reward of its outputs); each set also gets every head's accuracy and the aggregate's accuracy by
+quartile of the heads' disagreement on the pair (the std over heads of the pair's margin): an ensemble that knows when
+it is wrong is less accurate where its heads disagree (`ensemble_metrics`).
 """
 
 from __future__ import annotations
@@ -161,6 +167,36 @@ def _set_metrics(
     }
 
 
+DISAGREEMENT_QUANTILES = 4
+"""`ensemble_metrics` splits a set's pairs into this many groups by the heads' disagreement (quartiles)."""
+
+
+def ensemble_metrics(records: Sequence[Mapping[str, Any]], heads: torch.Tensor) -> dict[str, Any]:
+    """An ensemble's set metrics from its heads' scores `(C, K)` (the set's completions, record by record): each
+    head's accuracy, and the aggregate's (the mean of the heads) accuracy per quantile of disagreement, a pair's
+    disagreement being the std over heads (population) of its margin, lowest quantile first (the pairs sorted by
+    disagreement and cut into equal counts, ties in order)."""
+    pairs, offset = [], 0
+    for record in records:
+        ranks = [c["rank"] for c in record["completions"]]
+        pairs += [(offset + i, offset + j) for i, j in iter_pairs(ranks)]
+        offset += len(ranks)
+    if not pairs:
+        return {"heads": [float("nan")] * heads.shape[1], "disagreement": []}
+    better, worse = (torch.tensor(side) for side in zip(*pairs))
+    margins = heads[better] - heads[worse]  # (P, K)
+    right = margins.mean(dim=1) > 0
+    spread = margins.std(dim=1, unbiased=False)
+    order = torch.argsort(spread, stable=True)
+    quantiles = []
+    for q in range(DISAGREEMENT_QUANTILES):
+        chosen = order[q * len(order) // DISAGREEMENT_QUANTILES : (q + 1) * len(order) // DISAGREEMENT_QUANTILES]
+        if len(chosen):
+            quantiles.append({"quantile": q + 1, "low": spread[chosen].min().item(), "high": spread[chosen].max().item(),
+                              **_rate(int(right[chosen].sum()), len(chosen))})  # fmt: skip
+    return {"heads": (margins > 0).double().mean(dim=0).tolist(), "disagreement": quantiles}
+
+
 def scorer_for(
     datasets: Mapping[str, Any], model_or_scorer: Any, scorer_kwargs: Mapping[str, Any], one_reward: bool = True
 ) -> Any:
@@ -233,7 +269,13 @@ def evaluate_with_scores(
             for item in record["completions"]:
                 contexts.append(record["context"])
                 completions.append(item["completion"])
-    scores = score_all(scorer, contexts, completions, progress)
+    per_head = None
+    if getattr(scorer, "ensemble_mean", False):  # an ensemble's heads from the one forward; the reward: their mean
+        heads = int(scorer.config.ensemble_heads)
+        per_head = scorer.attribute_outputs(contexts, completions, progress)[:, :heads].double()
+        scores = per_head.mean(dim=1).tolist()
+    else:
+        scores = score_all(scorer, contexts, completions, progress)
     lengths = _token_counts(scorer, contexts, completions)
     results: dict[str, Any] = {"sets": {}}
     rows: list[dict[str, Any]] = []
@@ -243,6 +285,8 @@ def evaluate_with_scores(
         count = sum(len(r["completions"]) for r in records)
         by_set[name] = scores[offset : offset + count]
         metrics = _set_metrics(records, by_set[name], lengths[offset : offset + count])
+        if per_head is not None:
+            metrics["ensemble"] = ensemble_metrics(records, per_head[offset : offset + count])
         metrics["skipped"] = int((skipped or {}).get(name, 0))
         metrics["ties"] = int((ties or {}).get(name, 0))
         results["sets"][name] = metrics

@@ -44,6 +44,26 @@ def format_results_table(results: Mapping[str, Any]) -> str:
         lines += ["", format_rewardbench2_table(results["rewardbench2"])]
     if all("margin_buckets" in m for m in sets.values()):  # results saved before these metrics existed have none
         lines += ["", format_bias_table(results)]
+    if sets and all("ensemble" in m for m in sets.values()):
+        lines += ["", format_ensemble_table(results)]
+    return "\n".join(lines)
+
+
+def format_ensemble_table(results: Mapping[str, Any]) -> str:
+    """An ensemble checkpoint's heads: each head's accuracy beside the aggregate's (the mean of the heads), then the
+    aggregate's accuracy by quartile of the heads' disagreement (pairs in brackets), one row per set."""
+    sets = results["sets"]
+    width = max([len("set"), *(len(name) for name in sets)])
+    count = len(next(iter(sets.values()))["ensemble"]["heads"])
+    head = f"{'set':<{width}}  {'mean':>8}  " + "  ".join(f"{f'head {k}':>8}" for k in range(count))
+    lines = ["Ensemble heads (accuracy)", head, "-" * len(head)]
+    for name, m in sets.items():
+        lines.append(f"{name:<{width}}  {_percent(m['accuracy']):>8}  "
+                     + "  ".join(f"{_percent(a):>8}" for a in m["ensemble"]["heads"]))  # fmt: skip
+    head = f"{'set':<{width}}  " + "  ".join(f"{f'q{q + 1}':>16}" for q in range(4))
+    lines += ["", "Accuracy by the heads' disagreement, lowest quartile first (pairs)", head, "-" * len(head)]
+    for name, m in sets.items():
+        lines.append(f"{name:<{width}}  " + "  ".join(f"{_rate_cell(b):>16}" for b in m["ensemble"]["disagreement"]))
     return "\n".join(lines)
 
 

@@ -45,7 +45,8 @@ class EnsembleOptions:
         None,
         choices=ENSEMBLES,
         help="Aggregate a multi-head checkpoint's heads (read in one forward): `mean`, `min`, `median` or "
-        "`mean_minus_std`. None: the model's one reward (`label_index`).",
+        "`mean_minus_std`. None: the model's one reward (`label_index`), or for a checkpoint trained with "
+        "`ensemble_heads` the mean of its heads.",
     )
     ensemble_penalty: float = option(1.0, help="`mean_minus_std`: the weight of the members' std.")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
@@ -33,6 +34,8 @@ OPTION_CLASSES = (
 """Where the environment's options are declared: how the RM scores, what the reward function does with the scores,
 how servers are reached (with `remote_url`), how a group's rewards are shaped (NeMo Gym's group shaping, NeMo RL's
 length shaping), a reward bounded against a reference answer (PAR), and a multi-head model's heads aggregated."""
+
+logger = logging.getLogger(__name__)
 
 
 class RewardModelEnvironment(PicklesByArguments, RewardFunction):
@@ -114,6 +117,11 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 raise ValueError(
                     f"ensemble aggregates the heads of a multi-head model; {scorer.config._name_or_path} has one output"
                 )
+            if self.ensemble.ensemble is None and getattr(scorer, "ensemble_mean", False):
+                logger.info("%s is an ensemble of %d heads (ensemble_heads): its reward is their mean (ensemble='mean'; "
+                            "reward_model_type='bradley_terry' reads output label_index alone).",
+                            scorer.config._name_or_path, scorer.config.ensemble_heads)  # fmt: skip
+                self.ensemble = EnsembleOptions("mean")  # their metrics too (`ensemble_std`)
         else:
             if fsdp_shard:
                 raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")

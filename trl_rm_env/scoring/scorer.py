@@ -21,6 +21,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, reward_head
+from ..options import changed
 from ..runtime.model_options import ScoringOptions
 from ..sharing import shared_prefixes_in
 from ..sharing.mode import forces_sharing
@@ -95,6 +96,12 @@ class RewardScorer:
         self.head = head if head is not None else reward_head(self.config, o.attribute_weights, o.reward_model_type)
         weights = self.head.weights
         self.output_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
+        heads = int(getattr(self.config, "ensemble_heads", None) or 1)  # `RankedRewardConfig(ensemble_heads=K)`
+        self.ensemble_mean = (heads > 1 and weights is None and not self.head.attributes
+                              and o.reward_model_type is None and "label_index" not in changed(o))  # fmt: skip
+        if self.ensemble_mean:  # an ensemble's reward is the mean of its heads (`reward_model_type`: one head)
+            self.output_weights = torch.zeros(self.config.num_labels, dtype=torch.float32)
+            self.output_weights[:heads] = 1.0 / heads
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         if model is not None and getattr(model.config, "pad_token_id", None) is None:

@@ -108,11 +108,14 @@ class Layout:
         input_ids = [torch.tensor(ids) for example in examples for ids in example["completion_ids"]]
         return right_padded(input_ids, settings.pad_token_id, settings.pad_to_multiple_of)
 
-    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        """`(scores, outputs, token_count)` of one forward's batch: one score per completion in the batch's order,
-        the model's outputs and the real tokens through it."""
+    def scores(
+        self, model: torch.nn.Module, batch: dict[str, Any], heads: int = 1
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        """`(scores, outputs, token_count)` of one forward's batch: one score per completion in the batch's order
+        (`(C,)`; `(C, heads)` with several score heads, an ensemble's), the model's outputs and the real tokens
+        through it."""
         outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-        return outputs.logits[:, 0], outputs, batch["attention_mask"].sum()
+        return _columns(outputs.logits, heads), outputs, batch["attention_mask"].sum()
 
     def plan_scoring(
         self, model: torch.nn.Module, sequences: Sequences, context_lengths: Sequence[int] | None, sizing: Sizing
@@ -130,9 +133,15 @@ class Layout:
         """`(rows, num_labels)` outputs of one pass this layout planned: right padding with an attention mask leaves
         every real token's computation unchanged, and the classifier reads the last non-pad token."""
         device = next(model.parameters()).device
-        batch = right_padded([torch.as_tensor(sequences[i]) for i in scoring_pass.items], pad_token_id, None)
+        batch = right_padded([torch.as_tensor(sequences[i], dtype=torch.long) for i in scoring_pass.items], pad_token_id,
+                             None)  # fmt: skip
         return model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
                      use_cache=False).logits  # fmt: skip
+
+
+def _columns(logits: torch.Tensor, heads: int) -> torch.Tensor:
+    """The score of each row `(C,)`, or every head's `(C, heads)`."""
+    return logits[:, 0] if heads == 1 else logits[:, :heads]
 
 
 def right_padded(input_ids: list[torch.Tensor], pad_token_id: int, multiple: int | None) -> dict[str, torch.Tensor]:
@@ -167,10 +176,12 @@ class PackedLayout(Layout):
         output["score_index"] = torch.stack([torch.zeros_like(last), last], dim=1)
         return output
 
-    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    def scores(
+        self, model: torch.nn.Module, batch: dict[str, Any], heads: int = 1
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
         token_count = torch.tensor(batch.pop("num_tokens"), device=batch["input_ids"].device)
-        scores, outputs = packed_scores(model, batch)
-        return scores, outputs, token_count
+        scores, outputs = packed_scores(model, batch, label_index=0 if heads == 1 else None)
+        return _columns(scores, heads) if heads > 1 else scores, outputs, token_count
 
     def plan_scoring(
         self, model: torch.nn.Module, sequences: Sequences, context_lengths: Sequence[int] | None, sizing: Sizing
@@ -231,9 +242,12 @@ class KVCacheLayout(Layout):
         output["score_index"] = torch.stack([rows, output.pop("last_index")], dim=1)
         return output
 
-    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
-        scores, outputs = shared_context_scores(model, batch)
-        return scores, outputs, batch["prefix_mask"].sum() + batch["completion_mask"].sum()
+    def scores(
+        self, model: torch.nn.Module, batch: dict[str, Any], heads: int = 1
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
+        scores, outputs = shared_context_scores(model, batch, label_index=0 if heads == 1 else None)
+        return _columns(scores, heads) if heads > 1 else scores, outputs, batch["prefix_mask"].sum() + batch[
+            "completion_mask"].sum()
 
     def plan_scoring(
         self, model: torch.nn.Module, sequences: Sequences, context_lengths: Sequence[int] | None, sizing: Sizing
@@ -321,12 +335,14 @@ class BlockMaskLayout(Layout):
             "score_index": torch.tensor(score_index, dtype=torch.long),
         }
 
-    def scores(self, model: torch.nn.Module, batch: dict[str, Any]) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    def scores(
+        self, model: torch.nn.Module, batch: dict[str, Any], heads: int = 1
+    ) -> tuple[torch.Tensor, Any, torch.Tensor]:
         dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
         if dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
             dtype = torch.float32
-        scores, outputs = shared_prefix_scores(model, batch, dtype)
-        return scores, outputs, (batch["record_ids"] >= 0).sum()
+        scores, outputs = shared_prefix_scores(model, batch, dtype, label_index=0 if heads == 1 else None)
+        return _columns(scores, heads) if heads > 1 else scores, outputs, (batch["record_ids"] >= 0).sum()
 
 
 PLAIN, PACKED, KV_CACHE, BLOCK_MASK = Layout(), PackedLayout(), KVCacheLayout(), BlockMaskLayout()

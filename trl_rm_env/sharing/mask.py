@@ -81,9 +81,10 @@ def shared_prefix_mask(record_ids: torch.Tensor, segment_ids: torch.Tensor, dtyp
 
 
 def shared_prefix_scores(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], dtype: torch.dtype, label_index: int = 0
+    model: torch.nn.Module, inputs: dict[str, torch.Tensor], dtype: torch.dtype, label_index: int | None = 0
 ) -> tuple:
-    """Run the model once on prefix-shared rows and return `(scores (C,), outputs)`.
+    """Run the model once on prefix-shared rows and return `(scores (C,), outputs)`; `label_index=None` returns every
+    output column `(C, num_labels)`.
 
     The forward goes through `model` (so distributed wrappers see it); the per-position logits of the score head are
     captured with a forward hook and read at `score_index`.
@@ -108,4 +109,5 @@ def shared_prefix_scores(
         handle.remove()
     logits = captured[-1]  # (R, L, num_labels)
     index = inputs["score_index"]
-    return logits[index[:, 0], index[:, 1], label_index], outputs
+    at_last = logits[index[:, 0], index[:, 1]]
+    return (at_last if label_index is None else at_last[:, label_index]), outputs

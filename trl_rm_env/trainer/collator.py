@@ -42,6 +42,7 @@ from transformers.data.data_collator import DataCollatorMixin
 
 from ..sharing.layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN, Layout, right_padded
 from ..sharing.planning import contiguous_runs, record_tokens
+from .ensemble import bootstrap_weights
 
 
 def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
@@ -61,13 +62,25 @@ def _record_fields(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 
 
 def _ranks_and_records(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """`ranks` and `record_index` `(C,)`: each completion's rank and record, completions in record order."""
-    return {
+    """`ranks` and `record_index` `(C,)`: each completion's rank and record, completions in record order; and
+    `bootstrap_weights` `(B, K)` when the examples carry them (`ensemble_heads`)."""
+    out = {
         "ranks": torch.tensor([r for example in examples for r in example["ranks"]], dtype=torch.long),
         "record_index": torch.tensor(
             [i for i, example in enumerate(examples) for _ in example["completion_ids"]], dtype=torch.long
         ),
     }
+    if examples and "bootstrap" in examples[0]:
+        out["bootstrap_weights"] = torch.stack([example["bootstrap"] for example in examples])
+    return out
+
+
+def _with_bootstrap(examples: list[dict[str, Any]], heads: int, seed: int) -> list[dict[str, Any]]:
+    """Ranked `examples` each with its `bootstrap` weights `(K,)` (`trl_rm_env.trainer.ensemble`) when `heads` > 1."""
+    if heads <= 1:
+        return examples
+    weights = bootstrap_weights([example["completion_ids"] for example in examples], heads, seed)
+    return [{**example, "bootstrap": w} for example, w in zip(examples, weights)]
 
 
 def is_pair_example(example: dict[str, Any]) -> bool:
@@ -120,14 +133,21 @@ class DataCollatorForRankedPreference(_RightPadding):
 
     layout: ClassVar[Layout] = PLAIN
 
+    ensemble_heads: int = 1
+    ensemble_seed: int = 0
+
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         margin = _margins(examples)
         if all(is_pair_example(example) for example in examples):
             output = self._pad(
                 [example["chosen_ids"] for example in examples] + [example["rejected_ids"] for example in examples]
             )
+            ranked = _with_bootstrap([pair_to_ranked(e) for e in examples], self.ensemble_heads, self.ensemble_seed)
+            if self.ensemble_heads > 1:  # one row per record (TRL's pair layout: record i is rows i and B + i)
+                output["bootstrap_weights"] = torch.stack([example["bootstrap"] for example in ranked])
         else:
             examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
+            examples = _with_bootstrap(examples, self.ensemble_heads, self.ensemble_seed)
             output = self.layout.collate(examples, self) | _ranks_and_records(examples)
         if margin is not None:
             output["margin"] = margin
@@ -152,11 +172,14 @@ class _SharedLayoutCollator(DataCollatorMixin):
     """
 
     layout: ClassVar[Layout]
+    ensemble_heads: int
+    ensemble_seed: int
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         pairs = all(is_pair_example(example) for example in examples)
         margin = _margins(examples)
         examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
+        examples = _with_bootstrap(examples, self.ensemble_heads, self.ensemble_seed)
         if margin is not None:  # every example carries one when any does (a missing margin is 0)
             examples = [{**e, "margin": float(m)} for e, m in zip(examples, margin.tolist())]
         else:
@@ -204,6 +227,8 @@ class DataCollatorForSharedPrefix(_SharedLayoutCollator):
     pack_max_tokens: int | None = None
     pad_to_multiple_of: int | None = None
     return_tensors: str = "pt"
+    ensemble_heads: int = 1
+    ensemble_seed: int = 0
 
 
 @dataclass
@@ -230,6 +255,8 @@ class DataCollatorForSharedContext(_SharedLayoutCollator):
     pad_to_multiple_of: int | None = None
     return_tensors: str = "pt"
     split_passes: bool = True
+    ensemble_heads: int = 1
+    ensemble_seed: int = 0
 
 
 @dataclass
@@ -254,6 +281,8 @@ class DataCollatorForPackedContext(_SharedLayoutCollator):
     pad_to_multiple_of: int | None = None
     pack_max_tokens: int | None = None
     return_tensors: str = "pt"
+    ensemble_heads: int = 1
+    ensemble_seed: int = 0
 
 
 LAYOUT_COLLATORS = {

@@ -57,6 +57,14 @@ class RankedRewardConfig(RewardConfig):
             under the packed layout on CUDA, it is sized from the GPU's free memory. Block-mask rows
             (`prefix_sharing=True` under activation checkpointing or FSDP on the CPU): several records packed into
             one row of up to this many tokens. Refused with `prefix_sharing=False`.
+        ensemble_heads (`int`, *optional*, defaults to `1`):
+            K score heads on one backbone, each with its own Bradley-Terry loss over the same pairs weighted by its
+            own bootstrap resample of the records (Poisson(1) weights, by seed), the backbone getting the mean of
+            their gradients: an ensemble for one forward (`trl_rm_env.trainer.ensemble`). The checkpoint is a
+            `*ForSequenceClassification` with `num_labels=K` and `ensemble_heads=K` in its config; the logged
+            metrics are the heads' mean, plus each head's evaluation accuracy.
+        ensemble_seed (`int` or `None`, *optional*, defaults to `None`):
+            The seed of the bootstrap resamples (None: `seed`).
 
     > [!NOTE]
     > Defaults that differ from TRL's `RewardConfig`: activation (gradient) checkpointing is off unless
@@ -105,6 +113,15 @@ class RankedRewardConfig(RewardConfig):
         "forwards in the same step, gradients accumulated (block-mask rows: the row length). Unset on a GPU: sized "
         "from its free memory.",
     )
+    ensemble_heads: int = option(
+        1,
+        help="Train K score heads on one backbone, each on its own bootstrap resample of the records (an ensemble for "
+        "the cost of one forward; `trl_rm_env.trainer.ensemble`). The checkpoint has num_labels=K and "
+        "`ensemble_heads=K` in its config.",
+    )
+    ensemble_seed: int | None = option(
+        None, help="The seed of the heads' bootstrap resamples (None: `seed`)."
+    )
     gradient_checkpointing: bool | None = field(
         default=None,
         metadata={"help": "Deprecated alias of `activation_checkpointing` (transformers 5); off unless set."},
@@ -123,6 +140,8 @@ class RankedRewardConfig(RewardConfig):
         if self.max_completions is not None and self.max_completions < 0:
             raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
         self.max_completions = self.max_completions or None
+        if self.ensemble_heads < 1:
+            raise ValueError(f"ensemble_heads must be >= 1 (1: one score head), got {self.ensemble_heads}.")
         if self.pack_max_tokens is not None and (self.prefix_sharing is False or self.pack_max_tokens < 1):
             raise ValueError(
                 f"pack_max_tokens={self.pack_max_tokens} bounds the forwards of prefix sharing's layouts and must be "
@@ -143,8 +162,8 @@ class RankedRewardConfig(RewardConfig):
 class RegressionRewardConfig(RankedRewardConfig):
     r"""
     Configuration for [`RegressionRewardTrainer`]. Everything of [`RankedRewardConfig`] (`truncation`, `on_invalid`,
-    ...) and TRL's `RewardConfig` holds, except `center_rewards_coefficient` (a Bradley-Terry term) and
-    `prefix_sharing` (a regression record has a single completion), which must stay unset. These fields are added:
+    ...) and TRL's `RewardConfig` holds, except `center_rewards_coefficient` and `ensemble_heads` (Bradley-Terry
+    terms) and `prefix_sharing` (a regression record has a single completion), which must stay unset. These fields are added:
 
     Parameters:
         attributes (`list[str]` or `None`, *optional*, defaults to `None`):
@@ -181,6 +200,11 @@ class RegressionRewardConfig(RankedRewardConfig):
             raise ValueError(
                 f"center_rewards_coefficient={self.center_rewards_coefficient} is a Bradley-Terry term with no "
                 "meaning for a regression reward model; leave it unset."
+            )
+        if self.ensemble_heads != 1 or self.ensemble_seed is not None:
+            raise ValueError(
+                f"ensemble_heads={self.ensemble_heads} trains bootstrapped Bradley-Terry heads; a regression reward model "
+                "has one output per attribute: leave ensemble_heads and ensemble_seed unset."
             )
         if forces_sharing(getattr(self, "prefix_sharing", None)):
             raise ValueError(

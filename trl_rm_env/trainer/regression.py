@@ -20,19 +20,18 @@ import dataclasses
 import logging
 import math
 from collections import Counter
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 from datasets import Dataset, IterableDataset
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from trl import RewardConfig
-from trl.trainer.reward_trainer import suppress_seqcls_warning
-from trl.trainer.utils import create_model_from_path, global_then_local_main_first
+from trl.trainer.utils import global_then_local_main_first
 
 from ..data.regression import dataset_attributes, load_regression_records
 from ..heads import attribute_names, is_regression_model, set_regression_labels
 from ..metrics import ATTRIBUTE_METRICS, regression_statistics, summarize_regression_statistics
+from .classifier import load_classifier, one_label_view
 from .collator import DataCollatorForRegression
 from .config import RegressionRewardConfig
 from .examples import column_names, tokenize_regression_record
@@ -40,17 +39,6 @@ from .loss import masked_mse_loss
 from .trainer import RankedRewardTrainer
 
 logger = logging.getLogger(__name__)
-
-
-@contextmanager
-def _one_label_view(config):
-    """Show TRL's `RewardTrainer.__init__` a one-label config (it refuses `num_labels != 1`); restore it after."""
-    id2label, label2id = config.id2label, config.label2id
-    config.id2label, config.label2id = {0: "LABEL_0"}, {"LABEL_0": 0}
-    try:
-        yield
-    finally:
-        config.id2label, config.label2id = id2label, label2id
 
 
 def _regression_args(args: RewardConfig | None, model: Any) -> RegressionRewardConfig:
@@ -65,22 +53,6 @@ def _regression_args(args: RewardConfig | None, model: Any) -> RegressionRewardC
     return RegressionRewardConfig(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init and f.name in ours}
     )
-
-
-@contextmanager
-def _transformers_log_level(level: int | None):
-    """Raise transformers' log level for a block (None: leave it)."""
-    from transformers.utils import logging as hf_logging
-
-    if level is None:
-        yield
-        return
-    before = hf_logging.get_verbosity()
-    hf_logging.set_verbosity(max(level, before))
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(before)
 
 
 class RegressionRewardTrainer(RankedRewardTrainer):
@@ -145,7 +117,8 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 processing_class = AutoTokenizer.from_pretrained(
                     model, revision=init_kwargs.get("revision"), trust_remote_code=args.trust_remote_code
                 )
-            model = self._load_model(model, args, kwargs.pop("quantization_config", None))
+            model = load_classifier(model, args, kwargs.pop("quantization_config", None), self.attributes,
+                                    f"for {', '.join(self.attributes)}")  # fmt: skip
         if model.config.num_labels != len(self.attributes):
             raise ValueError(
                 f"The model has num_labels={model.config.num_labels} but there are {len(self.attributes)} attributes "
@@ -156,7 +129,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
         self._train_stats: torch.Tensor | None = None
         self._regression_eval_stats: list[torch.Tensor] = []
         self._last_regression_stats: dict[str, tuple[int, torch.Tensor]] = {}
-        with _one_label_view(model.config):
+        with one_label_view(model.config):
             super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, **kwargs)
         if data_collator is None:
             self.data_collator = DataCollatorForRegression(
@@ -183,46 +156,6 @@ class RegressionRewardTrainer(RankedRewardTrainer):
         if isinstance(train_dataset, IterableDataset) or train_dataset is None:
             raise ValueError("Cannot infer the attribute names from this training dataset; set `attributes`.")
         return dataset_attributes(train_dataset)
-
-    def _load_model(self, path: str, args: RegressionRewardConfig, quantization_config: Any) -> Any:
-        """Load `path` as in TRL's `RewardTrainer`, but with one output per attribute (TRL forces `num_labels=1`)."""
-        from transformers import set_seed
-
-        set_seed(args.seed)  # the new score head is random: seed it as TRL does
-        init_kwargs = dict(args.model_init_kwargs or {})
-        if quantization_config is not None:
-            init_kwargs["quantization_config"] = quantization_config
-        if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-            init_kwargs["device_map"] = None  # distributed training requires device_map=None ("auto" fails)
-        init_kwargs.update(
-            num_labels=len(self.attributes),
-            id2label=dict(enumerate(self.attributes)),
-            label2id={name: i for i, name in enumerate(self.attributes)},
-        )
-        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        new_head = self._head_size_mismatch(path, init_kwargs)
-        if new_head is not None:
-            # A trained classifier with another head size (a one-label Bradley-Terry RM, Skywork-Reward-V2): keep the
-            # body, build a new head. transformers would refuse (`ignore_mismatched_sizes`) with a long report.
-            init_kwargs["ignore_mismatched_sizes"] = True
-            logger.warning(
-                "%s has a %d-output score head; building a new %d-output head for %s (random, seeded).",
-                path, new_head, len(self.attributes), ", ".join(self.attributes),
-            )
-        with suppress_seqcls_warning(), _transformers_log_level(logging.ERROR if new_head is not None else None):
-            model = create_model_from_path(path, AutoModelForSequenceClassification, **init_kwargs)
-        args.model_init_kwargs = None  # used here; TRL would only warn that they are ignored for a loaded model
-        return model
-
-    def _head_size_mismatch(self, path: str, init_kwargs: dict) -> int | None:
-        """The checkpoint's head size when `path` is a sequence classifier with another number of outputs, else None."""
-        config = AutoConfig.from_pretrained(
-            path, revision=init_kwargs.get("revision"), trust_remote_code=init_kwargs.get("trust_remote_code", False)
-        )
-        classifier = any(a.endswith("ForSequenceClassification") for a in getattr(config, "architectures", None) or [])
-        if classifier and config.num_labels != len(self.attributes):
-            return config.num_labels
-        return None
 
     def _check_metric_names(self, set_names: list[str]) -> None:
         names = [f"eval_{s}_loss" for s in set_names]

@@ -25,6 +25,9 @@ What changes from TRL's `RewardTrainer` (everything else is TRL's):
   `reward_stats`), so a reward function can normalise from the checkpoint alone. An evaluation run only for these
   statistics (the last step was not an evaluation step) is not logged: the last `log_history` row stays the train
   summary, as in TRL.
+- `ensemble_heads=K`: K bootstrapped score heads on one backbone (`trl_rm_env.trainer.ensemble`): the model has
+  `num_labels=K` (a path is loaded so), each head its own weighted loss, the metrics those of the heads' mean plus
+  each head's evaluation accuracy (`eval_<set>_head_<k>_accuracy`).
 - Batches are never dispatched by Accelerate (`dispatch_batches=False` unless set): its slicing assumes one row per
   example, which neither our batches nor TRL's (2B rows for B pairs) have.
 """
@@ -46,8 +49,10 @@ from ..sharing.layouts import KV_CACHE, PLAIN, Layout
 from ..sharing.mode import packs_fast
 from .bounded import BoundedForwardsMixin
 from .checkpoints import AtomicCheckpointMixin
+from .classifier import load_classifier, one_label_view
 from .collator import LAYOUT_COLLATORS
 from .config import RankedRewardConfig
+from .ensemble import ensemble_loss, head_statistics
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
 from .loss import pair_layout, ranked_bradley_terry_loss
 
@@ -108,12 +113,19 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         self._silent_logs = False
         self._last_scores: torch.Tensor | None = None
         user_collator = data_collator
+        self._heads = args.ensemble_heads
+        self._eval_head_stats: list[torch.Tensor] = []
+        heads_view = contextlib.nullcontext()
+        if self._heads > 1:
+            model = self._ensemble_model(model, args, kwargs)
+            heads_view = one_label_view(model.config)  # TRL's __init__ refuses num_labels != 1
         if args.accelerator_config.dispatch_batches is None:
             # Accelerate dispatches iterable datasets by slicing and padding every batch tensor along dim 0 as if it
             # counted examples; our batches (and TRL's: 2B rows for B pairs) do not. TRL turns dispatching off for an
             # iterable train set; we do it for every set, including an iterable passed to `evaluate` later.
             args.accelerator_config.dispatch_batches = False
-        super().__init__(model, args, data_collator, *a, **kwargs)
+        with heads_view:
+            super().__init__(model, args, data_collator, *a, **kwargs)
         self._layout = self._check_prefix_sharing()  # what prefix_sharing resolves to (a `sharing.layouts` object)
         self._forward_budget = self._check_forward_budget(user_collator)  # `BoundedForwardsMixin`
         if user_collator is None:  # the one collator of the layout
@@ -123,9 +135,36 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
                 settings["pack_max_tokens"] = self._forward_budget if self._layout.cuts_chunks else args.pack_max_tokens
             if self._layout is KV_CACHE:  # ZeRO-3: the same layer calls on every rank, so no passes split by length
                 settings["split_passes"] = not self.is_deepspeed_enabled
+            if self._heads > 1:  # each record's bootstrap weights, one per head
+                settings["ensemble_heads"] = self._heads
+                settings["ensemble_seed"] = args.seed if args.ensemble_seed is None else args.ensemble_seed
             self.data_collator = LAYOUT_COLLATORS[self._layout](**settings)
+        elif self._heads > 1 and getattr(self.data_collator, "ensemble_heads", 1) != self._heads:
+            raise ValueError(
+                f"ensemble_heads={self._heads} trains each head on its own bootstrap resample, which our collators "
+                f"draw; the data_collator given ({type(self.data_collator).__name__}) draws none: give one of ours "
+                f"with ensemble_heads={self._heads}, or no data_collator."
+            )
         # The batches' layout: our collator's, a user's collator of ours, or (any other collator) TRL's plain one.
         self._layout = getattr(self.data_collator, "layout", PLAIN)
+
+    @staticmethod
+    def _ensemble_model(model, args: RankedRewardConfig, kwargs: dict):
+        """The model of `ensemble_heads=K`: a path loaded with K outputs (a one-label checkpoint keeps its body and
+        gets K new heads), a model checked to have them; `config.ensemble_heads` set, so the checkpoint says so."""
+        heads = args.ensemble_heads
+        if isinstance(model, str):
+            labels = [f"head_{k}" for k in range(heads)]
+            model = load_classifier(model, args, kwargs.pop("quantization_config", None), labels,
+                                    f"for an ensemble of {heads}")  # fmt: skip
+        elif getattr(model.config, "num_labels", None) != heads:
+            raise ValueError(
+                f"ensemble_heads={heads} needs a model with num_labels={heads} (one output per head), got "
+                f"num_labels={model.config.num_labels}: build it with num_labels={heads}, or pass its path and it is "
+                "loaded so."
+            )
+        model.config.ensemble_heads = heads
+        return model
 
     def _check_prefix_sharing(self) -> Layout:
         """Which layout the model can run (`trl_rm_env.sharing.training_layout`): packed, KV cache, block mask or
@@ -179,18 +218,26 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         margin = inputs.pop("margin", None)
         loss_weight = inputs.pop("loss_weight", None)  # a chunk of a bounded step (`_chunked_training_step`)
         score_order = inputs.pop("score_order", None)
+        bootstrap = inputs.pop("bootstrap_weights", None)  # `ensemble_heads`: (B, K)
         inputs.pop("context_length", None)
         scores, outputs, token_count = self._layout_scores(model, inputs)
         if score_order is not None:  # chunks of TRL pairs, concatenated in record order: TRL's pair layout
             scores = scores[score_order.to(scores.device)]
         if ranks is None:  # TRL's pair layout (ours or TRL's DataCollatorForPreference): every chosen, then rejected
             ranks, record_index = pair_layout(scores.shape[0], scores.device)
+        heads = None
+        if self._heads > 1:  # K heads' scores (C, K): their weighted losses; the metrics read their mean
+            heads = scores
+            loss, pairwise = ensemble_loss(heads, ranks, record_index, margin, self.args.center_rewards_coefficient,
+                                           bootstrap if mode == "train" else None)  # fmt: skip
+            scores = heads.mean(dim=1)
+        else:
+            pairwise = ranked_bradley_terry_loss(
+                scores, ranks, record_index, margin, self.args.center_rewards_coefficient
+            )
+            loss = pairwise.loss
         if mode == "eval":
             self._last_scores = scores.detach()
-        pairwise = ranked_bradley_terry_loss(
-            scores, ranks, record_index, margin, self.args.center_rewards_coefficient
-        )
-        loss = pairwise.loss
         if mode == "train" and loss_weight is not None:  # its share of the step's pairs; metrics once per step
             self._chunk_outputs.append((scores.detach(), token_count))
             loss = loss * loss_weight
@@ -205,6 +252,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             num_records = int(record_index.max().item()) + 1
             stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
             self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
+            if heads is not None:  # each head's own pairs, for its accuracy
+                per_head = head_statistics(heads.detach(), ranks, record_index, num_records)  # (B, K, 9)
+                self._eval_head_stats.append(self.accelerator.gather_for_metrics(per_head).cpu())
             # (min, max) per process; repeated padding samples of a last batch cannot change either.
             local = scores.detach().float()
             self._eval_extremes.append(self.accelerator.gather(torch.stack([local.min(), local.max()])[None]).cpu())
@@ -219,12 +269,13 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             chunks, real, _, _ = self._forwards(inputs)
             parts = []
             for chunk in chunks:
-                chunk = {k: v for k, v in chunk.items() if k not in ("ranks", "record_index", "margin", "chunks")}
+                chunk = {k: v for k, v in chunk.items()
+                         if k not in ("ranks", "record_index", "margin", "chunks", "bootstrap_weights")}  # fmt: skip
                 with self._layout.attention(model):
-                    parts.append(self._layout.scores(model, chunk))
+                    parts.append(self._layout.scores(model, chunk, self._heads))
             parts = parts[:real]
             return torch.cat([p[0] for p in parts]), parts[-1][1], sum(p[2] for p in parts)
-        return self._layout.scores(model, inputs)
+        return self._layout.scores(model, inputs, self._heads)
 
     def _log_train_metrics(self, scores, pairwise, record_index, token_count) -> dict[str, float]:
         """Record one training batch's metrics (TRL's keys, exact over the processes' pairs); the summary."""
@@ -250,7 +301,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
 
     # ------------------------------------------------------------------ evaluation
     def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"):
-        self._eval_stats, self._eval_extremes = [], []
+        self._eval_stats, self._eval_extremes, self._eval_head_stats = [], [], []
         # `evaluate` asks for predictions only when there is a `compute_metrics` (Trainer's rule, as in TRL).
         output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
         if self._eval_stats:
@@ -265,7 +316,11 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             output.metrics[f"{metric_key_prefix}_mean_reward"] = summary["reward_mean"]
             output.metrics[f"{metric_key_prefix}_max_reward"] = extremes[:, 1].max().item()
             output.metrics[f"{metric_key_prefix}_num_tokens"] = float(self._total_train_tokens)
-        self._eval_stats, self._eval_extremes = [], []
+        if self._eval_head_stats:  # `ensemble_heads`: each head's accuracy over the set
+            per_head = torch.cat(self._eval_head_stats).sum(0)  # (K, 9)
+            for k in range(per_head.shape[0]):
+                output.metrics[f"{metric_key_prefix}_head_{k}_accuracy"] = summarize_statistics(per_head[k])["accuracy"]
+        self._eval_stats, self._eval_extremes, self._eval_head_stats = [], [], []
         return output
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
