@@ -131,8 +131,9 @@ def assert_same_loss_and_gradients(model, scores, reference, batch, loss_ref, gr
 
 
 def ranked_trainer(tmp_path, tokenizer, dataset, eval_sets=None, max_steps: int = 6, **overrides):
-    """A `RankedRewardTrainer` of the tiny model (seed 0) for a short CPU run in `tmp_path`: 8 records a step, 16 an
-    evaluation batch, a loss every step, nothing saved; `overrides` on top of those arguments."""
+    """A `RankedRewardTrainer` of the tiny model (seed 0; `ensemble_heads` outputs when set) for a short CPU run in
+    `tmp_path`: 8 records a step, 16 an evaluation batch, a loss every step, nothing saved; `overrides` on top of
+    those arguments."""
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
     from trl_rm_env.tiny_models import build_tiny_reward_model
 
@@ -141,7 +142,7 @@ def ranked_trainer(tmp_path, tokenizer, dataset, eval_sets=None, max_steps: int 
         learning_rate=3e-3, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
         disable_tqdm=True, dataloader_num_workers=0, **overrides,
     )
-    model = build_tiny_reward_model(tokenizer, seed=0).train()
+    model = build_tiny_reward_model(tokenizer, seed=0, num_labels=args.ensemble_heads).train()
     return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_sets,
                                processing_class=tokenizer)
 

@@ -253,12 +253,15 @@ def one_step(trainer):
 
 
 @pytest.mark.slow  # about a second each: training runs
-@pytest.mark.parametrize("layout", ["packed", "kv", "packed-varlen", "pairs"])
+@pytest.mark.parametrize("layout", ["packed", "kv", "packed-varlen", "pairs", "ensemble-pairs"])
 def test_pack_max_tokens_bounds_every_forward(tmp_path, tiny_tokenizer, layout, request):
     """A micro-batch over `pack_max_tokens` runs as several forwards of at most that many tokens (a record over it
-    alone) in the same step; its loss and gradients equal the unbounded step's (1e-5)."""
+    alone) in the same step; its loss and gradients equal the unbounded step's (1e-5); with `ensemble_heads` too
+    (each chunk's records keep their bootstrap weights)."""
     if layout == "packed-varlen":
         request.getfixturevalue("reference_varlen")
+    heads = 3 if layout.startswith("ensemble") else 1
+    layout = layout.removeprefix("ensemble-")
     train = load_rank_dataset("sample:harder").select(range(8))
     if layout == "pairs":  # TRL's pair data: every chosen, then every rejected, through the chunks
         train = train.map(lambda r: {"chosen": r["completions"][0]["completion"],
@@ -268,7 +271,7 @@ def test_pack_max_tokens_bounds_every_forward(tmp_path, tiny_tokenizer, layout, 
     runs = {}
     for budget in (None, 150):
         trainer = ranked_trainer(tmp_path / str(budget), tiny_tokenizer, train, max_steps=1, prefix_sharing=mode,
-                                 pack_max_tokens=budget)
+                                 pack_max_tokens=budget, ensemble_heads=heads)
         assert trainer._layout.name == ("kv" if layout == "kv" else "packed")
         runs[budget] = one_step(trainer) + (trainer.evaluate(train),)
     loss, grads, shapes, batch, evaluation = runs[150]
