@@ -164,9 +164,11 @@ def test_the_genrm_recipe_config_runs_in_two_processes_and_judges_each_split_gro
     # recipes/configs/grpo_genrm.yaml (the Super stage's GenRM reward) on the tiny policy, on the CPU, in 2 processes
     # with 2 samples each: every step's one group of 4 is split between them. Its GenRM is the scripted
     # OpenAI-compatible server of tests/test_genrm_judge.py. The group is still compared whole (the 4 comparisons of
-    # its circle, each once) and the rewards TRL logs are those of one process judging the whole group.
+    # its circle, each once), and each sample's reward in TRL's completions log (gathered from both processes) is the
+    # one a single process judging the whole group gives it.
     import asyncio
 
+    import pandas as pd
     import yaml
     from test_genrm_judge import genrm_text, scripted_genrm
     from trl_rm_env.recipes.grpo_args import RewardModelArguments
@@ -181,7 +183,7 @@ def test_the_genrm_recipe_config_runs_in_two_processes_and_judges_each_split_gro
                "--attn_implementation", "sdpa", "--activation_checkpointing", "false", "--reward_judge_url", url,
                "--prompt_data", "sample:train", "--per_device_train_batch_size", "2", "--num_generations", "4",
                "--gradient_accumulation_steps", "1", "--max_completion_length", "12", "--save_strategy", "no",
-               "--log_completions", "false", processes=2)  # fmt: skip
+               "--log_completions", "true", processes=2)  # fmt: skip
         asked = [dict(b) for b in bodies]
         config = yaml.safe_load((ROOT / "recipes" / "configs" / "grpo_genrm.yaml").read_text())
         args = RewardModelArguments(**{k: v for k, v in config.items() if k.startswith("reward_")})
@@ -190,17 +192,18 @@ def test_the_genrm_recipe_config_runs_in_two_processes_and_judges_each_split_gro
         steps = [h for h in history if "rewards/genrm/mean" in h]
         assert len(steps) == 2 and len(asked) == 8
         assert {(b["temperature"], b["top_p"], b["max_tokens"]) for b in asked} == {(0.6, 0.95, 16384)}
-        for step, step_bodies in zip(steps, (asked[:4], asked[4:])):  # steps run one after another
-            prompt = [m for m in step_bodies[0]["messages"] if m["role"] not in ("principle", "response_1", "response_2")]
-            pairs = {b["messages"][-2]["content"]: b["messages"][-1]["content"] for b in step_bodies}
-            circle = [next(iter(pairs))]  # the circle i -> i + 1 of the whole group, each comparison asked once
-            while len(circle) < 4:
-                circle.append(pairs[circle[-1]])
-            assert len(set(circle)) == 4 and pairs[circle[-1]] == circle[0]
-            rewards = asyncio.run(one_process([prompt] * 4, [[{"role": "assistant", "content": a}] for a in circle]))
-            want = torch.tensor(rewards, dtype=torch.float32)
-            assert step["rewards/genrm/mean"] == pytest.approx(want.mean().item(), abs=1e-5)
-            assert step["rewards/genrm/std"] == pytest.approx(want.std().item(), abs=1e-5)
+        for step, step_bodies in zip((1, 2), (asked[:4], asked[4:])):  # steps run one after another
+            logged = pd.read_parquet(out / "completions" / f"completions_{step:05d}.parquet")
+            assert len(logged) == 4  # the group, process 0's two samples then process 1's
+            prompts = [[dict(m) for m in row] for row in logged["prompt"]]
+            completions = [[dict(m) for m in row] for row in logged["completion"]]
+            answers = [c[-1]["content"] for c in completions]
+            # The circle i -> i + 1 of the whole group, each comparison asked once.
+            assert sorted((b["messages"][-2]["content"], b["messages"][-1]["content"]) for b in step_bodies) == sorted(
+                (answers[i], answers[(i + 1) % 4]) for i in range(4))
+            want = asyncio.run(one_process(prompts, completions))
+            assert logged["genrm"].tolist() == pytest.approx(want, abs=1e-5)
+        for step in steps:
             assert step["judge_env/num_failed"] == 0
             assert 0.0 <= step["judge_env/flat_groups"] <= 1.0  # the diagnostics in TRL's logs (process 0's share)
 
