@@ -35,6 +35,38 @@ def plain(judge_dir):
     return AutoModelForCausalLM.from_pretrained(judge_dir, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(judge_dir)
 
 
+# Runs before the module's served judge and in-process engine exist: its two vLLM engines never share memory with them.
+def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transformers(tiny_dir, judge_dir, tmp_path):
+    """`trl-rm-env eval --model RM --judge JUDGE`, both on vLLM, as a user runs it: a subprocess that exits 0 with no
+    engine left to be killed at exit (two vLLM engines in one process once aborted there, status 134); its judge's
+    verdicts equal the judge's on transformers."""
+    import json
+    import sys
+
+    from helpers import run_process
+    from trl_rm_env.recipes.cli import main as cli_main
+
+    results, out = {}, {engine: tmp_path / f"{engine}.json" for engine in ("vllm", "hf")}
+    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--data", "sample:in_domain", "--no-progress",
+              "--judge-options", json.dumps({"max_length": MAX_LENGTH})]  # fmt: skip
+    command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "eval", "--model", str(tiny_dir / "reward_model"),
+               "--engine", "vllm", "--judge-engine", "vllm", "--output", str(out["vllm"]), *common]  # fmt: skip
+    # vLLM's own log shown (an in-process engine of an earlier test may have changed the inherited settings), so that
+    # an engine killed at exit ("force killing") would be seen; `--engine vllm` is never silently transformers.
+    env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    output = run_process(command, tmp_path, env, 900, "eval --model RM --judge JUDGE on vLLM")
+    assert "EngineCore" in output, output[-3000:]
+    assert "terminate called" not in output and "force killing" not in output, output[-3000:]
+    assert cli_main(["eval", "--judge-engine", "hf", "--output", str(out["hf"]), *common]) == 0
+    for engine, path in out.items():
+        results[engine] = json.loads(path.read_text())["judge"]["sets"]["sample:in_domain"]
+    vllm, hf = results["vllm"], results["hf"]
+    assert vllm["pairs"] == hf["pairs"] > 100
+    # Verdicts equal within 1e-4: a pair whose two orders sit that close to 0.5 could flip; none does here.
+    assert vllm["correct"] == hf["correct"] and vllm["verdict_ties"] == hf["verdict_ties"]
+    assert vllm["position_consistency"] == hf["position_consistency"]
+
+
 @pytest.fixture(scope="module")
 def served(judge_dir):
     """`(url, server)`: the tiny judge behind `trl-rm-env serve --engine vllm` (vLLM's OpenAI server, API key "k"),
@@ -125,34 +157,3 @@ def test_a_genrm_on_vllm_in_process_served_and_as_the_super_recipes_reward(judge
     # adjustments sum to 0 within the group, and the shortest answer gets `answer_bonus` (0.5; a random completion
     # has no reasoning for `reasoning_bonus`).
     assert step["rewards/genrm/mean"] == pytest.approx(3.0 + 0.5 / 4, abs=1e-6)
-
-
-def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transformers(tiny_dir, judge_dir, tmp_path):
-    """`trl-rm-env eval --model RM --judge JUDGE`, both on vLLM, as a user runs it: a subprocess that exits 0 with no
-    engine left to be killed at exit (two vLLM engines in one process once aborted there, status 134); its judge's
-    verdicts equal the judge's on transformers."""
-    import json
-    import sys
-
-    from helpers import run_process
-    from trl_rm_env.recipes.cli import main as cli_main
-
-    results, out = {}, {engine: tmp_path / f"{engine}.json" for engine in ("vllm", "hf")}
-    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--data", "sample:in_domain", "--no-progress",
-              "--judge-options", json.dumps({"max_length": MAX_LENGTH})]  # fmt: skip
-    command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "eval", "--model", str(tiny_dir / "reward_model"),
-               "--engine", "vllm", "--judge-engine", "vllm", "--output", str(out["vllm"]), *common]  # fmt: skip
-    # vLLM's own log shown (an in-process engine of an earlier test may have changed the inherited settings), so that
-    # an engine killed at exit ("force killing") would be seen; `--engine vllm` is never silently transformers.
-    env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
-    output = run_process(command, tmp_path, env, 900, "eval --model RM --judge JUDGE on vLLM")
-    assert "EngineCore" in output, output[-3000:]
-    assert "terminate called" not in output and "force killing" not in output, output[-3000:]
-    assert cli_main(["eval", "--judge-engine", "hf", "--output", str(out["hf"]), *common]) == 0
-    for engine, path in out.items():
-        results[engine] = json.loads(path.read_text())["judge"]["sets"]["sample:in_domain"]
-    vllm, hf = results["vllm"], results["hf"]
-    assert vllm["pairs"] == hf["pairs"] > 100
-    # Verdicts equal within 1e-4: a pair whose two orders sit that close to 0.5 could flip; none does here.
-    assert vllm["correct"] == hf["correct"] and vllm["verdict_ties"] == hf["verdict_ties"]
-    assert vllm["position_consistency"] == hf["position_consistency"]

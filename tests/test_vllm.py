@@ -256,12 +256,21 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_behind(tiny_dir, hf_model):
+def test_serve_engine_vllm_scores_exactly_guards_every_path_serves_async_grpo_and_leaves_nothing_behind(
+    tiny_dir, hf_model
+):
+    """`trl-rm-env serve --engine vllm` (vLLM's OpenAI server behind our guard): exact scores on both APIs, the API
+    key on every path, AsyncGRPO's spawned child scoring through our remote environment as local scoring does, and
+    no process left once it is stopped. One server for all of it (a vLLM server takes about a minute to start on
+    2 cores)."""
+    import pickle
     import urllib.error
     import urllib.request
 
     import aiohttp  # noqa: F401  (the client's dependency)
+    from helpers import ASYNC_GRPO_GROUPS, score_like_async_grpo
 
+    from trl_rm_env import RewardModelEnvironment
     from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError
 
     model, tokenizer = hf_model
@@ -287,6 +296,19 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
                 RemoteScorer(url, remote_api=api, tokenizer=tokenizer, api_key="wrong", retries=0).score_sync(pairs[:1])
         with urllib.request.urlopen(url + "/health", timeout=10) as response:
             assert response.status == 200  # /health needs no key (liveness probes)
+        # AsyncGRPO's child (TRL's own scrub and `_score_group`, spawned, CUDA_VISIBLE_DEVICES="") scores through our
+        # remote environment on vLLM's server as local scoring does (tests/test_async_grpo.py: our server, local RMs).
+        rm = str(tiny_dir / "reward_model")
+        local = RewardModelEnvironment(rm, engine="hf")
+        want = [local([p] * len(a), [[{"role": "assistant", "content": t}] for t in a]) for p, a in ASYNC_GRPO_GROUPS]
+        remote = RewardModelEnvironment("reward_model", tokenizer=rm, remote_url=url, name="vllm_rm", api_key=key)
+        assert len(pickle.dumps(remote)) < 8192
+        result = score_like_async_grpo([remote])
+        assert result["async"] == [True]
+        for g, metrics in enumerate(result["metrics"]):
+            torch.testing.assert_close(
+                torch.tensor([m["rewards/vllm_rm"] for m in metrics]), torch.tensor(want[g]), atol=1e-4, rtol=0
+            )
         started = _descendants(server.proc.pid)
         assert len(started) >= 2  # vLLM's server and its engine process(es)
     finally:
@@ -298,33 +320,6 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_and_leaves_nothing_b
     assert server.proc.returncode == 0
     with pytest.raises((urllib.error.URLError, OSError)):
         urllib.request.urlopen(url + "/health", timeout=5)
-
-
-def test_async_grpo_contract_with_vllm_server(tiny_dir, hf_model):
-    # AsyncGRPO's child (TRL's own scrub and `_score_group`, spawned, CUDA_VISIBLE_DEVICES="") scores through our
-    # remote environment on vLLM's server, as local scoring does (tests/test_async_grpo.py: our server, local RMs).
-    import pickle
-
-    from helpers import ASYNC_GRPO_GROUPS, score_like_async_grpo
-
-    from trl_rm_env import RewardModelEnvironment
-
-    rm = str(tiny_dir / "reward_model")
-    local = RewardModelEnvironment(rm, engine="hf")
-    want = [local([p] * len(a), [[{"role": "assistant", "content": t}] for t in a]) for p, a in ASYNC_GRPO_GROUPS]
-    server = ServerProcess(rm, "--engine", "vllm", "--max-length", str(MAX_LENGTH))
-    try:
-        url = server.wait(timeout=600)
-        remote = RewardModelEnvironment("reward_model", tokenizer=rm, remote_url=url, name="vllm_rm")
-        assert len(pickle.dumps(remote)) < 8192
-        result = score_like_async_grpo([remote])
-    finally:
-        server.shut_down()
-    assert result["async"] == [True]
-    for g, metrics in enumerate(result["metrics"]):
-        torch.testing.assert_close(
-            torch.tensor([m["rewards/vllm_rm"] for m in metrics]), torch.tensor(want[g]), atol=1e-4, rtol=0
-        )
 
 
 def test_serve_engine_vllm_refuses_a_max_length_beyond_the_model_in_one_line(tiny_dir):
