@@ -135,7 +135,6 @@ def environment_arguments(
     return model, tokenizer_cfg.get("name") or model, kwargs, chat_template
 
 
-
 NEMO_SHAPING_KEYS = ("enabled", "mode", "overlong_buffer_length", "overlong_buffer_penalty", "max_response_length",
                      "stop_properly_penalty_coef", "reasoning_length")  # fmt: skip
 """The keys of NeMo RL's `grpo.reward_shaping` block (`RewardShapingConfig`, `GRPORewardShapingConfig`)."""

@@ -3,8 +3,9 @@
 A run's reward is a reward model (loaded here, or behind servers), a generative judge, both (two reward functions,
 in that order, weighed by TRL's `reward_weights`), a cascade of the two (one reward: the reward model's where it
 separates a group by `cascade_margin`, else the judge's), a regression reward model's attributes as one reward
-function each (GDPO), or an ensemble of the reward model with more reward models (`EnsembleReward`, one reward). `RewardSources` holds that choice and refuses a combination that cannot apply, in the options'
-own names, for the GRPO recipe (`reward_*` keys) and a library user alike.
+function each (GDPO), or an ensemble of the reward model with more reward models (`EnsembleReward`, one reward).
+`RewardSources` holds that choice and refuses a combination that cannot apply, in the options' own names, for the
+GRPO recipe (`reward_*` keys) and a library user alike.
 """
 
 from __future__ import annotations

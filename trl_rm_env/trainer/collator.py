@@ -128,7 +128,9 @@ class DataCollatorForRankedPreference(_RightPadding):
     A batch made only of TRL pairs is exactly what TRL's `DataCollatorForPreference` returns (rows: every chosen,
     then every rejected; no `ranks`/`record_index`), so the trainer handles it as TRL does.
 
-    Args: `pad_token_id`, `pad_to_multiple_of` (the padded length's multiple), `return_tensors` (only `"pt"`).
+    Args: `pad_token_id`, `pad_to_multiple_of` (the padded length's multiple), `return_tensors` (only `"pt"`),
+    `ensemble_heads`, `ensemble_seed` (above 1 head: each record's bootstrap weights, `bootstrap_weights` `(B, K)`;
+    `trl_rm_env.trainer.ensemble`; every collator of a layout takes them).
     """
 
     layout: ClassVar[Layout] = PLAIN
@@ -142,8 +144,8 @@ class DataCollatorForRankedPreference(_RightPadding):
             output = self._pad(
                 [example["chosen_ids"] for example in examples] + [example["rejected_ids"] for example in examples]
             )
-            ranked = _with_bootstrap([pair_to_ranked(e) for e in examples], self.ensemble_heads, self.ensemble_seed)
             if self.ensemble_heads > 1:  # one row per record (TRL's pair layout: record i is rows i and B + i)
+                ranked = _with_bootstrap([pair_to_ranked(e) for e in examples], self.ensemble_heads, self.ensemble_seed)
                 output["bootstrap_weights"] = torch.stack([example["bootstrap"] for example in ranked])
         else:
             examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
