@@ -83,7 +83,7 @@ def test_the_loss_is_the_mean_of_each_heads_bootstrap_weighted_bradley_terry_los
     ranks = torch.tensor([0, 1, 2, 0, 1, 1, 0])
     record_index = torch.tensor([0, 0, 0, 1, 1, 1, 2])  # record 2 has one completion: no pair
     weights = torch.tensor([[2.0, 0.0, 1.0], [1.0, 0.0, 3.0], [0.0, 5.0, 1.0]])
-    loss, pairwise = ensemble_loss(scores, ranks, record_index, None, 0.01, weights)
+    loss, pairwise, heads = ensemble_loss(scores, ranks, record_index, None, 0.01, weights)
     pairs = [(0, 1, 0), (0, 2, 0), (1, 2, 0), (3, 4, 1), (3, 5, 1)]  # (better, worse, record)
     want = []
     for k in range(3):
@@ -94,6 +94,12 @@ def test_the_loss_is_the_mean_of_each_heads_bootstrap_weighted_bradley_terry_los
     assert loss.item() == pytest.approx(torch.stack(want).mean().item(), abs=1e-12)
     mean = scores.mean(dim=1)
     assert pairwise.pair_losses.tolist() == pytest.approx([-F.logsigmoid(mean[i] - mean[j]).item() for i, j, _ in pairs])
+    # Each head's own pairs and unweighted losses (its evaluation metrics), the same pairs as the aggregate's.
+    for k, head in enumerate(heads):
+        assert list(zip(head.better.tolist(), head.worse.tolist())) == [(i, j) for i, j, _ in pairs]
+        assert head.pair_losses.tolist() == pytest.approx([-F.logsigmoid(scores[i, k] - scores[j, k]).item()
+                                                           for i, j, _ in pairs])  # fmt: skip
+        assert head.loss.item() == pytest.approx(want[k].item(), abs=1e-12)
 
 
 # --- K heads in one forward: training layouts and scoring ---------------------------------------------------------
@@ -157,6 +163,10 @@ def test_training_k_heads_logs_each_head_and_saves_a_checkpoint_any_tool_loads(t
                               for p, c in zip(prompts, completions)])  # fmt: skip
     assert env(prompts, completions) == pytest.approx(logits.mean(dim=1).tolist(), abs=1e-5)
     assert raw(prompts, completions) == pytest.approx(logits[:, 1].tolist(), abs=1e-5)  # one head, when asked
+    first = RewardModelEnvironment(str(out), device="cpu", normalization="none", label_index=0)
+    assert first(prompts, completions) == pytest.approx(logits[:, 0].tolist(), abs=1e-5)  # head 0 too, when asked
+    with pytest.raises(ValueError, match=r"label_index 3 is not an output of this model \(it has 3: 0 to 2\)"):
+        RewardModelEnvironment(str(out), device="cpu", label_index=3)
 
 
 def test_what_cannot_apply_is_refused(tmp_path, tiny_tokenizer):
@@ -227,6 +237,6 @@ def test_the_trainers_loss_is_the_heads_bootstrap_weighted_loss_of_each_records_
     scores = per_head_reference(model, groups).to(torch.float32)
     ranks = torch.tensor([r for e in examples for r in e["ranks"]])
     record_index = torch.tensor([i for i, g in enumerate(groups) for _ in g])
-    want, _ = ensemble_loss(scores, ranks, record_index, None, None, bootstrap_weights(groups, 2, 11))
-    unweighted, _ = ensemble_loss(scores, ranks, record_index, None, None, None)
+    want, _, _ = ensemble_loss(scores, ranks, record_index, None, None, bootstrap_weights(groups, 2, 11))
+    unweighted, _, _ = ensemble_loss(scores, ranks, record_index, None, None, None)
     assert loss.item() == pytest.approx(want.item(), abs=1e-5) and want.item() != pytest.approx(unweighted.item())

@@ -49,8 +49,10 @@ def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transf
     results, out = {}, {engine: tmp_path / f"{engine}.json" for engine in ("vllm", "hf")}
     common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--data", "sample:in_domain", "--no-progress",
               "--judge-options", json.dumps({"max_length": MAX_LENGTH})]  # fmt: skip
+    # Both engines eager (`--enforce-eager`, `vllm_enforce_eager`): two compiling starts cost this test a minute.
     command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "eval", "--model", str(tiny_dir / "reward_model"),
-               "--engine", "vllm", "--judge-engine", "vllm", "--output", str(out["vllm"]), *common]  # fmt: skip
+               "--engine", "vllm", "--enforce-eager", "--judge-engine", "vllm", "--output", str(out["vllm"]),
+               *common[:-1], json.dumps({"max_length": MAX_LENGTH, "vllm_enforce_eager": True})]  # fmt: skip
     # vLLM's own log shown (an in-process engine of an earlier test may have changed the inherited settings), so that
     # an engine killed at exit ("force killing") would be seen; `--engine vllm` is never silently transformers.
     env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "1", "VLLM_LOGGING_LEVEL": "INFO"}
@@ -70,8 +72,11 @@ def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transf
 @pytest.fixture(scope="module")
 def served(judge_dir):
     """`(url, server)`: the tiny judge behind `trl-rm-env serve --engine vllm` (vLLM's OpenAI server, API key "k"),
-    shared by this module's tests; it must exit 0 when shut down."""
-    server = ServerProcess(str(judge_dir), "--engine", "vllm", "--max-length", str(MAX_LENGTH), env={"TRL_RM_ENV_API_KEY": "k"})
+    shared by this module's tests; it must exit 0 when shut down. This module's engines run eagerly
+    (`vllm_enforce_eager`: a compiling start costs 15 to 35 s more; tests/test_vllm.py's shared engine runs vLLM's
+    compiled default)."""
+    server = ServerProcess(str(judge_dir), "--engine", "vllm", "--max-length", str(MAX_LENGTH), "--enforce-eager",
+                           env={"TRL_RM_ENV_API_KEY": "k"})  # fmt: skip
     try:
         yield server.wait(timeout=600), server
     finally:
@@ -83,7 +88,7 @@ def served(judge_dir):
 def local_judge(judge_dir):
     from trl_rm_env import JudgeEnvironment
 
-    local = JudgeEnvironment(str(judge_dir), engine="vllm", max_length=MAX_LENGTH)
+    local = JudgeEnvironment(str(judge_dir), engine="vllm", max_length=MAX_LENGTH, vllm_enforce_eager=True)
     yield local
     local.engine.close()
 

@@ -479,3 +479,30 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_vllm_starts(
         engine_arguments(config, ScoringOptions(max_length=8192))
     check_max_length(SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "yarn"}), 8192)
     check_max_length(SimpleNamespace(max_position_embeddings=4096, rope_scaling={"type": "linear"}), 8192)
+
+
+def test_vllms_server_gets_every_engine_argument_as_llm_gets_it():
+    """The server's flags say what `LLM(**arguments)` is told, False included: `prefix_sharing=False` turns vLLM's
+    prefix caching off on its server too (`--no-enable-prefix-caching`, not vLLM's default), and
+    `vllm_enforce_eager` is `--enforce-eager` there and `enforce_eager=True` in process."""
+    from types import SimpleNamespace
+
+    from trl_rm_env.runtime.model_options import ScoringOptions
+    from trl_rm_env.runtime.vllm import engine_arguments
+    from trl_rm_env.serving.server.vllm_server import vllm_server_command
+
+    config = SimpleNamespace(max_position_embeddings=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, head_dim=16)  # fmt: skip
+    default = engine_arguments(config, ScoringOptions())
+    assert default["enable_prefix_caching"] is True and "enforce_eager" not in default
+    arguments = engine_arguments(config, ScoringOptions(prefix_sharing=False, vllm_enforce_eager=True))
+    assert arguments["enable_prefix_caching"] is False and arguments["enforce_eager"] is True
+    command = vllm_server_command("m", arguments, served_names=["m"], host="127.0.0.1", port=1)
+    assert "--no-enable-prefix-caching" in command and "--enforce-eager" in command
+    assert "--no-trust-remote-code" in command and "--enable-prefix-caching" not in command
+    assert command[command.index("--max-model-len") + 1] == "256"
+    from trl_rm_env.runtime.plan import choose_engine
+
+    with pytest.raises(ValueError, match=r"vllm_enforce_eager \(--enforce-eager, reward_vllm_enforce_eager\) applies "
+                                         r"to engine='vllm'"):
+        choose_engine(ScoringOptions(engine="hf", vllm_enforce_eager=True))

@@ -33,6 +33,10 @@ if importlib.util.find_spec("vllm") is None:
 pytestmark = pytest.mark.vllm
 
 MAX_LENGTH = 160
+# The module's shared engine (`vllm_scorer`) runs vLLM's default, compiled; the engines of one test run eagerly
+# (`vllm_enforce_eager`, TRL's `enforce_eager`): compiling first costs a CPU start 15 to 35 s, and the scores are the
+# same either way (each test compares with transformers).
+EAGER = True
 
 
 def conversations():
@@ -107,7 +111,8 @@ def test_auto_picks_vllm_for_one_process_and_transformers_otherwise(monkeypatch)
 def test_prefix_sharing_false_turns_vllm_prefix_caching_off(tiny_dir, hf_model):
     """`prefix_sharing=False` means no prefix sharing on vLLM too: its prefix caching is off, and every score is
     still the one-at-a-time score."""
-    scorer = load_reward_scorer(tiny_dir / "reward_model", engine="vllm", max_length=MAX_LENGTH, prefix_sharing=False)
+    scorer = load_reward_scorer(tiny_dir / "reward_model", engine="vllm", max_length=MAX_LENGTH, prefix_sharing=False,
+                                vllm_enforce_eager=EAGER)
     try:
         assert scorer.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
         pairs = conversations()
@@ -150,7 +155,7 @@ def test_environment_on_vllm_equals_environment_on_transformers(tiny_dir, vllm_s
     answers = ["8", "It is 8.", "3 + 5 = 8, because adding five to three gives eight.", "9", "", "eight"]
     prompts, completions = [prompt] * len(answers), [[{"role": "assistant", "content": a}] for a in answers]
     with caplog.at_level(logging.INFO, logger="trl_rm_env.scoring.loading"):
-        env = RewardModelEnvironment(tiny_dir / "reward_model")
+        env = RewardModelEnvironment(tiny_dir / "reward_model", vllm_enforce_eager=EAGER)
     try:
         assert env.engine == "vllm" and env.model is None and env.sharding == "none"
         hf = RewardModelEnvironment(tiny_dir / "reward_model", engine="hf")
@@ -167,7 +172,7 @@ def test_bos_duplicating_template_on_vllm(bos_tiny_dir):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     path = bos_tiny_dir / "reward_model"
-    scorer = load_reward_scorer(path, engine="vllm", max_length=MAX_LENGTH)
+    scorer = load_reward_scorer(path, engine="vllm", max_length=MAX_LENGTH, vllm_enforce_eager=EAGER)
     try:
         model, tokenizer = (
             AutoModelForSequenceClassification.from_pretrained(path).eval(),
@@ -191,7 +196,8 @@ def test_regression_head_on_vllm_gives_every_attribute_and_the_weighted_sum(tmp_
     path = build_tiny_regression_model(tmp_path / "regression", num_labels=3)["regression_model"]
     weights = [1.0, -0.5, 0.25]
     scorer = load_reward_scorer(
-        path, engine="vllm", max_length=MAX_LENGTH, reward_model_type="regression", attribute_weights=weights
+        path, engine="vllm", max_length=MAX_LENGTH, reward_model_type="regression", attribute_weights=weights,
+        vllm_enforce_eager=EAGER,
     )
     try:
         model, tokenizer = (
@@ -220,7 +226,8 @@ def test_eval_engine_vllm_equals_engine_hf(tiny_dir, tmp_path):
     for engine in ("vllm", "hf"):
         args = ["eval", "--model", str(tiny_dir / "reward_model"), "--data", f"{data}:set", "--engine", engine,
                 "--scores", str(tmp_path / f"{engine}.jsonl"),
-                "--output", str(tmp_path / f"{engine}.json"), "--no-progress"]  # fmt: skip
+                "--output", str(tmp_path / f"{engine}.json"), "--no-progress",
+                *(["--enforce-eager"] if engine == "vllm" else [])]  # fmt: skip
         assert main(args) == 0
         outputs[engine] = [json.loads(line)["score"] for line in open(tmp_path / f"{engine}.jsonl")]
         results = json.loads((tmp_path / f"{engine}.json").read_text())
@@ -278,7 +285,7 @@ def test_serve_engine_vllm_scores_exactly_guards_every_path_serves_async_grpo_an
     # Memory as a user gets it: on CPU, a KV cache of one step plus one sequence (vLLM's default share of the RAM
     # refuses to start on a busy machine).
     server = ServerProcess(
-        str(tiny_dir / "reward_model"), "--engine", "vllm", "--max-length", str(MAX_LENGTH),
+        str(tiny_dir / "reward_model"), "--engine", "vllm", "--max-length", str(MAX_LENGTH), "--enforce-eager",
         env={"TRL_RM_ENV_API_KEY": key},
     )  # fmt: skip
     try:

@@ -119,7 +119,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 )
             if self.ensemble.ensemble is None and getattr(scorer, "ensemble_mean", False):
                 logger.info("%s is an ensemble of %d heads (ensemble_heads): its reward is their mean (ensemble='mean'; "
-                            "reward_model_type='bradley_terry' reads output label_index alone).",
+                            "label_index=k reads head k alone).",
                             scorer.config._name_or_path, scorer.config.ensemble_heads)  # fmt: skip
                 self.ensemble = EnsembleOptions("mean")  # their metrics too (`ensemble_std`)
         else:

@@ -140,6 +140,13 @@ class ModelOptions:
     vllm_tensor_parallel_size: int = option(
         1, help="vLLM: the number of GPUs the model is split over.", flag="--tensor-parallel-size", engine="vllm"
     )
+    vllm_enforce_eager: bool = option(
+        False,
+        help="vLLM: run the model eagerly, without torch.compile or CUDA graphs (vLLM's and TRL's `enforce_eager`): "
+        "an engine starts in seconds instead of compiling first, and runs slower.",
+        flag="--enforce-eager",
+        engine="vllm",
+    )
     precision: str = option(
         "auto",
         choices=tuple(PRECISIONS),
@@ -232,11 +239,15 @@ class ScoringOptions(ModelOptions):
     nonfinite_reward: float | None = option(
         None, help="The reward when the model returns NaN/inf. None: an error naming the items.", remote=True
     )
-    label_index: int = option(0, help="Which output column is the reward (0 for a Bradley-Terry model).")
+    label_index: int | None = option(
+        None,
+        help="Which output column is the reward. None: column 0, or for a checkpoint trained with `ensemble_heads` "
+        "the mean of its heads (0 then reads head 0 alone).",
+    )
     reward_model_type: str | None = option(
         None,
         choices=REWARD_MODEL_TYPES,
-        help="The head kind: `bradley_terry` (the reward is output `label_index`) or `regression` (the "
+        help="The head kind: `bradley_terry` (the reward is output `label_index`, 0 when unset) or `regression` (the "
         "`attribute_weights` sum of the outputs). None: what the checkpoint's config says.",
         recipe="reward_model_type",
     )

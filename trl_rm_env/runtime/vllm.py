@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..options import option_fields, spelling
 from .model_options import PRECISIONS, ModelOptions
 
 FEW_CPUS = 4  # at most this many usable cores: vLLM's CPU worker gets all of them (`cpu_thread_env`)
@@ -38,8 +39,10 @@ def kv_cache_bytes(config: Any, dtype: str, tokens: int) -> int:
     return int(per_token * tokens * 1.25) + (64 << 20)
 
 
-VLLM_ENGINE_OPTIONS = frozenset({"precision", "max_length", "max_tokens_per_batch", "batch_size", "prefix_sharing",
-                                 "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size", "trust_remote_code"})
+VLLM_ENGINE_OPTIONS = frozenset(
+    {"precision", "max_length", "max_tokens_per_batch", "batch_size", "prefix_sharing", "trust_remote_code"}
+    | {f.name for f in option_fields(ModelOptions) if spelling(f).engine == "vllm"}  # vLLM's own (`vllm_*`)
+)
 """The `ModelOptions` that `engine_arguments` turns into vLLM's arguments: all vLLM's own server applies (the
 rest, such as `truncation` or `attribute_weights`, are applied by our `RewardScorer` around the engine)."""
 
@@ -54,7 +57,7 @@ def engine_arguments(
     judge, `trl_rm_env.judges`); prefix caching unless `prefix_sharing=False`; `precision` as
     vLLM's `dtype`; `max_model_len`, the longest sequence we send (`ModelOptions.longest_sequence`);
     `max_num_batched_tokens`, the token budget, never below one sequence; `max_num_seqs`, `batch_size`; the
-    tensor-parallel size. Memory: `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one
+    tensor-parallel size; `enforce_eager` when asked. Memory: `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one
     longest sequence (`kv_cache_bytes`), except for a server that has a GPU to itself (`own_device`), which keeps
     vLLM's default.
     """
@@ -83,6 +86,8 @@ def engine_arguments(
         arguments["max_model_len"] = longest
     if options.batch_size is not None:
         arguments["max_num_seqs"] = options.batch_size
+    if options.vllm_enforce_eager:
+        arguments["enforce_eager"] = True
     if options.vllm_gpu_memory_utilization is not None:
         arguments["gpu_memory_utilization"] = options.vllm_gpu_memory_utilization
     elif not (own_device and vllm_device() != "cpu"):

@@ -21,7 +21,6 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, reward_head
-from ..options import changed
 from ..runtime.model_options import ScoringOptions
 from ..sharing import shared_prefixes_in
 from ..sharing.mode import forces_sharing
@@ -96,9 +95,13 @@ class RewardScorer:
         self.head = head if head is not None else reward_head(self.config, o.attribute_weights, o.reward_model_type)
         weights = self.head.weights
         self.output_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
+        outputs = int(getattr(self.config, "num_labels", 1) or 1)
+        if o.label_index is not None and not 0 <= o.label_index < outputs:
+            raise ValueError(f"label_index {o.label_index} is not an output of this model (it has {outputs}: 0 to "
+                             f"{outputs - 1})")  # fmt: skip
         heads = int(getattr(self.config, "ensemble_heads", None) or 1)  # `RankedRewardConfig(ensemble_heads=K)`
         self.ensemble_mean = (heads > 1 and weights is None and not self.head.attributes
-                              and o.reward_model_type is None and "label_index" not in changed(o))  # fmt: skip
+                              and o.reward_model_type is None and o.label_index is None)  # fmt: skip
         if self.ensemble_mean:  # an ensemble's reward is the mean of its heads (`reward_model_type`: one head)
             self.output_weights = torch.zeros(self.config.num_labels, dtype=torch.float32)
             self.output_weights[:heads] = 1.0 / heads
@@ -182,7 +185,7 @@ class RewardScorer:
                 "attribute_weights, a mapping by name (unnamed ones weigh 0) or a list in this order (`outputs()` "
                 "gives every attribute without them)."
             )
-        return outputs[:, self.options.label_index].clone()
+        return outputs[:, self.options.label_index or 0].clone()
 
     def _outputs(
         self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None

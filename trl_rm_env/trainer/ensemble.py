@@ -27,6 +27,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from .loss import PairwiseOutput, ranked_bradley_terry_loss
 
@@ -57,36 +58,36 @@ def ensemble_loss(
     margin: torch.Tensor | None,
     center_rewards_coefficient: float | None,
     weights: torch.Tensor | None,
-) -> tuple[torch.Tensor, PairwiseOutput]:
-    """`(loss, pairwise)` of K heads' scores `(C, K)`: the mean over heads of each head's Bradley-Terry loss, its pairs
-    weighted by `weights` `(B, K)` (None: unweighted, as in evaluation) over the number of pairs (the Poisson
-    bootstrap's estimate of the resample's mean loss, E[w] = 1: a sum over pairs, so a batch cut into chunks, or
-    spread over processes, weighs each pair as one forward would), and the aggregate's pairs and losses (the mean of
-    the heads' scores) for the metrics."""
-    losses = []
-    for k in range(scores.shape[1]):
-        pairwise = ranked_bradley_terry_loss(scores[:, k], ranks, record_index, margin)
-        if weights is None:
-            head = pairwise.pair_losses.mean()
-        else:
-            w = weights[:, k].to(pairwise.pair_losses.device, pairwise.pair_losses.dtype)
-            head = (w[record_index[pairwise.better]] * pairwise.pair_losses).mean()
-        if center_rewards_coefficient is not None:
-            sums = scores[pairwise.better, k] + scores[pairwise.worse, k]
-            head = head + center_rewards_coefficient * (sums**2).mean()
-        losses.append(head)
+) -> tuple[torch.Tensor, PairwiseOutput, list[PairwiseOutput]]:
+    """`(loss, aggregate, heads)` of K heads' scores `(C, K)`: the mean over heads of each head's Bradley-Terry loss,
+    its pairs weighted by `weights` `(B, K)` (None: unweighted, as in evaluation) over the number of pairs (the
+    Poisson bootstrap's estimate of the resample's mean loss, E[w] = 1: a sum over pairs, so a batch cut into chunks,
+    or spread over processes, weighs each pair as one forward would); the aggregate's pairs and losses (the mean of
+    the heads' scores) for the metrics; and each head's, unweighted, for its own (`head_statistics`). The pairs are
+    found once: every head has the same."""
     aggregate = ranked_bradley_terry_loss(scores.mean(dim=1), ranks, record_index, margin)
-    return torch.stack(losses).mean(), aggregate
+    better, worse = aggregate.better, aggregate.worse
+    diff = scores[better] - scores[worse]  # (P, K)
+    if margin is not None:  # (checked by the aggregate's loss)
+        diff = diff - margin.to(diff.dtype)[record_index[better]][:, None]
+    pair_losses = -F.logsigmoid(diff)
+    weighted = pair_losses
+    if weights is not None:
+        weighted = weights.to(pair_losses.device, pair_losses.dtype)[record_index[better]] * pair_losses
+    losses = weighted.mean(dim=0)  # (K,)
+    if center_rewards_coefficient is not None:
+        losses = losses + center_rewards_coefficient * ((scores[better] + scores[worse]) ** 2).mean(dim=0)
+    heads = [PairwiseOutput(losses[k], better, worse, pair_losses[:, k]) for k in range(scores.shape[1])]
+    return losses.mean(), aggregate, heads
 
 
 def head_statistics(
-    scores: torch.Tensor, ranks: torch.Tensor, record_index: torch.Tensor, num_records: int
+    scores: torch.Tensor, record_index: torch.Tensor, heads: Sequence[PairwiseOutput], num_records: int
 ) -> torch.Tensor:
-    """`(B, K, 9)` per-record sums of each head's pairs (`trl_rm_env.metrics.record_statistics`)."""
+    """`(B, K, 9)` per-record sums of each head's pairs (`trl_rm_env.metrics.record_statistics`), from the heads'
+    `PairwiseOutput`s of `ensemble_loss`."""
     from ..metrics import record_statistics
 
-    heads = []
-    for k in range(scores.shape[1]):
-        pairwise = ranked_bradley_terry_loss(scores[:, k], ranks, record_index)
-        heads.append(record_statistics(scores[:, k], record_index, pairwise, num_records))
-    return torch.stack(heads, dim=1)
+    return torch.stack(
+        [record_statistics(scores[:, k], record_index, head, num_records) for k, head in enumerate(heads)], dim=1
+    )

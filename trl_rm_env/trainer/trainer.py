@@ -228,8 +228,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         heads = None
         if self._heads > 1:  # K heads' scores (C, K): their weighted losses; the metrics read their mean
             heads = scores
-            loss, pairwise = ensemble_loss(heads, ranks, record_index, margin, self.args.center_rewards_coefficient,
-                                           bootstrap if mode == "train" else None)  # fmt: skip
+            loss, pairwise, head_pairs = ensemble_loss(heads, ranks, record_index, margin,
+                                                       self.args.center_rewards_coefficient,
+                                                       bootstrap if mode == "train" else None)  # fmt: skip
             scores = heads.mean(dim=1)
         else:
             pairwise = ranked_bradley_terry_loss(
@@ -253,7 +254,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             stats = record_statistics(scores, record_index, pairwise, num_records)  # (B, 9)
             self._eval_stats.append(self.accelerator.gather_for_metrics(stats).cpu())
             if heads is not None:  # each head's own pairs, for its accuracy
-                per_head = head_statistics(heads.detach(), ranks, record_index, num_records)  # (B, K, 9)
+                per_head = head_statistics(heads.detach(), record_index, head_pairs, num_records)  # (B, K, 9)
                 self._eval_head_stats.append(self.accelerator.gather_for_metrics(per_head).cpu())
             # (min, max) per process; repeated padding samples of a last batch cannot change either.
             local = scores.detach().float()

@@ -52,9 +52,9 @@ def vllm_server_command(
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
     for name, value in arguments.items():
         flag = "--" + name.replace("_", "-")
-        if value is True:
-            command.append(flag)
-        elif value is not False and value is not None:
+        if isinstance(value, bool):  # vLLM's flags are `--x` / `--no-x`: False says so (`LLM(x=False)`'s meaning)
+            command.append(flag if value else "--no-" + flag[2:])
+        elif value is not None:
             command += [flag, str(value)]
     command += ["--served-model-name", *dict.fromkeys(served_names), "--host", host, "--port", str(port)]
     command += ["--data-parallel-size", str(data_parallel_size)]
