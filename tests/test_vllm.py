@@ -108,20 +108,6 @@ def test_auto_picks_vllm_for_one_process_and_transformers_otherwise(monkeypatch)
         choose_engine(ScoringOptions(engine="vllm", device=device))
 
 
-def test_prefix_sharing_false_turns_vllm_prefix_caching_off(tiny_dir, hf_model):
-    """`prefix_sharing=False` means no prefix sharing on vLLM too: its prefix caching is off, and every score is
-    still the one-at-a-time score."""
-    scorer = load_reward_scorer(tiny_dir / "reward_model", engine="vllm", max_length=MAX_LENGTH, prefix_sharing=False,
-                                vllm_enforce_eager=EAGER)
-    try:
-        assert scorer.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
-        pairs = conversations()
-        scores = scorer.score([c for c, _ in pairs], [r for _, r in pairs])
-        torch.testing.assert_close(scores, reference(*hf_model, pairs)[:, 0], atol=1e-4, rtol=0)
-    finally:
-        scorer.engine.close()
-
-
 def test_vllm_engine_equals_one_at_a_time_transformers(vllm_scorer, hf_model):
     model, tokenizer = hf_model
     pairs = conversations()
@@ -145,8 +131,9 @@ def test_vllm_scores_do_not_depend_on_batching(vllm_scorer):
 
 
 def test_environment_on_vllm_equals_environment_on_transformers(tiny_dir, vllm_scorer, caplog):
-    """`RewardModelEnvironment` with the default engine runs on vLLM here and gives the transformers rewards (GRPO
-    groups share a prompt: vLLM's prefix caching, our KV path)."""
+    """`RewardModelEnvironment` runs on vLLM here (`auto`) and gives a GRPO group (one prompt) the transformers
+    rewards. With `prefix_sharing=False`: no prefix sharing on vLLM either, its prefix caching is off (the served
+    test below scores shared prompts with it on, vLLM's default)."""
     import logging
 
     from trl_rm_env import RewardModelEnvironment
@@ -155,9 +142,10 @@ def test_environment_on_vllm_equals_environment_on_transformers(tiny_dir, vllm_s
     answers = ["8", "It is 8.", "3 + 5 = 8, because adding five to three gives eight.", "9", "", "eight"]
     prompts, completions = [prompt] * len(answers), [[{"role": "assistant", "content": a}] for a in answers]
     with caplog.at_level(logging.INFO, logger="trl_rm_env.scoring.loading"):
-        env = RewardModelEnvironment(tiny_dir / "reward_model", vllm_enforce_eager=EAGER)
+        env = RewardModelEnvironment(tiny_dir / "reward_model", prefix_sharing=False, vllm_enforce_eager=EAGER)
     try:
         assert env.engine == "vllm" and env.model is None and env.sharding == "none"
+        assert env.scorer.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
         hf = RewardModelEnvironment(tiny_dir / "reward_model", engine="hf")
         assert hf.engine == "hf"
         torch.testing.assert_close(
