@@ -57,9 +57,9 @@ def engine_arguments(
     judge, `trl_rm_env.judges`); prefix caching unless `prefix_sharing=False`; `precision` as
     vLLM's `dtype`; `max_model_len`, the longest sequence we send (`ModelOptions.longest_sequence`);
     `max_num_batched_tokens`, the token budget, never below one sequence; `max_num_seqs`, `batch_size`; the
-    tensor-parallel size; `enforce_eager` when asked. Memory: `vllm_gpu_memory_utilization` when set, else a KV cache of one step plus one
-    longest sequence (`kv_cache_bytes`), except for a server that has a GPU to itself (`own_device`), which keeps
-    vLLM's default.
+    tensor-parallel size; `enforce_eager` when asked. Memory: `vllm_gpu_memory_utilization` when set, else a KV
+    cache of one step plus one longest sequence (`kv_cache_bytes`), except for a server that has a GPU to itself
+    (`own_device`), which keeps vLLM's default.
     """
     options = options or ModelOptions()
     check_max_length(config, options.max_length)
