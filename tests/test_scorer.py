@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 
 import pytest
@@ -506,3 +507,20 @@ def test_vllms_server_gets_every_engine_argument_as_llm_gets_it():
     with pytest.raises(ValueError, match=r"vllm_enforce_eager \(--enforce-eager, reward_vllm_enforce_eager\) applies "
                                          r"to engine='vllm'"):
         choose_engine(ScoringOptions(engine="hf", vllm_enforce_eager=True))
+
+
+def test_a_server_answering_several_outputs_per_sample_is_refused_naming_it():
+    """vLLM's own server of a model with several outputs (an ensemble's heads, a regression RM's attributes) answers
+    all of them; the client reads one reward and takes none of them as it, in one error naming the server."""
+    from trl_rm_env.serving.client import RemoteScorer, RemoteScoringError
+
+    url = "http://127.0.0.1:9"
+    for api, field in (("pooling", "data"), ("classify", "probs")):
+        client = RemoteScorer(url, remote_api=api)
+        assert client._read_score({"data": [{field: [1.5]}]}, url) == 1.5
+        assert math.isnan(client._read_score({"data": [{field: [None]}]}, url))
+        with pytest.raises(RemoteScoringError, match=rf"server {url} answered 3 outputs per sample in data\[0\]\.{field}, "
+                                                     r"where one is the reward: .* `trl-rm-env serve`"):  # fmt: skip
+            client._read_score({"data": [{field: [1.5, -0.5, 2.0]}]}, url)
+        with pytest.raises(RemoteScoringError, match="answered without a score"):
+            client._read_score({"data": [{}]}, url)

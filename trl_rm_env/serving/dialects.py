@@ -59,10 +59,20 @@ def sigmoid(x: float) -> float:
     return z / (1.0 + z)
 
 
+class SeveralOutputsError(ValueError):
+    """A server answered several outputs per sample (`count`) where one reward is read."""
+
+    def __init__(self, count: int):
+        super().__init__(f"{count} outputs per sample")
+        self.count = count
+
+
 def read_score(body: Any, api: str) -> float:
-    """The (first) score of a response body of dialect `api`; NaN for `null` (a server's way to say NaN).
+    """The score of a response body of dialect `api`; NaN for `null` (a server's way to say NaN).
 
     Raises:
+        SeveralOutputsError: the sample has several outputs (vLLM's own server of a model with several: an ensemble's
+            heads, a regression RM's attributes), of which none is the reward as such.
         KeyError, IndexError, TypeError, ValueError: the body has no score where the dialect puts it
             (`SCORE_FIELDS[api]`).
     """
@@ -71,5 +81,7 @@ def read_score(body: Any, api: str) -> float:
     else:
         value = body["data"][0]["data" if api == "pooling" else "probs"]
         if isinstance(value, list):
+            if len(value) > 1:
+                raise SeveralOutputsError(len(value))
             value = value[0]
     return math.nan if value is None else float(value)

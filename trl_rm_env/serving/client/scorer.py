@@ -68,7 +68,7 @@ from ...tokenization import (
     left_truncate,
     render_conversation,
 )
-from ..dialects import SCORE_FIELDS, api_key_from_env, endpoint_url, read_score
+from ..dialects import SCORE_FIELDS, SeveralOutputsError, api_key_from_env, endpoint_url, read_score
 from .pool import RemoteScoringError, ServerPool
 from .remote_options import RemoteOptions, local_only
 
@@ -325,6 +325,15 @@ class RemoteScorer:
     def _read_score(self, body: Any, url: str) -> float:
         try:
             return read_score(body, self.remote.remote_api)
+        except SeveralOutputsError as err:
+            raise RemoteScoringError(
+                f"reward model server {url} answered {err.count} outputs per sample in "
+                f"{SCORE_FIELDS[self.remote.remote_api]}, where one is the reward: a model with several outputs (an "
+                "ensemble's heads, a regression RM's attributes) is served with `trl-rm-env serve`, which turns them "
+                "into its reward",
+                url,
+                200,
+            ) from err
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise RemoteScoringError(
                 f"reward model server {url} answered without a score in {SCORE_FIELDS[self.remote.remote_api]}: {str(body)[:300]}",
