@@ -75,6 +75,7 @@ def test_unpickled_local_environment_built_for_a_gpu_warns_once_and_runs_on_cpu(
     local_rewards(env)  # running statistics, carried over by pickling
     env._built_on = "cuda"  # as if built on a GPU, with the options that put it there
     env._remember(**{**env._arguments, "options": ScoringOptions(device="cuda:0"), "engine": "vllm",
+                     "vllm_enforce_eager": True, "vllm_tensor_parallel_size": 2,
                      "model_init_kwargs": {"attn_implementation": "flash_attention_2"}})  # fmt: skip
     blob = pickle.dumps(env)
     want = local_rewards(env)  # the original's next call

@@ -77,28 +77,32 @@ def test_bootstrap_weights_are_reproducible_by_seed_differ_between_heads_and_fol
     assert (weights == 0).float().mean().item() == pytest.approx(0.3679, abs=0.04)
 
 
-def test_the_loss_is_the_mean_of_each_heads_bootstrap_weighted_bradley_terry_loss():
+@pytest.mark.parametrize("margin", [None, [0.5, -0.25, 0.0]], ids=["no-margin", "margin"])
+def test_the_loss_is_the_mean_of_each_heads_bootstrap_weighted_bradley_terry_loss(margin):
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(7, 3, generator=g, dtype=torch.float64)
     ranks = torch.tensor([0, 1, 2, 0, 1, 1, 0])
     record_index = torch.tensor([0, 0, 0, 1, 1, 1, 2])  # record 2 has one completion: no pair
     weights = torch.tensor([[2.0, 0.0, 1.0], [1.0, 0.0, 3.0], [0.0, 5.0, 1.0]])
-    loss, pairwise, heads = ensemble_loss(scores, ranks, record_index, None, 0.01, weights)
+    m = [0.0] * 3 if margin is None else margin  # a record's margin is subtracted from each of its pairs' differences
+    margin = None if margin is None else torch.tensor(margin, dtype=torch.float64)
+    loss, pairwise, heads = ensemble_loss(scores, ranks, record_index, margin, 0.01, weights)
     pairs = [(0, 1, 0), (0, 2, 0), (1, 2, 0), (3, 4, 1), (3, 5, 1)]  # (better, worse, record)
     want = []
     for k in range(3):
         w = torch.tensor([weights[r, k] for *_, r in pairs], dtype=torch.float64)
-        losses = torch.stack([-F.logsigmoid(scores[i, k] - scores[j, k]) for i, j, _ in pairs])
+        losses = torch.stack([-F.logsigmoid(scores[i, k] - scores[j, k] - m[r]) for i, j, r in pairs])
         centre = torch.stack([(scores[i, k] + scores[j, k]) ** 2 for i, j, _ in pairs]).mean()
         want.append((w * losses).sum() / len(pairs) + 0.01 * centre)  # head 1: records 0 and 1 weigh 0: only centring
     assert loss.item() == pytest.approx(torch.stack(want).mean().item(), abs=1e-12)
     mean = scores.mean(dim=1)
-    assert pairwise.pair_losses.tolist() == pytest.approx([-F.logsigmoid(mean[i] - mean[j]).item() for i, j, _ in pairs])
+    assert pairwise.pair_losses.tolist() == pytest.approx([-F.logsigmoid(mean[i] - mean[j] - m[r]).item()
+                                                           for i, j, r in pairs])  # fmt: skip
     # Each head's own pairs and unweighted losses (its evaluation metrics), the same pairs as the aggregate's.
     for k, head in enumerate(heads):
         assert list(zip(head.better.tolist(), head.worse.tolist())) == [(i, j) for i, j, _ in pairs]
-        assert head.pair_losses.tolist() == pytest.approx([-F.logsigmoid(scores[i, k] - scores[j, k]).item()
-                                                           for i, j, _ in pairs])  # fmt: skip
+        assert head.pair_losses.tolist() == pytest.approx([-F.logsigmoid(scores[i, k] - scores[j, k] - m[r]).item()
+                                                           for i, j, r in pairs])  # fmt: skip
         assert head.loss.item() == pytest.approx(want[k].item(), abs=1e-12)
 
 
@@ -165,8 +169,11 @@ def test_training_k_heads_logs_each_head_and_saves_a_checkpoint_any_tool_loads(t
     assert raw(prompts, completions) == pytest.approx(logits[:, 1].tolist(), abs=1e-5)  # one head, when asked
     first = RewardModelEnvironment(str(out), device="cpu", normalization="none", label_index=0)
     assert first(prompts, completions) == pytest.approx(logits[:, 0].tolist(), abs=1e-5)  # head 0 too, when asked
-    with pytest.raises(ValueError, match=r"label_index 3 is not an output of this model \(it has 3: 0 to 2\)"):
-        RewardModelEnvironment(str(out), device="cpu", label_index=3)
+    for index in (3, -1):  # refused before the weights load
+        with pytest.raises(ValueError, match=rf"label_index {index} is not an output of this model \(it has 3: 0 to 2\)"):
+            RewardModelEnvironment(str(out), device="cpu", label_index=index)
+    with pytest.raises(ValueError, match=r"label_index 3 is not an output"):  # a loaded model too
+        RewardModelEnvironment(plain, env.tokenizer, device="cpu", label_index=3)
 
 
 def test_what_cannot_apply_is_refused(tmp_path, tiny_tokenizer):

@@ -145,3 +145,16 @@ def reward_head(
         return RewardHead()
     names, weights = resolved
     return RewardHead(tuple(names), None if weights is None else tuple(weights))
+
+
+def check_label_index(config: Any, label_index: int | None) -> None:
+    """Refuse a `label_index` that is not one of the model's outputs (None: unset, always fine).
+
+    Raises:
+        ValueError: the index is outside 0 .. num_labels - 1, in one line naming both.
+    """
+    outputs = int(getattr(config, "num_labels", 1) or 1)
+    if label_index is not None and not 0 <= label_index < outputs:
+        raise ValueError(
+            f"label_index {label_index} is not an output of this model (it has {outputs}: 0 to {outputs - 1})"
+        )

@@ -150,8 +150,7 @@ class VLLMJudgeEngine:
     Args:
         model: Local folder or Hub id of the judge.
         config: Its transformers config.
-        options: The `ModelOptions` (vLLM's: `precision`, `max_length`, `max_tokens_per_batch`, `batch_size`,
-            `prefix_sharing`, `vllm_gpu_memory_utilization`, `vllm_tensor_parallel_size`, `trust_remote_code`).
+        options: The `ModelOptions` (vLLM's: `VLLM_ENGINE_OPTIONS`, `trl_rm_env.runtime.vllm`).
     """
 
     name = "vllm"

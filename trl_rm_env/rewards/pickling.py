@@ -27,10 +27,16 @@ from typing import Any
 
 import torch
 
+from ..options import default_of, option_fields, spelling
+from ..runtime.model_options import ModelOptions
+
 logger = logging.getLogger(__name__)
 
-ACCELERATOR_ONLY = {"device": None, "engine": "hf", "vllm_gpu_memory_utilization": None, "vllm_tensor_parallel_size": 1}
-"""Options that place a model on an accelerator, and what they become where none is found."""
+ACCELERATOR_ONLY = {"device": None, "engine": "hf"} | {
+    f.name: default_of(f) for f in option_fields(ModelOptions) if spelling(f).engine == "vllm"
+}
+"""Options that place a model on an accelerator, and what they become where none is found (vLLM's own, `vllm_*`:
+their defaults, as transformers runs it there)."""
 ACCELERATOR_LOADING = ("device_map", "attn_implementation")
 """`model_init_kwargs` keys dropped where no accelerator is found (a `cuda` device map, FlashAttention)."""
 NOT_LOADING = frozenset({"_is_coroutine_marker"})

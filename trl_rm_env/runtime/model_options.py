@@ -143,7 +143,7 @@ class ModelOptions:
     vllm_enforce_eager: bool = option(
         False,
         help="vLLM: run the model eagerly, without torch.compile or CUDA graphs (vLLM's and TRL's `enforce_eager`): "
-        "an engine starts in seconds instead of compiling first, and runs slower.",
+        "an engine starts sooner (no compile before its first step) and runs slower.",
         flag="--enforce-eager",
         engine="vllm",
     )

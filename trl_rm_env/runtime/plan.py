@@ -18,7 +18,7 @@ import torch
 from transformers import AutoConfig, PreTrainedModel
 
 from ..distributed import launched
-from ..heads import RewardHead, reward_head
+from ..heads import RewardHead, check_label_index, reward_head
 from ..model_source import check_model_source
 from ..options import changed, option_fields, spelled, spelling
 from .model_options import PRECISIONS, ModelOptions, ScoringOptions
@@ -230,6 +230,7 @@ def plan_model(
     if kind == "reward":
         options = ScoringOptions.of(options)
         head = reward_head(config, options.attribute_weights, options.reward_model_type, one_reward=one_reward)
+        check_label_index(config, options.label_index)  # before any weights load or engine starts
     plan = ModelPlan(path, loaded, config, options, kind, head, engine="", why="")
     if callable(hf_only):
         hf_only = hf_only(plan)

@@ -20,7 +20,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.messages import strip_completion_reasoning
-from ..heads import RewardHead, reward_head
+from ..heads import RewardHead, check_label_index, reward_head
 from ..runtime.model_options import ScoringOptions
 from ..sharing import shared_prefixes_in
 from ..sharing.mode import forces_sharing
@@ -95,10 +95,7 @@ class RewardScorer:
         self.head = head if head is not None else reward_head(self.config, o.attribute_weights, o.reward_model_type)
         weights = self.head.weights
         self.output_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
-        outputs = int(getattr(self.config, "num_labels", 1) or 1)
-        if o.label_index is not None and not 0 <= o.label_index < outputs:
-            raise ValueError(f"label_index {o.label_index} is not an output of this model (it has {outputs}: 0 to "
-                             f"{outputs - 1})")  # fmt: skip
+        check_label_index(self.config, o.label_index)  # (`plan_model` refuses it before loading, for a path)
         heads = int(getattr(self.config, "ensemble_heads", None) or 1)  # `RankedRewardConfig(ensemble_heads=K)`
         self.ensemble_mean = (heads > 1 and weights is None and not self.head.attributes
                               and o.reward_model_type is None and o.label_index is None)  # fmt: skip

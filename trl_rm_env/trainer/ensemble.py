@@ -63,8 +63,8 @@ def ensemble_loss(
     its pairs weighted by `weights` `(B, K)` (None: unweighted, as in evaluation) over the number of pairs (the
     Poisson bootstrap's estimate of the resample's mean loss, E[w] = 1: a sum over pairs, so a batch cut into chunks,
     or spread over processes, weighs each pair as one forward would); the aggregate's pairs and losses (the mean of
-    the heads' scores) for the metrics; and each head's, unweighted, for its own (`head_statistics`). The pairs are
-    found once: every head has the same."""
+    the heads' scores) for the metrics; and each head's for its own (`head_statistics`: its `pair_losses` unweighted,
+    its `loss` the head's term of the mean). The pairs are found once: every head has the same."""
     aggregate = ranked_bradley_terry_loss(scores.mean(dim=1), ranks, record_index, margin)
     better, worse = aggregate.better, aggregate.worse
     diff = scores[better] - scores[worse]  # (P, K)
