@@ -34,8 +34,8 @@ pytestmark = pytest.mark.vllm
 
 MAX_LENGTH = 160
 # The module's shared engine (`vllm_scorer`) runs vLLM's default, compiled; the engines of one test run eagerly
-# (`vllm_enforce_eager`, TRL's `enforce_eager`): compiling first costs a CPU start 15 to 35 s, and the scores are the
-# same either way (each test compares with transformers).
+# (`vllm_enforce_eager`, TRL's `enforce_eager`): compiling first costs a CPU start 15 to 35 s, and the scores are
+# equal to rounding either way (each test compares with transformers, to 1e-4).
 EAGER = True
 
 
