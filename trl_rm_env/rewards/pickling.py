@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from ..options import default_of, option_fields, spelling
-from ..runtime.model_options import ModelOptions
+from ..options import default_of, option_fields
+from ..runtime.model_options import VLLM_OWN_OPTIONS, ModelOptions
 
 logger = logging.getLogger(__name__)
 
 ACCELERATOR_ONLY = {"device": None, "engine": "hf"} | {
-    f.name: default_of(f) for f in option_fields(ModelOptions) if spelling(f).engine == "vllm"
+    f.name: default_of(f) for f in option_fields(ModelOptions) if f.name in VLLM_OWN_OPTIONS
 }
 """Options that place a model on an accelerator, and what they become where none is found (vLLM's own, `vllm_*`:
 their defaults, as transformers runs it there)."""

@@ -25,7 +25,9 @@ from ..options import (
     document,
     normalize_prefix_sharing,
     option,
+    option_fields,
     refuse_renamed,
+    spelling,
 )
 from ..options import names as option_names
 
@@ -218,6 +220,10 @@ class ModelOptions:
 
 
 document(ModelOptions)
+
+
+VLLM_OWN_OPTIONS = frozenset(f.name for f in option_fields(ModelOptions) if spelling(f).engine == "vllm")
+"""The options only vLLM applies (declared `engine="vllm"`: `vllm_gpu_memory_utilization`, ...)."""
 
 
 @dataclass(frozen=True)

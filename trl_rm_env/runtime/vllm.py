@@ -20,8 +20,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..options import option_fields, spelling
-from .model_options import PRECISIONS, ModelOptions
+from .model_options import PRECISIONS, VLLM_OWN_OPTIONS, ModelOptions
 
 FEW_CPUS = 4  # at most this many usable cores: vLLM's CPU worker gets all of them (`cpu_thread_env`)
 DEFAULT_MAX_BATCHED_TOKENS = 16384  # vLLM's own default is 8192 on CPU; a whole RM sequence must fit in one step
@@ -41,7 +40,7 @@ def kv_cache_bytes(config: Any, dtype: str, tokens: int) -> int:
 
 VLLM_ENGINE_OPTIONS = frozenset(
     {"precision", "max_length", "max_tokens_per_batch", "batch_size", "prefix_sharing", "trust_remote_code"}
-    | {f.name for f in option_fields(ModelOptions) if spelling(f).engine == "vllm"}  # vLLM's own (`vllm_*`)
+    | VLLM_OWN_OPTIONS
 )
 """The `ModelOptions` that `engine_arguments` turns into vLLM's arguments: all vLLM's own server applies (the
 rest, such as `truncation` or `attribute_weights`, are applied by our `RewardScorer` around the engine)."""
