@@ -344,7 +344,7 @@ def main() -> None:
     if args.layers is not None or model == "wide":
         model_kwargs["num_hidden_layers"] = args.layers or 1
     if data == "long":
-        n = batch_size * (steps + 1)
+        n = batch_size * args.grad_accum * (steps + 1)  # the warm-up step's records, then the timed steps'
         records, description = long_records(n, args.context), f"generated, {args.context}-token contexts ({n} records)"
     else:
         records, description = load_records(data, args.records, args.hh_path)

@@ -31,7 +31,8 @@
 # GPU_SH_STEPS: timed training steps per round (default 1, of 64 pairs); GPU_SH_REPEATS: timed scoring calls per
 # round (default 2); GPU_SH_ROUNDS: interleaved rounds (default 3); GPU_SH_TOTAL_S: the script's time budget (default
 # 520 s); GPU_SH_TESTS=0 / GPU_SH_PROFILE=0: skip the GPU tests / the profile; GPU_SH_TESTS_S: the tests' limit
-# (default 150 s); GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS: the rows (comma-separated, as the scripts' --methods);
+# (default 150 s); GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS, GPU_SH_SCORE_BIG_METHODS: the rows of training, of
+# 16 x 8 and of 64 x 16 scoring (comma-separated, as the scripts' --methods);
 # GPU_SH_BENCHES: the benchmarks to run (comma-separated names of the tables, default all; always in the script's
 # order); GPU_SH_LIMITS: their limits in seconds (seven numbers: train, score, score_64x16, profile and TRL's 64 x 16,
 # train_long, train_4b, score_4b).
@@ -190,13 +191,14 @@ fi
 [[ -n ${GPU_SH_LIMITS:-} ]] && LIMITS=(${GPU_SH_LIMITS})
 TRAIN_METHODS=${GPU_SH_TRAIN_METHODS:-"TRL RewardTrainer,TRL RewardTrainer: checkpointing,ours: defaults,ours: plain,ours: one micro-batch"}
 SCORE_METHODS=${GPU_SH_SCORE_METHODS:-"TRL GRPO model reward,fp32 one at a time,ours: defaults,ours: plain"}
+SCORE_BIG_METHODS=${GPU_SH_SCORE_BIG_METHODS:-"ours: defaults,ours: plain"}
 bench train "${LIMITS[0]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \
     --rounds "$ROUNDS" --timeout $((LIMITS[0] / ROUNDS)) --methods "$TRAIN_METHODS" "${TRAIN[@]}"
 bench score "${LIMITS[1]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \
     --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[1] / ROUNDS)) --methods "$SCORE_METHODS" "${SCORE[@]}"
 bench score_64x16 "${LIMITS[2]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 \
     --threads "$THREADS" --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[2] / ROUNDS)) \
-    --methods "ours: defaults,ours: plain" "${SCORE_BIG[@]}"
+    --methods "$SCORE_BIG_METHODS" "${SCORE_BIG[@]}"
 # The packed scoring call and training micro-batches profiled: the CPU side, the forward, the kernels.
 [[ ${GPU_SH_PROFILE:-1} == 1 ]] && bench profile "${LIMITS[3]}" benchmarks/profile_packed.py --hh-path "$HH" \
     --precision bf16 "${PROFILE[@]}"
