@@ -23,6 +23,15 @@ from typing import Any
 import pytest
 import torch
 
+# The cores a test has: the machine's 2, or one under the README's `pytest -n 2` (pytest-xdist), where each worker
+# has one and a launched process must not spin its OpenMP threads against the other worker's.
+CORES = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+
+
+def threads(processes: int = 1) -> str:
+    """`OMP_NUM_THREADS` for each of `processes` launched processes: the test's cores shared, at least one each."""
+    return str(max(1, CORES // processes))
+
 
 # ---------------------------------------------------------------------------------------------------- watching passes
 class Passes:

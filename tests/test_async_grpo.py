@@ -18,7 +18,7 @@ import pickle
 import pytest
 import torch
 from helpers import ASYNC_GRPO_GROUPS as GROUPS
-from helpers import ServerProcess, score_like_async_grpo
+from helpers import ServerProcess, score_like_async_grpo, threads
 
 from trl_rm_env import JudgeEnvironment, RewardModelEnvironment
 
@@ -180,7 +180,7 @@ def test_grpo_recipe_reward_per_attribute(tmp_path, tiny_dir, tiny_tokenizer):
     rm.save_pretrained(tmp_path / "rm")
     tiny_tokenizer.save_pretrained(tmp_path / "rm")
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads(), "TOKENIZERS_PARALLELISM": "false"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "recipes/grpo_rm.py",
            "--config", "recipes/configs/grpo_rm_tiny.yaml", "--output_dir", str(tmp_path / "out"),

@@ -31,6 +31,16 @@ def llmbar_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def in_domain_head(tmp_path_factory):
+    """The bundled `sample:in_domain` set's first 40 records (about 140 pairs) as a JSONL file: the cascade's tests
+    judge every pair, so the whole set (200 records, 706 pairs) would only repeat the same checks."""
+    records, _ = load_rank_records("sample:in_domain")
+    path = tmp_path_factory.mktemp("in-domain") / "in_domain_head.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record in records[:40]), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
 def plain(tiny_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -95,11 +105,11 @@ def test_judge_accuracy_and_consistency_equal_one_at_a_time_reference(tiny_dir, 
 
 
 @pytest.mark.slow
-def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(tiny_dir, capsys, tmp_path):
+def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(tiny_dir, in_domain_head, capsys, tmp_path):
     out = tmp_path / "results.json"
     code = cli_main(["eval", "--model", str(tiny_dir / "reward_model"), "--judge", str(tiny_dir / "policy"),
                      "--judge-engine", "hf", "--judge-mode", "pairwise", "--cascade", "--cascade-margin", "0.05",
-                     "--data", "sample:in_domain",
+                     "--data", str(in_domain_head),
                      "--output", str(out), "--no-progress", "--scores", str(tmp_path / "scores.jsonl")])  # fmt: skip
     assert code == 0
     printed = capsys.readouterr().out
@@ -109,7 +119,7 @@ def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(ti
     for line in (tmp_path / "scores.jsonl").read_text().splitlines():
         row = json.loads(line)
         scores[(row["record"], row["completion"])] = row["score"]
-    records, _ = load_rank_records("sample:in_domain")
+    records, _ = load_rank_records(str(in_domain_head))
     margins = [scores[(r, i)] - scores[(r, j)] for r, record in enumerate(records)
                for i, j in iter_pairs([c["rank"] for c in record["completions"]])]  # fmt: skip
     under = sum(abs(m) < 0.05 for m in margins)
@@ -117,25 +127,26 @@ def test_side_by_side_and_the_cascade_asks_the_judge_exactly_under_the_margin(ti
     assert cascade["sent"] == under and 0 < under < len(margins)
     assert cascade["cost"]["judgements"] == 2 * under  # each pair sent, in both orders; no other
     assert cascade["share"] == pytest.approx(under / len(margins))
-    assert results["agreement"]["pairs"] == sum(m != 0 for m in margins) - results["judge"]["sets"]["sample:in_domain"][
-        "verdict_ties"] - results["judge"]["sets"]["sample:in_domain"]["no_verdict"]  # fmt: skip
+    assert results["agreement"]["pairs"] == sum(m != 0 for m in margins) - results["judge"]["sets"]["in_domain_head"][
+        "verdict_ties"] - results["judge"]["sets"]["in_domain_head"]["no_verdict"]  # fmt: skip
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["pairwise", "pointwise"])
-def test_eval_cascade_is_the_grpo_cascade_reward_pair_for_pair(tiny_dir, mode):
+def test_eval_cascade_is_the_grpo_cascade_reward_pair_for_pair(tiny_dir, in_domain_head, mode):
     """What `eval --cascade` reports for each pair is what `CascadeReward([RewardModelEnvironment, JudgeEnvironment],
-    margin=M)` gives that pair as a GRPO group of two (the better answer first at even pairs), on the bundled data."""
+    margin=M)` gives that pair as a GRPO group of two (the better answer first at even pairs), on the bundled data's
+    first records."""
     from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
     from trl_rm_env.evaluation.command import EvalRequest, run_eval
     from trl_rm_env.evaluation.judge import pairs_of_sets
     from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
 
     rm, policy = str(tiny_dir / "reward_model"), str(tiny_dir / "policy")
-    request = dict(data=("sample:in_domain",), model=rm, judge=JudgeSource(judge=policy),
+    request = dict(data=(str(in_domain_head),), model=rm, judge=JudgeSource(judge=policy),
                    judge_options=JudgeOptions(mode=mode), progress=False)  # fmt: skip
-    records, _ = load_rank_records("sample:in_domain")
-    pairs = pairs_of_sets({"sample:in_domain": records})
+    records, _ = load_rank_records(str(in_domain_head))
+    pairs = pairs_of_sets({"in_domain_head": records})
     environment = RewardModelEnvironment(rm)
     flat = [(records[r]["context"], records[r]["completions"][k]["completion"]) for _, r, i, j in pairs for k in (i, j)]
     scores = environment([p for p, _ in flat], [c for _, c in flat])

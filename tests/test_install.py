@@ -18,7 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from helpers import free_port, run_process
+from helpers import free_port, run_process, threads
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 def run(cmd: list[str], cwd: Path, timeout: int = 600) -> str:
     """Run `cmd` outside the checkout's reach (no `PYTHONPATH`), offline; its output (`run_process`)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="2", CI="true")
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS=threads(), CI="true")
     return run_process(cmd, cwd, env, timeout, " ".join(cmd[:4]))
 
 

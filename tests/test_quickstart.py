@@ -29,10 +29,12 @@ pytestmark = pytest.mark.slow
 def launch(
     recipe: str, config: str, *overrides: str, timeout: int = 600, processes: int = 1, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    # Two threads, as CI runs (the published table was measured so too); nothing here depends on the digits. Two
-    # processes run as accelerate_configs/ddp_cpu.yaml says (one thread each: 2 cores).
+    # The test's cores (helpers.threads: 2, or 1 under `pytest -n 2`); nothing here depends on the digits. Two
+    # processes run as accelerate_configs/ddp_cpu.yaml says (one thread each).
+    from helpers import threads
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CI": "true", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": str(2 // processes), **(env or {})}  # fmt: skip
+           "OMP_NUM_THREADS": threads(processes), **(env or {})}  # fmt: skip
     where = ["--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     if processes > 1:
         from helpers import free_port
