@@ -104,6 +104,24 @@ def reference_varlen(monkeypatch):
     yield calls
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands the documentation's block timings to the controller, which prints them."""
+    import sys
+
+    if hasattr(session.config, "workeroutput") and "doc_runner" in sys.modules:
+        session.config.workeroutput["doc_timings"] = list(sys.modules["doc_runner"].TIMINGS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: a worker's documentation block timings (`pytest_sessionfinish`), for the summary."""
+    timings = getattr(node, "workeroutput", {}).get("doc_timings")
+    if timings:
+        import doc_runner
+
+        doc_runner.TIMINGS.extend((seconds, where) for seconds, where in timings)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The documentation's census (tests/doc_runner.py) where its tests ran: how many blocks run, are parsed,
     compared as output, illustrative (each with its reason in the page), vLLM's, CI's."""
