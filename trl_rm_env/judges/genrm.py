@@ -9,7 +9,11 @@ reward per sample. `rewards/shaping.py` holds the group adjustments that follow 
   much better). The fenced ```json blocks are read first (the first valid object wins), else every top-level `{...}` of
   the text (the last valid one wins). An object is valid when it has at least one of the three keys (read inside
   `"overall"` when that key holds an object); a missing key is the default (3, 3, 3.5); values go through `float()`,
-  and a value that is not a finite number makes the object invalid.
+  and a value that is not a finite number makes the object invalid. The judge (`GenRM`) also holds the verdict to
+  the protocol's ranges: one that writes a value outside them (`{"score_1": 100, "ranking": 42}`, from a broken GenRM
+  or one talked into it by the policy's answer) is no verdict, asked again and then a failed judgement
+  (`verdict_ranges="protocol"`, the default; `"any"` takes any finite value, as NeMo Gym's parser does, for a GenRM
+  with other ranges). `parse_genrm_verdict` is Gym's parser and leaves ranges unchecked.
 - **Pairs**: `circular` (i against i+1 mod N) or `all_pairs` (i < j).
 - **Aggregation** into one reward per sample, the mean of what it received (`default_score` where it got nothing):
   `simple_tiebreaker` (equal scores are split by the ranking: d = 3.5 - ranking, score_1 + d, score_2 - d),
@@ -22,13 +26,14 @@ non-finite value (NaN, Infinity) is no verdict.
 
 `GenRM` is the judge mode (`JudgeEnvironment(mode="genrm")`) that asks a GenRM these comparisons in GRPO: its options
 are `JudgeOptions`' GenRM keys (`comparison_strategy`, `judges_per_comparison`, `aggregator`, `principle`,
-`principle_column`, `default_score`, `default_ranking`, `failed_judgement`).
+`principle_column`, `default_score`, `default_ranking`, `failed_judgement`, `verdict_ranges`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -36,6 +41,9 @@ from typing import Any, NamedTuple
 
 from ..data.messages import reasoning_and_answer, strip_reasoning_text
 from .judge_mode import JudgeMode
+
+logger = logging.getLogger(__name__)
+_warned_ranges: list[bool] = []  # the out-of-range warning, once per process
 
 DEFAULT_SCORE = 3.0
 DEFAULT_RANKING = 3.5  # no preference
@@ -45,6 +53,8 @@ AGGREGATORS = ("simple_tiebreaker", "individual_scores", "weighted_win_loss")
 FAILED_JUDGEMENTS = ("neutral", "masked")
 WIN_POINTS = {1: 1.0, 2: 0.75, 3: 0.6, 4: 0.4, 5: 0.25, 6: 0.0}  # response 1's points by ranking
 VERDICT_KEYS = ("score_1", "score_2", "ranking")
+PROTOCOL_RANGES = {"score_1": (1.0, 5.0), "score_2": (1.0, 5.0), "ranking": (1.0, 6.0)}
+VERDICT_RANGES = ("protocol", "any")
 FENCED_JSON = re.compile(r"```json\s*([\s\S]*?)\s*```", re.I)
 
 Verdict = tuple[float, float, float]
@@ -102,7 +112,10 @@ def _closing_brace(text: str, start: int) -> int | None:
     return None
 
 
-def _verdict(candidate: str, default_score: float, default_ranking: float) -> Verdict | None:
+def _written(candidate: str) -> dict[str, float] | None:
+    """The values a verdict object writes (its keys of `VERDICT_KEYS`, read inside `"overall"` when that holds an
+    object), or None when `candidate` is no verdict object: not JSON, none of the keys, or a value that is not a finite
+    number."""
     try:
         value = json.loads(candidate)
     except json.JSONDecodeError:
@@ -111,12 +124,33 @@ def _verdict(candidate: str, default_score: float, default_ranking: float) -> Ve
         value = value["overall"]
     if not isinstance(value, dict) or not any(key in value for key in VERDICT_KEYS):
         return None
-    defaults = (default_score, default_score, default_ranking)
     try:
-        verdict = tuple(float(value.get(key, default)) for key, default in zip(VERDICT_KEYS, defaults))
+        written = {key: float(value[key]) for key in VERDICT_KEYS if key in value}
     except (TypeError, ValueError):
         return None
-    return verdict if all(math.isfinite(v) for v in verdict) else None  # type: ignore[return-value]
+    return written if all(math.isfinite(v) for v in written.values()) else None
+
+
+def written_verdict(text: str) -> dict[str, float] | None:
+    """What the verdict object of a GenRM's answer writes, chosen as NeMo Gym chooses it (the first valid object of
+    the fenced ```json blocks, else the last valid top-level object), or None when it holds none."""
+    for block in FENCED_JSON.finditer(text):
+        for candidate in _objects(block.group(1)):
+            if (written := _written(candidate)) is not None:
+                return written
+    valid = [w for c in _objects(text) if (w := _written(c)) is not None]
+    return valid[-1] if valid else None
+
+
+def verdict_of(written: Mapping[str, float], default_score: float, default_ranking: float) -> Verdict:
+    """`(score_1, score_2, ranking)` of a written verdict, a missing key its default."""
+    defaults = (default_score, default_score, default_ranking)
+    return tuple(written.get(key, default) for key, default in zip(VERDICT_KEYS, defaults))  # type: ignore[return-value]
+
+
+def out_of_range(written: Mapping[str, float]) -> dict[str, float]:
+    """The written values outside the protocol's ranges (`score_1`, `score_2` in 1-5, `ranking` in 1-6)."""
+    return {key: v for key, v in written.items() if not PROTOCOL_RANGES[key][0] <= v <= PROTOCOL_RANGES[key][1]}
 
 
 def parse_genrm_verdict(
@@ -126,19 +160,16 @@ def parse_genrm_verdict(
     *,
     raise_on_fail: bool = False,
 ) -> Verdict:
-    """`(score_1, score_2, ranking)` read from a GenRM's answer (see the module docstring); the defaults where it
-    holds no valid verdict.
+    """`(score_1, score_2, ranking)` read from a GenRM's answer (see the module docstring), NeMo Gym's
+    `parse_genrm_output`: any finite values, the protocol's ranges unchecked (the `GenRM` judge checks them); the
+    defaults where it holds no valid verdict.
 
     Raises:
         GenRMVerdictError: no valid verdict, with `raise_on_fail`.
     """
-    for block in FENCED_JSON.finditer(text):
-        for candidate in _objects(block.group(1)):
-            if (verdict := _verdict(candidate, default_score, default_ranking)) is not None:
-                return verdict
-    valid = [v for c in _objects(text) if (v := _verdict(c, default_score, default_ranking)) is not None]
-    if valid:
-        return valid[-1]
+    written = written_verdict(text)
+    if written is not None:
+        return verdict_of(written, default_score, default_ranking)
     if raise_on_fail:
         preview = text if len(text) <= 200 else text[:200] + "..."
         raise GenRMVerdictError(f"no verdict object {{{', '.join(VERDICT_KEYS)}}} in the GenRM's answer: {preview!r}")
@@ -215,9 +246,10 @@ class GenRM(JudgeMode):
     """NeMo Gym's `genrm_compare`: the pairs of a group (`comparison_strategy`, each `judges_per_comparison` times)
     shown to a pairwise GenRM as the protocol's messages (each completion's final answer, its reasoning and tool calls
     left out: `data.messages.reasoning_and_answer`); its JSON verdict read from what it writes; each completion
-    gets the mean of what it received (`aggregator`), `default_score` alone in its group; a judgement without a
-    verdict after the retries (or whose request failed) counts as `(default_score, default_score, default_ranking)`
-    (`failed_judgement="neutral"`) or masks its samples' rewards (`"masked"`)."""
+    gets the mean of what it received (`aggregator`), `default_score` alone in its group; a verdict outside the
+    protocol's ranges is none (`verdict_ranges`); a judgement without a verdict after the retries (or whose request
+    failed) counts as `(default_score, default_score, default_ranking)` (`failed_judgement="neutral"`) or masks its
+    samples' rewards (`"masked"`)."""
 
     name = "genrm"
     template = ""
@@ -229,7 +261,8 @@ class GenRM(JudgeMode):
     scorings = ("generate",)
     templated = False
     own_options = frozenset({"comparison_strategy", "judges_per_comparison", "aggregator", "principle",
-                             "principle_column", "default_score", "default_ranking", "failed_judgement"})  # fmt: skip
+                             "principle_column", "default_score", "default_ranking", "failed_judgement",
+                             "verdict_ranges"})  # fmt: skip
     refuses = frozenset({"pairs", "swap", "max_score", "single_reward", "unparsed_reward"})  # Gym's own keys instead
 
     def labels(self, options: Any) -> list[str]:
@@ -263,12 +296,21 @@ class GenRM(JudgeMode):
         raise NotImplementedError("a GenRM's verdict is read from its text")
 
     def from_text(self, shown: Sequence[int], text: str, options: Any) -> Comparison | None:
-        try:
-            verdict = parse_genrm_verdict(
-                strip_reasoning_text(text), options.default_score, options.default_ranking, raise_on_fail=True
-            )
-        except GenRMVerdictError:
+        written = written_verdict(strip_reasoning_text(text))
+        if written is None:
             return None
+        outside = out_of_range(written) if options.verdict_ranges == "protocol" else {}
+        if outside:  # a broken GenRM, or one talked into it by a policy's answer: no verdict (asked again, then failed)
+            if not _warned_ranges:
+                _warned_ranges.append(True)
+                logger.warning(
+                    "a GenRM verdict wrote %s, outside the genrm_compare ranges (scores 1-5, ranking 1-6): it is no "
+                    "verdict (asked again, then a failed judgement, counted in judge_env/num_failed). A GenRM with "
+                    "other ranges: verdict_ranges='any'. Warned once.",
+                    ", ".join(f"{key}={value:g}" for key, value in outside.items()),
+                )
+            return None
+        verdict = verdict_of(written, options.default_score, options.default_ranking)
         return Comparison(*verdict, *received(verdict, options.aggregator))
 
     def failed_verdict(self, options: Any) -> Comparison | None:

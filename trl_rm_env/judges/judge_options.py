@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import ENGINES, build, changed, check_choices, document, option
-from .genrm import AGGREGATORS, FAILED_JUDGEMENTS, PAIR_STRATEGIES
+from .genrm import AGGREGATORS, FAILED_JUDGEMENTS, PAIR_STRATEGIES, VERDICT_RANGES
 from .modes import MODES
 
 SCORINGS = ("logprobs", "generate")
@@ -156,6 +156,15 @@ class JudgeOptions:
         "it as `(default_score, default_score, default_ranking)` (NeMo Gym's); `masked` gives its responses no "
         "reward (None, which TRL leaves out of the loss). Counted in `judge_env/num_failed` either way.",
         **_judge("failed_judgement"),
+    )
+    verdict_ranges: str = option(
+        "protocol",
+        choices=VERDICT_RANGES,
+        help="`genrm`: `protocol` holds a verdict to genrm_compare's ranges (scores 1-5, ranking 1-6): one that "
+        "writes a value outside them (a broken GenRM, or one a policy's answer talked into it) is no verdict, asked "
+        "again, then a failed judgement (`failed_judgement`, counted in `judge_env/num_failed`); `any` takes any "
+        "finite value, as NeMo Gym's parser does, for a GenRM trained with other ranges.",
+        **_judge("verdict_ranges"),
     )
 
     @classmethod

@@ -8,6 +8,7 @@ The reward-model client (`RemoteScorer`) and the judge's OpenAI-compatible clien
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -30,8 +31,32 @@ class RemoteScoringError(RuntimeError):
         self.url, self.status = url, status
 
 
+def one_line(text: str, limit: int = 200) -> str:
+    """The start of a server's text on one line (whitespace runs as one space), `...` where it was cut."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+async def json_body(response: aiohttp.ClientResponse, what: str, url: str) -> Any:
+    """The JSON of a server's answer.
+
+    Raises:
+        RemoteScoringError: a body that is not JSON (an HTML page from a proxy, a truncated answer), in one line naming
+            the server, the status and the start of the body. Not retried: a server that answers so is misconfigured.
+    """
+    text = (await response.read()).decode("utf-8", errors="replace")  # JSON is UTF-8 (RFC 8259)
+    try:
+        return json.loads(text)
+    except ValueError:
+        shown = repr(one_line(text)) if text.strip() else "an empty body"
+        raise RemoteScoringError(
+            f"{what} {url} answered HTTP {response.status} with a body that is not JSON: {shown}", url, response.status
+        ) from None
+
+
 async def error_message(response: aiohttp.ClientResponse) -> tuple[str, str | None]:
-    """The server's error message and error type (vLLM's `{"error": {"message", "type"}}`), or its text."""
+    """The server's error message and error type (vLLM's `{"error": {"message", "type"}}`), or the start of its text
+    on one line."""
     text = await response.text()
     try:
         body = await response.json(content_type=None)
@@ -45,7 +70,7 @@ async def error_message(response: aiohttp.ClientResponse) -> tuple[str, str | No
                 return error, None
     except ValueError:
         pass
-    return text[:500], None
+    return one_line(text, 500), None
 
 
 class ServerPool:
@@ -124,7 +149,7 @@ class ServerPool:
             try:
                 async with session.post(url, json=body) as response:
                     if response.status == 200:
-                        return read(await response.json(content_type=None), url)
+                        return read(await json_body(response, self.what, url), url)
                     message, err_type = await error_message(response)
                     if err_type in error_values:  # an answer about this item, not a failure: the caller decides
                         return error_values[err_type]
