@@ -1,6 +1,10 @@
 """NeMo Gym's `genrm_compare` protocol (`judges/genrm.py`) and its group adjustments (`rewards/shaping.py`): the
 cases of Gym's own tests (`resources_servers/genrm_compare/tests/test_utils.py`), each with its inputs and expected
-values as written there, then ours (the aggregators NeMo RL had, the bonuses and length weights by hand)."""
+values as written there, then ours, every expected value a literal derived by hand (the derivation in a comment) from
+Gym's `resources_servers/genrm_compare/utils.py` (`aggregate_scores`, `apply_length_bonuses`,
+`_compute_length_weights`, `apply_style_penalties`) or, for weighted_win_loss, NeMo RL's points (1, .75, .6, .4, .25,
+0 by ranking, rounded half to even, clamped to 1..6): rankings at .5, ties under each aggregator, `default_score`, and
+the top-percentile threshold at groups of 8, 10 and 16 placed so that an off-by-one changes the bonus."""
 
 from __future__ import annotations
 
@@ -113,8 +117,8 @@ def test_style_shaping_is_off_at_zero_and_for_a_group_of_one():
 
 
 def test_style_shaping_rewards_less_markdown():
-    shaped, adjustments = GroupShaping(style_coeff=1.0).apply([3.0, 3.0], ["", ""],
-                                                              ["plain answer", "# Title\n- item\n**bold**"])  # fmt: skip
+    answers = ["plain answer", "# Title\n- item\n**bold**"]
+    shaped, adjustments = GroupShaping(style_coeff=1.0).apply([3.0, 3.0], ["", ""], answers)
     assert shaped == approx([3.5, 2.5]) and adjustments == approx([0.5, -0.5])
 
 
@@ -133,7 +137,8 @@ def test_simple_tiebreaker(verdicts, pairs, rewards, tie_rate):
 def test_style_after_aggregation():
     """Gym's integration case: a neutral verdict, then the style adjustment on top of the base rewards."""
     base, tie_rate = aggregate_verdicts([(3.0, 3.0, 3.5)], [(0, 1)], 2)
-    shaped, adjustments = GroupShaping(style_coeff=1.0).apply(base, ["", ""], ["plain answer", "# Title\n- item\n**bold**"])
+    answers = ["plain answer", "# Title\n- item\n**bold**"]
+    shaped, adjustments = GroupShaping(style_coeff=1.0).apply(base, ["", ""], answers)
     assert base == approx([3.0, 3.0]) and tie_rate == 1.0
     assert shaped == approx([3.5, 2.5]) and adjustments == approx([0.5, -0.5])
 
@@ -219,6 +224,170 @@ def test_length_shaping_favours_shorter_and_sums_to_zero():
     assert sum(adjustments) == approx(0.0) and shaped == approx([3 + a for a in adjustments])
 
 
+@pytest.mark.parametrize(
+    ("ranking", "points"),
+    [
+        (1, 1.0), (2, 0.75), (3, 0.6), (4, 0.4), (5, 0.25), (6, 0.0),
+        (1.5, 0.75),  # round(1.5) = 2
+        (2.5, 0.75),  # half to even: 2 (half up would be 3: .6)
+        (3.5, 0.4),  # 4
+        (4.5, 0.4),  # half to even: 4 (half up would be 5: .25)
+        (5.5, 0.0),  # 6
+        (2.4, 0.75), (2.6, 0.6),
+        (0.5, 1.0), (-3, 1.0), (9, 0.0), (6.4, 0.0),  # round(0.5) = 0 and below clamp to 1; above 6 to 6
+    ],
+)  # fmt: skip
+def test_weighted_win_loss_points_round_half_to_even_and_clamp(ranking, points):
+    """NeMo RL's weighted win/loss: response 1 gets the points of its ranking (1: 1.0, 2: .75, 3: .6, 4: .4, 5: .25,
+    6: 0) rounded half to even (Python's `round`) and clamped to 1..6, response 2 the rest of 1; the scores play no
+    part (5 and 1 here)."""
+    rewards, tie_rate = aggregate_verdicts([(5.0, 1.0, ranking)], [(0, 1)], 2, method="weighted_win_loss")
+    assert rewards == approx([points, 1.0 - points], abs=1e-12) and tie_rate == 0.0
+
+
+@pytest.mark.parametrize(
+    ("verdict", "tiebreaker", "individual"),
+    [
+        ((4.0, 4.0, 1.0), [6.5, 1.5], [4.0, 4.0]),  # a tie: d = 3.5 - 1 = 2.5
+        ((2.0, 2.0, 6.0), [-0.5, 4.5], [2.0, 2.0]),  # d = 3.5 - 6 = -2.5: response 2 wins the tie
+        ((5.0, 5.0, 4.5), [4.0, 6.0], [5.0, 5.0]),  # d = -1
+        ((3.0, 3.0, 3.5), [3.0, 3.0], [3.0, 3.0]),  # d = 0
+        ((4.0, 3.0, 6.0), [4.0, 3.0], [4.0, 3.0]),  # unequal scores: the ranking is not read
+    ],
+)
+def test_one_verdict_by_aggregator(verdict, tiebreaker, individual):
+    """NeMo Gym's simple_tiebreaker (`adjustment = 3.5 - ranking` added to score_1 and taken from score_2 only when
+    the scores are equal) against individual_scores (the scores as written)."""
+    assert aggregate_verdicts([verdict], [(0, 1)], 2)[0] == approx(tiebreaker, abs=1e-12)
+    assert aggregate_verdicts([verdict], [(0, 1)], 2, method="individual_scores")[0] == approx(individual, abs=1e-12)
+
+
+# All pairs of a group of 4, three of the six tied.
+GROUP_VERDICTS = [(4.0, 4.0, 2.0), (3.0, 5.0, 5.0), (2.0, 2.0, 5.0), (5.0, 1.0, 1.0), (3.0, 3.0, 3.5), (4.0, 2.0, 2.0)]
+GROUP_PAIRS = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+
+
+@pytest.mark.parametrize(
+    ("method", "rewards"),
+    [
+        # (0,1) tie d = 1.5: 5.5, 2.5; (0,2) 3, 5; (0,3) tie d = -1.5: .5, 3.5; (1,2) 5, 1; (1,3) tie d = 0: 3, 3;
+        # (2,3) 4, 2. 0: 5.5 + 3 + .5; 1: 2.5 + 5 + 3; 2: 5 + 1 + 4; 3: 3.5 + 3 + 2 (each over 3)
+        ("simple_tiebreaker", [9 / 3, 10.5 / 3, 10 / 3, 8.5 / 3]),
+        # 0: 4 + 3 + 2; 1: 4 + 5 + 3; 2: 5 + 1 + 4; 3: 2 + 3 + 2
+        ("individual_scores", [9 / 3, 12 / 3, 10 / 3, 7 / 3]),
+        # rankings 2, 5, 5, 1, 3.5 (-> 4), 2: response 1 gets .75, .25, .25, 1, .4, .75; response 2 the rest
+        ("weighted_win_loss", [1.25 / 3, 1.65 / 3, 1.5 / 3, 1.6 / 3]),
+    ],
+)
+def test_a_group_of_four_with_ties_by_aggregator(method, rewards):
+    """Each sample's reward is the mean of what it received over its three comparisons; the tie rate is the share
+    of comparisons with equal scores (3 of 6), whatever the aggregator. By hand from NeMo Gym's `aggregate_scores`
+    and NeMo RL's points."""
+    got, tie_rate = aggregate_verdicts(GROUP_VERDICTS, GROUP_PAIRS, 4, method=method)
+    assert got == approx(rewards, abs=1e-12) and tie_rate == 0.5
+
+
+def test_a_sample_compared_with_nobody_gets_default_score():
+    """NeMo Gym's `aggregate_scores`: no comparison -> `default_score` (2.5 here, not the 3.0 default)."""
+    rewards, tie_rate = aggregate_verdicts([(4.0, 2.0, 1.0)], [(0, 1)], 3, default_score=2.5)
+    assert rewards == [4.0, 2.0, 2.5] and tie_rate == 0.0
+    assert aggregate_verdicts([], [], 2, default_score=2.5) == ([2.5, 2.5], 0.0)
+
+
+def test_a_partial_verdict_is_filled_with_the_given_defaults():
+    """NeMo Gym's `parse_genrm_output`: a missing key is `default_score` / `default_ranking` as given."""
+    assert parse_genrm_verdict('{"score_1": 5}', 2.0, 2.5) == (5.0, 2.0, 2.5)
+    assert parse_genrm_verdict('{"ranking": 6}', 2.0, 2.5) == (2.0, 2.0, 6.0)
+    assert parse_genrm_verdict("nothing", 2.0, 2.5) == (2.0, 2.0, 2.5)
+
+
+def _short_at(n: int, index: int, long: str, short: str) -> list[str]:
+    return [short if i == index else long for i in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("top_percentile", "scores", "reasoning_at", "answer_at", "bonuses"),
+    [
+        # N=8, p=.2 (the Super recipe's): int(1.6) - 1 = 0 -> the best, 5.0. Reasoning at 5.0: +.5; answer at the
+        # 2nd best 4.5: nothing (with int(N * p) = 1 the threshold would be 4.5 and it would get .25).
+        (0.2, [3.0, 1.0, 4.0, 2.0, 5.0, 2.5, 4.5, 3.5], 4, 6, {4: 0.5}),
+        # N=8, p=.5: int(4.0) - 1 = 3 -> the 4th best of 5, 4.5, 4, 3.5, 3, ... = 3.5. Reasoning at 3.5: +.5;
+        # answer at 3.0 (5th): nothing.
+        (0.5, [3.0, 1.0, 4.0, 2.0, 5.0, 2.5, 4.5, 3.5], 7, 0, {7: 0.5}),
+        # N=10, p=.3: int(3.0000000000000004) - 1 = 2 -> the 3rd best of 5, 4.5, 4, 3.5, ... = 4.0 (sample 1).
+        (0.3, [2.0, 4.0, 1.0, 3.0, 5.0, 2.5, 4.5, 1.5, 3.5, 0.5], 1, 8, {1: 0.5}),
+        # N=10, p=.2: int(2.0) - 1 = 1 -> the 2nd best, 4.5 (sample 6); here the answer is there: +.25, the
+        # reasoning at 4.0 (3rd best): nothing.
+        (0.2, [2.0, 4.0, 1.0, 3.0, 5.0, 2.5, 4.5, 1.5, 3.5, 0.5], 1, 6, {6: 0.25}),
+        # N=16, p=.2: int(3.2) - 1 = 2 -> the 3rd best of 5, 5, 4.5, 4, 4, 3.5, ... = 4.5, counting the two 5.0s
+        # (a threshold over distinct scores would be 4.0). Reasoning at 4.5 (sample 3): +.5; answer at 4.0: nothing.
+        (0.2, [3.0, 5.0, 2.0, 4.5, 1.0, 4.0, 3.5, 2.5, 5.0, 1.5, 3.0, 2.0, 4.0, 2.5, 1.0, 3.5], 3, 5, {3: 0.5}),
+        # The same group with the two swapped: the answer at 4.5 gets .25, the reasoning at 4.0 (sample 12) nothing.
+        (0.2, [3.0, 5.0, 2.0, 4.5, 1.0, 4.0, 3.5, 2.5, 5.0, 1.5, 3.0, 2.0, 4.0, 2.5, 1.0, 3.5], 12, 3, {3: 0.25}),
+        # N=4, p=.2: int(.8) - 1 = -1, max(0, -1) = 0 -> the best, 4.0; the 2nd best 3.0 gets nothing (index -1 would
+        # be the lowest score, 1.0, and both would get a bonus).
+        (0.2, [1.0, 3.0, 4.0, 2.0], 1, 1, {}),
+        # p=1: int(N) - 1 -> the lowest score: any shortest completion gets both bonuses.
+        (1.0, [1.0, 3.0, 4.0, 2.0, 0.5, 2.5, 3.5, 1.5], 4, 4, {4: 0.75}),
+    ],
+)
+def test_the_top_percentile_threshold_at_real_group_sizes(top_percentile, scores, reasoning_at, answer_at, bonuses):
+    """NeMo Gym's `apply_length_bonuses`: the threshold is the `max(0, int(N * top_percentile) - 1)`-th of the
+    scores sorted best first (ties counted), and a bonus goes to the shortest non-empty reasoning (answer) when its
+    score is `>=` it. Each case puts one bonus candidate exactly at the threshold and the other one rank below, so an
+    off-by-one index, `>`, or a threshold over distinct scores changes the result."""
+    n = len(scores)
+    shaping = GroupShaping(reasoning_bonus=0.5, answer_bonus=0.25, top_percentile=top_percentile)
+    shaped, adjustments = shaping.apply(scores, _short_at(n, reasoning_at, "a longer thought", "ab"),
+                                        _short_at(n, answer_at, "a longer answer", "x"))  # fmt: skip
+    assert adjustments == [bonuses.get(i, 0.0) for i in range(n)]
+    assert shaped == [s + bonuses.get(i, 0.0) for i, s in enumerate(scores)]
+
+
+def test_the_bonus_candidates_are_the_first_shortest_stripped_non_empty_texts():
+    """NeMo Gym's `apply_length_bonuses` over a group of 8 at p=.2 (threshold: the best score, 5.0, taken before any
+    bonus): lengths are of the stripped text, an empty or blank text is no candidate, and of equal lengths the first
+    index wins (`min` by length)."""
+    scores = [5.0, 5.0, 4.0, 3.0, 2.0, 1.0, 4.5, 3.5]
+    # Stripped reasoning lengths: 2 ("  ab  "), 3, 0 (blank), 0, 4, 2, 6, 5: samples 0 and 5 tie at 2 -> sample 0
+    # (5.0 >= 5.0): +.5. Unstripped, sample 0 would be 6 long and sample 5 (1.0) the candidate; with blanks counted
+    # sample 2 (4.0); with the last of equals sample 5.
+    reasonings = ["  ab  ", "abc", "   ", "", "abcd", "ab", "abcdef", "abcde"]
+    # Answers: sample 1's "x" is the shortest non-empty (sample 3's is empty): 5.0 >= 5.0, the threshold taken before
+    # sample 0's bonus (taken after it, 5.5, sample 1 would get nothing): +.25.
+    answers = ["an answer", "x", "an answer", "", "an answer", "an answer", "an answer", "an answer"]
+    shaped, adjustments = GroupShaping(reasoning_bonus=0.5, answer_bonus=0.25).apply(scores, reasonings, answers)
+    assert adjustments == [0.5, 0.25, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert shaped == [5.5, 5.25, 4.0, 3.0, 2.0, 1.0, 4.5, 3.5]
+
+
+def test_length_weights_over_a_group_of_eight():
+    """NeMo Gym's `_compute_length_weights`, 1 - (L - min) / (max - min) minus the mean, by hand for 8 samples, each
+    text measured stripped; reasoning and answer each with their own coefficient."""
+    reasonings = [" " * 3, "r" * 10, "r" * 20, "r" * 30, "r" * 40, "\n" + "r" * 10 + " ", "r" * 20, "r" * 30]
+    answers = ["a" * 5, "a", "a" * 9, " a ", "a" * 5, "a" * 9, "a", "a" * 5]
+    # Reasoning lengths 0, 10, 20, 30, 40, 10, 20, 30: raw 1, .75, .5, .25, 0, .75, .5, .25 (mean .5)
+    # -> .5, .25, 0, -.25, -.5, .25, 0, -.25. Answer lengths 5, 1, 9, 1, 5, 9, 1, 5: raw .5, 1, 0, 1, .5, 0, 1, .5
+    # (mean .5625) -> -.0625, .4375, -.5625, .4375, -.0625, -.5625, .4375, -.0625.
+    want = [0.3 * 0.5 + 0.35 * -0.0625, 0.3 * 0.25 + 0.35 * 0.4375, 0.3 * 0 + 0.35 * -0.5625,
+            0.3 * -0.25 + 0.35 * 0.4375, 0.3 * -0.5 + 0.35 * -0.0625, 0.3 * 0.25 + 0.35 * -0.5625,
+            0.3 * 0 + 0.35 * 0.4375, 0.3 * -0.25 + 0.35 * -0.0625]  # fmt: skip
+    shaped, adjustments = GroupShaping(reasoning_length_coeff=0.3, answer_length_coeff=0.35).apply(
+        [2.0] * 8, reasonings, answers
+    )
+    assert adjustments == approx(want, abs=1e-12) and shaped == approx([2.0 + w for w in want], abs=1e-12)
+    assert want[0] == approx(0.128125) and want[1] == approx(0.228125)
+
+
+def test_style_weights_over_three_densities():
+    """NeMo Gym's `apply_style_penalties` by hand: densities 0, 1/10 (a header in 10 characters) and 2/10 (two list
+    items in 10) -> raw 1, .5, 0, centred .5, 0, -.5, times the coefficient .05."""
+    answers = ["abcdefghij", "# abcdefgh", "- a\n- bcde"]
+    assert [style_density(a) for a in answers] == approx([0.0, 0.1, 0.2], abs=1e-12)
+    shaped, adjustments = GroupShaping(style_coeff=0.05).apply([3.0, 3.0, 3.0], ["", "", ""], answers)
+    assert adjustments == approx([0.025, 0.0, -0.025], abs=1e-12) and shaped == approx([3.025, 3.0, 2.975], abs=1e-12)
+
+
 def test_shaping_refuses_bad_values():
     with pytest.raises(ValueError, match="style_coeff must be >= 0"):
         GroupShaping(style_coeff=-1)
@@ -228,7 +397,7 @@ def test_shaping_refuses_bad_values():
         GroupShaping(style_coeff=1).apply([1.0, 2.0], [""], ["a", "b"])
 
 
-# --- NeMo RL's length shaping (`grpo.reward_shaping`), cases computed from its formulas --------------------------------
+# --- NeMo RL's length shaping (`grpo.reward_shaping`), cases computed from its formulas -----------------------------
 def test_dapo_overlong_buffer_and_stop_properly_penalty_follow_nemo_rls_formulas():
     import torch
 
@@ -277,7 +446,8 @@ def test_nemo_rls_reward_shaping_block_is_read_as_nemo_rl_applies_it(caplog):
         stop = length_shaping_arguments({**shipped, "enabled": True, "stop_properly_penalty_coef": 0.5,
                                          "eos_token_id": [2]})  # fmt: skip
     assert stop == {"stop_properly_penalty_coef": 0.5, "eos_token_id": [2]}
-    assert "so ['overlong_buffer_length', 'overlong_buffer_penalty', 'max_response_length'] are not applied" in caplog.text
+    not_applied = "so ['overlong_buffer_length', 'overlong_buffer_penalty', 'max_response_length'] are not applied"
+    assert not_applied in caplog.text
     with pytest.raises(ValueError, match=r"only 'response_length'"):
         length_shaping_arguments({"enabled": True, "mode": "reasoning_length"})
     with pytest.raises(ValueError, match=r"Unsupported grpo.reward_shaping key\(s\) \['overlong_penalty'\]"):

@@ -1,14 +1,16 @@
 """The GenRM judge mode (`JudgeEnvironment(mode="genrm")`, NeMo Gym's `genrm_compare`) end to end against a scripted
 OpenAI-compatible chat server that answers chosen texts per pair: the messages it receives (roles, order, `None` for
-an empty answer, the principle on and off, the policy's reasoning left out), the rewards against a plain
-re-implementation of the protocol's formulas (pairs, k judges, aggregators, group shaping), and the failures (no JSON,
-a dead server, `masked`). The pieces without a model (parsing, pairs, aggregation, shaping) are `test_genrm.py`'s."""
+an empty answer, the principle on and off, the policy's reasoning left out); the rewards, every expected value a
+literal derived by hand (the derivation in a comment) from NeMo Gym's `resources_servers/genrm_compare/utils.py` and
+NeMo RL's weighted win/loss points: pairs x k judges x aggregators (EXPECTED), the Super recipe's shaping
+(SUPER_EXPECTED), the top-percentile bonus at groups of 8, 10 and 16; and the failures (no JSON after the retries at
+changed `default_score` / `default_ranking`, a failed request, a dead or hanging server, `masked`, a lone sample). The
+pieces without a model (parsing, pairs, aggregation, shaping) are `test_genrm.py`'s."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import itertools
 import json
 import socket
 import threading
@@ -19,10 +21,7 @@ import pytest
 from aiohttp import web
 
 from trl_rm_env import JudgeEnvironment
-from trl_rm_env.rewards.shaping import style_density
 from trl_rm_env.serving.client.pool import RemoteScoringError
-
-WIN_POINTS = {1: 1.0, 2: 0.75, 3: 0.6, 4: 0.4, 5: 0.25, 6: 0.0}
 
 
 def _free_port() -> int:
@@ -97,60 +96,6 @@ ANSWERS = ["<think>The moon pulls.</think>The moon pulls water.", "Gravity.", "#
 GROUPS = [PROMPT] * 4 + [OTHER] * 2
 
 
-def answer_of(text: str) -> tuple[str, str]:
-    """(reasoning, answer) as the protocol reads a policy completion."""
-    if "</think>" in text:
-        reasoning, _, answer = text.rpartition("</think>")
-        return reasoning.replace("<think>", "", 1).strip(), answer.lstrip()
-    return "", text
-
-
-def centred(values):
-    low, high = min(values), max(values)
-    if low == high:
-        return [0.0] * len(values)
-    raw = [1 - (v - low) / (high - low) for v in values]
-    return [w - sum(raw) / len(raw) for w in raw]
-
-
-def reference(texts, strategy="circular", k=1, aggregator="simple_tiebreaker", shaping=None):
-    """The protocol's rewards for one group, written out plainly from the formulas (NeMo Gym's, as issue 38 states
-    them); `shaping`: Gym's bonuses and coefficients."""
-    n = len(texts)
-    if n == 1:
-        return [3.0]
-    pairs = [(i, (i + 1) % n) for i in range(n)] if strategy == "circular" else list(itertools.combinations(range(n), 2))
-    received = [[] for _ in range(n)]
-    answers = [answer_of(t)[1] for t in texts]
-    for i, j in pairs:
-        for _ in range(k):
-            v = verdict_for(answers[i], answers[j])
-            s1, s2, r = float(v["score_1"]), float(v["score_2"]), float(v["ranking"])
-            if aggregator == "weighted_win_loss":
-                s1 = WIN_POINTS[min(6, max(1, round(r)))]
-                s2 = 1 - s1
-            elif aggregator == "simple_tiebreaker" and s1 == s2:
-                s1, s2 = s1 + (3.5 - r), s2 - (3.5 - r)
-            received[i].append(s1)
-            received[j].append(s2)
-    scores = [sum(r) / len(r) if r else 3.0 for r in received]
-    if not shaping:
-        return scores
-    reasonings = [answer_of(t)[0] for t in texts]
-    threshold = sorted(scores, reverse=True)[max(0, int(n * shaping["top_percentile"]) - 1)]
-    for bonus, parts in ((shaping["reasoning_bonus"], reasonings), (shaping["answer_bonus"], answers)):
-        lengths = [(len(p.strip()), i) for i, p in enumerate(parts) if p.strip()]
-        if bonus > 0 and lengths and scores[min(lengths)[1]] >= threshold:
-            scores[min(lengths)[1]] += bonus
-    for coeff, parts in ((shaping["reasoning_length_coeff"], reasonings), (shaping["answer_length_coeff"], answers)):
-        if coeff > 0:
-            scores = [s + coeff * w for s, w in zip(scores, centred([len(p.strip()) for p in parts]))]
-    if shaping["style_coeff"] > 0:
-        weights = centred([style_density(a) for a in answers])
-        scores = [s + shaping["style_coeff"] * w for s, w in zip(scores, weights)]
-    return scores
-
-
 def turns(completions):
     """Completions as TRL passes them with conversational prompts: one assistant message each."""
     return [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
@@ -165,20 +110,72 @@ def rewards_of(env, completions=ANSWERS, prompts=GROUPS, **kwargs):
 SUPER = {"reasoning_bonus": 0.5, "answer_bonus": 0.5, "top_percentile": 0.2, "reasoning_length_coeff": 0.3,
          "answer_length_coeff": 0.35, "style_coeff": 0.05}  # fmt: skip
 
+# The scripted verdicts of ANSWERS (`verdict_for`: score 1 + len % 5, ranking 2 when response 1 is shorter, 5 when
+# longer). Answer lengths: 0 "The moon pulls water." 21 -> score 2; 1 "Gravity." 8 -> 4; 2 "# Tides..." 24 -> 5;
+# 3 "Moon and sun pull the oceans." 29 -> 5; 4 "Red." 4 -> 5; 5 "Blue, a calm colour." 20 -> 1. Each pair's verdict:
+#   (0,1) 2,4,r5   (0,2) 2,5,r2   (0,3) 2,5,r2   (1,2) 4,5,r2   (1,3) 4,5,r2   (2,3) 5,5,r2 (a tie)   (3,0) 5,2,r5
+#   (4,5) 5,1,r2   (5,4) 1,5,r5
+# What each side receives, by NeMo Gym's `aggregate_scores` (simple_tiebreaker: on equal scores d = 3.5 - ranking,
+# score_1 + d, score_2 - d; so (2,3) gives 6.5 and 3.5), individual_scores (the scores) and NeMo RL's weighted
+# win/loss (ranking 2 -> .75 to response 1, .25 to response 2; ranking 5 -> .25 and .75). A reward is the mean of what
+# the sample received. With k = 3 the 2nd and 3rd judgement of every pair answer COPY_VERDICT (1, 1, ranking 1):
+# simple_tiebreaker: a tie, d = 2.5 -> 3.5 to response 1, -1.5 to response 2; individual_scores: 1 and 1; weighted
+# win/loss: ranking 1 -> 1.0 and 0.0. With k = 3 a reward is the mean over every copy's share (3 per comparison).
+COPY_VERDICT = {"score_1": 1, "score_2": 1, "ranking": 1}
+EXPECTED = {
+    # circular, group 1: 0 <- (0,1) 2, (3,0) 2; 1 <- (0,1) 4, (1,2) 4; 2 <- (1,2) 5, (2,3) 6.5; 3 <- (2,3) 3.5, (3,0) 5
+    ("circular", 1, "simple_tiebreaker"): [2.0, 4.0, (5 + 6.5) / 2, (3.5 + 5) / 2, 5.0, 1.0],
+    ("circular", 1, "individual_scores"): [2.0, 4.0, 5.0, 5.0, 5.0, 1.0],
+    # 0 <- .25 (0,1), .75 (3,0); 1 <- .75, .75; 2 <- .25 (1,2), .75 (2,3); 3 <- .25 (2,3), .25 (3,0); 4 <- .75 twice
+    ("circular", 1, "weighted_win_loss"): [0.5, 0.75, 0.5, 0.25, 0.75, 0.25],
+    # k = 3, circular: every sample is response 1 once and response 2 once, so it gets its two k = 1 values and two
+    # copies of each COPY_VERDICT side, out of 6: tiebreaker (2 * r + 2 * 3.5 - 2 * 1.5) / 6 = (r + 2) / 3
+    ("circular", 3, "simple_tiebreaker"): [4 / 3, 6 / 3, 7.75 / 3, 6.25 / 3, 7 / 3, 3 / 3],
+    ("circular", 3, "individual_scores"): [4 / 3, 6 / 3, 7 / 3, 7 / 3, 7 / 3, 3 / 3],  # (2 * r + 4 * 1) / 6
+    ("circular", 3, "weighted_win_loss"): [1.5 / 3, 1.75 / 3, 1.5 / 3, 1.25 / 3, 1.75 / 3, 1.25 / 3],  # (2r + 2) / 6
+    # all_pairs, group 1: 0 <- 2, 2, 2; 1 <- 4, 4, 4; 2 <- 5 (0,2), 5 (1,2), 6.5 (2,3); 3 <- 5, 5, 3.5; group 2: (4,5)
+    ("all_pairs", 1, "simple_tiebreaker"): [2.0, 4.0, 16.5 / 3, 13.5 / 3, 5.0, 1.0],
+    ("all_pairs", 1, "individual_scores"): [2.0, 4.0, 5.0, 5.0, 5.0, 1.0],
+    # 0 <- .25 (0,1), .75 (0,2), .75 (0,3); 1 <- .75 x3; 2 <- .25, .25, .75; 3 <- .25 x3; 4 <- .75; 5 <- .25
+    ("all_pairs", 1, "weighted_win_loss"): [1.75 / 3, 0.75, 1.25 / 3, 0.25, 0.75, 0.25],
+    # k = 3, all_pairs: sample 0 is response 1 in 3 pairs, 1 in 2 (response 2 in 1), 2 in 1 (response 2 in 2),
+    # 3 in none (response 2 in 3); 9 values each in group 1, 3 in group 2. Tiebreaker: 0: (6 + 6 * 3.5) / 9;
+    # 1: (12 + 4 * 3.5 - 2 * 1.5) / 9; 2: (16.5 + 2 * 3.5 - 4 * 1.5) / 9; 3: (13.5 - 6 * 1.5) / 9; 4: (5 + 7) / 3;
+    # 5: (1 - 3) / 3
+    ("all_pairs", 3, "simple_tiebreaker"): [27 / 9, 23 / 9, 17.5 / 9, 4.5 / 9, 12 / 3, -2 / 3],
+    ("all_pairs", 3, "individual_scores"): [12 / 9, 18 / 9, 21 / 9, 21 / 9, 7 / 3, 3 / 3],  # + 6 ones (2 in group 2)
+    # 0: (1.75 + 6 * 1) / 9; 1: (2.25 + 4 * 1 + 2 * 0) / 9; 2: (1.25 + 2) / 9; 3: .75 / 9; 4: (.75 + 2) / 3; 5: .25 / 3
+    ("all_pairs", 3, "weighted_win_loss"): [7.75 / 9, 6.25 / 9, 3.25 / 9, 0.75 / 9, 2.75 / 3, 0.25 / 3],
+}
+
+
+def copies_differ():
+    """A scripted GenRM that answers a pair's first request with `genrm_text` and any later request of the same
+    messages (another of its k judges) with COPY_VERDICT."""
+    asked: dict[str, int] = {}
+
+    def answer(messages, body):
+        key = json.dumps(messages)
+        asked[key] = asked.get(key, 0) + 1
+        return genrm_text(messages, body) if asked[key] == 1 else f"```json\n{json.dumps(COPY_VERDICT)}\n```"
+
+    return answer
+
 
 @pytest.mark.parametrize("strategy", ["circular", "all_pairs"])
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("aggregator", ["simple_tiebreaker", "individual_scores", "weighted_win_loss"])
-@pytest.mark.parametrize("shaping", [None, SUPER], ids=["plain", "super_shaping"])
-def test_rewards_equal_the_protocols_formulas(strategy, k, aggregator, shaping):
-    with scripted_genrm(genrm_text) as (url, bodies):
+def test_rewards_are_the_protocols_by_hand(strategy, k, aggregator):
+    """Each pair of a group (circular or all_pairs) asked k times, each completion the mean of every share it
+    received: the rewards are EXPECTED's, derived by hand above from NeMo Gym's `generate_comparison_pairs` and
+    `aggregate_scores` (NeMo RL's points for weighted_win_loss); the requests' count, sampling and k seeds."""
+    with scripted_genrm(copies_differ()) as (url, bodies):
         env = JudgeEnvironment(
             "genrm", remote_url=url, remote_input="messages", mode="genrm", comparison_strategy=strategy,
-            judges_per_comparison=k, aggregator=aggregator, temperature=0.6, top_p=0.95, **(shaping or {}),
+            judges_per_comparison=k, aggregator=aggregator, temperature=0.6, top_p=0.95,
         )  # fmt: skip
         got, logged = rewards_of(env)
-    want = reference(ANSWERS[:4], strategy, k, aggregator, shaping) + reference(ANSWERS[4:], strategy, k, aggregator, shaping)
-    assert got == pytest.approx(want, abs=1e-9)
+    assert got == pytest.approx(EXPECTED[strategy, k, aggregator], abs=1e-9)
     per_group = {"circular": 4 + 2, "all_pairs": 6 + 1}[strategy] * k
     assert len(bodies) == per_group and logged["judge_env/num_judgements"] == per_group
     assert logged["judge_env/num_failed"] == 0
@@ -187,6 +184,78 @@ def test_rewards_equal_the_protocols_formulas(strategy, k, aggregator, shaping):
     for body in bodies:  # the k judges of one pair are sampled apart
         copies.setdefault(json.dumps(body["messages"]), set()).add(body["seed"])
     assert all(len(seeds) == k for seeds in copies.values())
+
+
+# The Super recipe's shaping (SUPER) of circular simple_tiebreaker rewards, by hand from NeMo Gym's
+# `apply_length_bonuses` then `apply_style_penalties`.
+# Group 1, base [2, 4, 5.75, 4.25] (EXPECTED). Bonus threshold: index max(0, int(4 * .2) - 1) = 0, the best, 5.75.
+# The shortest non-empty reasoning is sample 0's ("The moon pulls.", the only one) at 2.0: no bonus; the shortest
+# answer is sample 1's ("Gravity.", 8) at 4.0: no bonus. Reasoning lengths [15, 0, 0, 0]: 1 - (L - 0) / 15 =
+# [0, 1, 1, 1], minus the mean .75: [-.75, .25, .25, .25]. Answer lengths [21, 8, 24, 29]: 1 - (L - 8) / 21 =
+# [8/21, 1, 5/21, 0], mean 17/42: [-1/42, 25/42, -7/42, -17/42]. Style densities: sample 2's answer has a header,
+# two list items and a bold span in 24 characters (4/24), the others none: [1, 1, 0, 1] minus .75.
+# Group 2, base [5, 1]: threshold index max(0, int(2 * .2) - 1) = 0, 5.0; sample 4 has the only reasoning ("hm") and
+# the shortest answer ("Red."): 5.0 >= 5.0, +.5, then 5.5 >= 5.0, +.5. Reasoning [2, 0] -> [-.5, .5]; answers [4, 20]
+# -> [.5, -.5]; equal style densities (0): nothing.
+SUPER_EXPECTED = [
+    2.0 + 0.3 * -0.75 + 0.35 * (-1 / 42) + 0.05 * 0.25,
+    4.0 + 0.3 * 0.25 + 0.35 * (25 / 42) + 0.05 * 0.25,
+    5.75 + 0.3 * 0.25 + 0.35 * (-7 / 42) + 0.05 * -0.75,
+    4.25 + 0.3 * 0.25 + 0.35 * (-17 / 42) + 0.05 * 0.25,
+    5.0 + 0.5 + 0.5 + 0.3 * -0.5 + 0.35 * 0.5,  # 6.025
+    1.0 + 0.3 * 0.5 + 0.35 * -0.5,  # 0.975
+]
+
+
+def test_the_super_recipes_shaping_is_gyms_by_hand():
+    """The Super recipe's bonuses, length and style coefficients on the judge's rewards: SUPER_EXPECTED, derived by
+    hand from NeMo Gym's `apply_length_bonuses` and `apply_style_penalties`."""
+    with scripted_genrm(genrm_text) as (url, _):
+        env = JudgeEnvironment("genrm", remote_url=url, remote_input="messages", mode="genrm", **SUPER)
+        got, _ = rewards_of(env)
+    assert got == pytest.approx(SUPER_EXPECTED, abs=1e-9)
+    assert got[4] == pytest.approx(6.025, abs=1e-12) and got[5] == pytest.approx(0.975, abs=1e-12)
+
+
+def graded(messages, body) -> str:
+    """A scripted GenRM that gives each response the number its answer starts with, ranking 3.5."""
+    by_role = {m["role"]: m["content"] for m in messages}
+    score_1, score_2 = (float(by_role[r].split()[0]) for r in ("response_1", "response_2"))
+    return json.dumps({"score_1": score_1, "score_2": score_2, "ranking": 3.5})
+
+
+def graded_group(scores, short_reasoning, short_answer):
+    """Completions of one group whose answers start with their score; `short_reasoning` has the shortest reasoning
+    ("ab"; the others a 16-character one), `short_answer` the shortest answer (its score alone; the others add
+    " points")."""
+    return [
+        f"<think>{'ab' if i == short_reasoning else 'a longer thought'}</think>"
+        + (f"{s}" if i == short_answer else f"{s} points")
+        for i, s in enumerate(scores)
+    ]
+
+
+def test_the_top_percentile_bonus_at_groups_of_8_10_and_16():
+    """NeMo Gym's `apply_length_bonuses` at the Super recipe's top_percentile 0.2 over groups of 8, 10 and 16
+    (individual_scores, circular: each reward is the score its answer names). The threshold is the
+    max(0, int(N * .2) - 1)-th best score: in each group the shortest reasoning sits exactly at it (bonus, since
+    `>=`) and the shortest answer one rank below (none); `int(N * p)` without the `- 1`, or `>`, changes both."""
+    g8 = [3.0, 1.0, 4.0, 2.0, 5.0, 2.5, 4.5, 3.5]  # N=8: int(1.6) - 1 = 0 -> the best, 5.0 (sample 4)
+    g10 = [2.0, 4.5, 1.0, 3.0, 5.0, 2.5, 4.0, 1.5, 3.5, 1.25]  # N=10: int(2.0) - 1 = 1 -> the 2nd best, 4.5 (sample 1)
+    # N=16: int(3.2) - 1 = 2 -> the 3rd best of 5.0, 5.0, 4.5, 4.0, 4.0, ... = 4.5 (sample 3)
+    g16 = [3.0, 5.0, 2.0, 4.5, 1.0, 4.0, 3.5, 2.5, 5.0, 1.5, 3.0, 2.0, 4.0, 2.5, 1.0, 3.5]
+    completions = graded_group(g8, 4, 6) + graded_group(g10, 1, 6) + graded_group(g16, 3, 5)
+    prompts = [[{"role": "user", "content": f"Group of {n}"}] for n in (8, 10, 16) for _ in range(n)]
+    with scripted_genrm(graded) as (url, bodies):
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", aggregator="individual_scores",
+                               reasoning_bonus=0.5, answer_bonus=0.25, top_percentile=0.2)  # fmt: skip
+        got, _ = rewards_of(env, completions, prompts)
+    assert len(bodies) == 8 + 10 + 16
+    assert got == pytest.approx([
+        3.0, 1.0, 4.0, 2.0, 5.5, 2.5, 4.5, 3.5,  # sample 4 (5.0 >= 5.0): +.5; sample 6 (4.5 < 5.0): nothing
+        2.0, 5.0, 1.0, 3.0, 5.0, 2.5, 4.0, 1.5, 3.5, 1.25,  # sample 1 (4.5 >= 4.5): +.5; sample 6 (4.0 < 4.5)
+        3.0, 5.0, 2.0, 5.0, 1.0, 4.0, 3.5, 2.5, 5.0, 1.5, 3.0, 2.0, 4.0, 2.5, 1.0, 3.5,  # 3 (4.5): +.5; 5 (4.0)
+    ], abs=1e-12)  # fmt: skip
 
 
 def test_gyms_reference_cases_through_the_judge():
@@ -224,53 +293,105 @@ def test_the_messages_are_the_protocols_exactly():
             remote_url=url, remote_input="messages", mode="genrm", principle="Be concise.", principle_column="rule"
         )
         rewards_of(principled, completions, [OTHER, OTHER], rule=["Be exact.", "Be exact."])
-        assert [m["role"] for m in bodies[0]["messages"]] == ["system", "user", "principle", "response_1", "response_2"]
+        roles = [m["role"] for m in bodies[0]["messages"]]
+        assert roles == ["system", "user", "principle", "response_1", "response_2"]
         assert bodies[0]["messages"][2]["content"] == "Be exact."  # the row's, before the default
         bodies.clear()
         rewards_of(principled, completions, [OTHER, OTHER], rule=[None, None])
         assert bodies[0]["messages"][2] == {"role": "principle", "content": "Be concise."}
 
 
-def test_unparseable_answers_are_retried_then_neutral_and_counted():
+def defaults_script(messages, body) -> str:
+    """A scripted GenRM for the failure cases: a full verdict (4, 2, ranking 5) with "First." as response 1, only
+    `score_1` (5) with "Second.", no verdict with anything else."""
+    first = messages[-2]["content"]
+    if first == "First.":
+        return 'Mine:\n```json\n{"score_1": 4, "score_2": 2, "ranking": 5}\n```'
+    return '{"score_1": 5}' if first == "Second." else "no verdict here"
+
+
+@pytest.mark.parametrize(
+    ("aggregator", "want"),
+    [
+        # (0,1) gives 4 and 2; (1,2) gives 5 and 2.0; (2,0) the failed (2.0, 2.0, 2.5): a tie, d = 3.5 - 2.5 = 1.0,
+        # 3.0 to sample 2 and 1.0 to sample 0. Rewards: 0 <- 4, 1.0; 1 <- 2, 5; 2 <- 2.0, 3.0
+        ("simple_tiebreaker", [(4 + 1.0) / 2, (2 + 5) / 2, (2.0 + 3.0) / 2]),
+        ("individual_scores", [(4 + 2.0) / 2, (2 + 5) / 2, (2.0 + 2.0) / 2]),
+        # ranking 5 -> .25 / .75; ranking 2.5 rounds half to even to 2 -> .75 / .25 (half up, 3, would give .6 / .4)
+        ("weighted_win_loss", [(0.25 + 0.25) / 2, (0.75 + 0.75) / 2, (0.25 + 0.75) / 2]),
+    ],
+)
+def test_unparseable_answers_are_retried_then_neutral_at_the_given_defaults(aggregator, want):
+    """A group of 3, circular: (0,1) answers a verdict, (1,2) only `score_1` (the other two keys are the options'
+    defaults, as NeMo Gym's `parse_genrm_output` fills them), (2,0) nothing, asked 1 + parse_retries times and then
+    Gym's neutral verdict built from the options: `(default_score, default_score, default_ranking)` = (2.0, 2.0, 2.5).
+    Expected rewards by hand per aggregator; the retries and the failure counted."""
     asked = []
 
     def answer(messages, body):
-        asked.append(messages[-1]["content"])
-        return "no verdict here" if messages[-2]["content"] == "Gravity." else genrm_text(messages, body)
+        asked.append(messages[-2]["content"])
+        return defaults_script(messages, body)
 
     with scripted_genrm(answer) as (url, _):
-        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", parse_retries=3)
-        got, logged = rewards_of(env, ANSWERS[:2], [PROMPT, PROMPT])
-    assert len(asked) == 1 + 4  # circular over 2: (0, 1) parsed; (1, 0) asked 4 times, then (3, 3, 3.5)
-    v = verdict_for(answer_of(ANSWERS[0])[1], "Gravity.")
-    s1, s2 = float(v["score_1"]), float(v["score_2"])
-    if s1 == s2:
-        s1, s2 = s1 + 3.5 - v["ranking"], s2 - 3.5 + v["ranking"]
-    assert got == pytest.approx([(s1 + 3.0) / 2, (s2 + 3.0) / 2], abs=1e-9)
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", parse_retries=3,
+                               aggregator=aggregator, default_score=2.0, default_ranking=2.5,
+                               failed_judgement="neutral")  # fmt: skip
+        got, logged = rewards_of(env, ["First.", "Second.", "Third."], [PROMPT] * 3)
+    assert sorted(asked) == ["First.", "Second."] + ["Third."] * 4  # (2,0) asked once and retried 3 times
+    assert got == pytest.approx(want, abs=1e-12)
     assert logged["judge_env/num_failed"] == 1 and logged["judge_env/num_retried"] == 3
 
 
-def test_a_failed_request_is_neutral_at_once_or_masks_its_responses():
+def test_gyms_default_neutral_verdict_is_3_3_3_5():
+    """Without options the failed comparison is NeMo Gym's (3, 3, 3.5): no tie-break shift, 3 to each side."""
+    with scripted_genrm(defaults_script) as (url, _):
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", parse_retries=0)
+        got, _ = rewards_of(env, ["First.", "Second.", "Third."], [PROMPT] * 3)
+    # (0,1) 4 and 2; (1,2) (5, 3, 3.5): 5 and 3; (2,0) (3, 3, 3.5): a tie, d = 0: 3 and 3
+    assert got == pytest.approx([(4 + 3) / 2, (2 + 5) / 2, (3 + 3) / 2], abs=1e-12)
+
+
+def test_a_failed_request_is_neutral_at_once_or_masks_exactly_its_responses():
+    """A request that fails (HTTP 500 for the pair (1,2) of the first group, circular) is not retried. `neutral`: it
+    counts as (3, 3, 3.5); `masked`: samples 1 and 2 get None, every other sample its reward from the comparisons
+    that answered; with shaping, the masked samples are left out of their group (lengths of samples 0 and 3 only)."""
+
     def answer(messages, body):
         return 500 if messages[-2]["content"] == "Gravity." else genrm_text(messages, body)
 
     with scripted_genrm(answer) as (url, bodies):
         neutral = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=0)
-        got, logged = rewards_of(neutral, ANSWERS[:3], [PROMPT] * 3)
-        assert len(bodies) == 3 and logged["judge_env/num_failed"] == 1  # no retry of a failed request
+        got, logged = rewards_of(neutral)
+        assert len(bodies) == 6 and logged["judge_env/num_failed"] == 1  # no retry of a failed request
         masked = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=0,
                                   failed_judgement="masked")  # fmt: skip
-        got_masked, _ = rewards_of(masked, ANSWERS[:3], [PROMPT] * 3)
-    # circular over 3: (0,1) ok, (1,2) failed, (2,0) ok.
-    assert got_masked[0] is not None and got_masked[1] is None and got_masked[2] is None
-    assert got[0] == pytest.approx(got_masked[0], abs=1e-9) and got[1] is not None
+        got_masked, logged_masked = rewards_of(masked)
+        shaped = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=0,
+                                  failed_judgement="masked", answer_length_coeff=0.35)  # fmt: skip
+        got_shaped, _ = rewards_of(shaped)
+    # Verdicts (see EXPECTED): (0,1) 2 and 4; (1,2) failed; (2,3) the tie 6.5 and 3.5; (3,0) 5 and 2; group 2 5 and 1.
+    # neutral: 1 <- 4, 3; 2 <- 3, 6.5
+    assert got == pytest.approx([2.0, (4 + 3) / 2, (3 + 6.5) / 2, (3.5 + 5) / 2, 5.0, 1.0], abs=1e-12)
+    assert got_masked[1] is None and got_masked[2] is None and logged_masked["judge_env/num_failed"] == 1
+    assert got_masked[:1] + got_masked[3:] == pytest.approx([2.0, (3.5 + 5) / 2, 5.0, 1.0], abs=1e-12)
+    # Answer lengths of what is left: group 1 samples 0 and 3, 21 and 29 -> weights [1, 0] - .5; group 2: 4 and 20
+    assert got_shaped[1] is None and got_shaped[2] is None
+    want = [2.0 + 0.35 * 0.5, 4.25 - 0.35 * 0.5, 5.0 + 0.35 * 0.5, 1.0 - 0.35 * 0.5]
+    assert got_shaped[:1] + got_shaped[3:] == pytest.approx(want, abs=1e-12)
 
 
 def test_a_group_of_one_gets_default_score_and_options_of_genrm_are_refused_elsewhere():
+    """A sample alone in its group is compared with nothing and gets `default_score` (NeMo Gym's `aggregate_scores`:
+    no comparison -> default_score), not `default_ranking`; its neighbours' group is judged as usual."""
     with scripted_genrm(genrm_text) as (url, bodies):
-        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", default_score=2.5)
-        got, _ = rewards_of(env, ["Alone."], [PROMPT])
-    assert got == [2.5] and not bodies
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", default_score=2.5,
+                               default_ranking=1.5)  # fmt: skip
+        got, logged = rewards_of(env, ["Alone."], [PROMPT])
+        assert got == [2.5] and not bodies
+        got, logged = rewards_of(env, ["The moon pulls water.", "Gravity.", "Alone."], [PROMPT, PROMPT, OTHER])
+    # (0,1) 2, 4, ranking 5; (1,0) 4, 2, ranking 2: no tie either way
+    assert got == pytest.approx([2.0, 4.0, 2.5], abs=1e-12)
+    assert len(bodies) == 2 and logged["judge_env/num_single"] == 1
     with pytest.raises(ValueError, match=r"comparison_strategy: options of another mode than 'pairwise'"):
         JudgeEnvironment(remote_url="http://127.0.0.1:9", remote_input="messages", mode="pairwise",
                          comparison_strategy="all_pairs")  # fmt: skip
@@ -302,7 +423,8 @@ def rewards_of_sync(env):
 
 def test_the_super_recipe_config_builds_this_judge_and_its_rewards_are_the_formulas(repo_root):
     """recipes/configs/grpo_genrm.yaml's reward keys, read as the GRPO recipe reads them, give a GenRM judge whose
-    rewards are the protocol's with the Super stage's sampling and shaping (its server swapped for the scripted one)."""
+    rewards are SUPER_EXPECTED (by hand, from Gym's formulas) with the Super stage's sampling (its server swapped for
+    the scripted one)."""
     import yaml
     from trl_rm_env.recipes.grpo_args import RewardModelArguments
 
@@ -313,7 +435,8 @@ def test_the_super_recipe_config_builds_this_judge_and_its_rewards_are_the_formu
     with scripted_genrm(genrm_text) as (url, bodies):
         env = JudgeEnvironment(args.reward_judge, **{**kwargs, "remote_url": [url]})
         got, _ = rewards_of(env)
-    assert got == pytest.approx(reference(ANSWERS[:4], shaping=SUPER) + reference(ANSWERS[4:], shaping=SUPER), abs=1e-9)
+    assert {k: kwargs[k] for k in SUPER} == SUPER
+    assert got == pytest.approx(SUPER_EXPECTED, abs=1e-9)
     assert {(b["temperature"], b["top_p"], b["max_tokens"], b["model"]) for b in bodies} == {
         (0.6, 0.95, 16384, "nvidia/Qwen3-Nemotron-235B-A22B-GenRM")
     }
@@ -358,7 +481,8 @@ def test_groups_split_across_two_processes_are_judged_whole_each_comparison_once
 def test_a_dead_genrm_server_is_an_error_naming_it_not_neutral_rewards():
     url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=0, timeout=5)
-    with pytest.raises(RemoteScoringError, match=rf"every request of this call to the judge servers failed \(4\).*{url}"):
+    dead = rf"every request of this call to the judge servers failed \(4\).*{url}"
+    with pytest.raises(RemoteScoringError, match=dead):
         rewards_of(env, ANSWERS[:4], [PROMPT] * 4)
     with scripted_genrm(lambda messages, body: 503) as (url, _):  # a server that answers, but never with a verdict
         env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=1, backoff=0.01)
