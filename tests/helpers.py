@@ -186,6 +186,29 @@ def grpo_config(tmp_path: Path, **overrides: Any):
     return GRPOConfig(**values)
 
 
+def record_scored_batches(trainer) -> list[dict[str, Any]]:
+    """Every batch a `GRPOTrainer` generates and scores, as TRL logged it for `log_completions`: after each call of
+    its `_generate_and_score_completions`, that batch's tail of `trainer._logs` (`prompt`, `completion`, and
+    `rewards` by reward function) and `mode` (`train` or `eval`, as TRL names its metrics). Returns the list it
+    fills, in call order (one process: TRL's gathers are the batch itself)."""
+    batches: list[dict[str, Any]] = []
+    score = trainer._generate_and_score_completions
+
+    def recorded(inputs):
+        out = score(inputs)
+        n, logs = len(inputs), trainer._logs
+        batches.append({
+            "mode": "train" if trainer.model.training else "eval",
+            "prompt": list(logs["prompt"])[-n:],
+            "completion": list(logs["completion"])[-n:],
+            "rewards": {name: list(values)[-n:] for name, values in logs["rewards"].items()},
+        })  # fmt: skip
+        return out
+
+    trainer._generate_and_score_completions = recorded
+    return batches
+
+
 # ---------------------------------------------------------------------------------------------------- launching
 ROOT = Path(__file__).resolve().parent.parent
 ACCELERATE_CONFIGS = ROOT / "accelerate_configs"

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import training_args
-from transformers import AutoModelForSequenceClassification
+from helpers import reference_text, training_args
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, RewardModelEnvironment, load_rank_dataset
 from trl_rm_env.runtime.model_options import ScoringOptions
@@ -135,10 +135,41 @@ def test_scoring_reads_every_head_from_one_forward(tiny_tokenizer, sharing):
 
 
 # --- the trainer ---------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def accuracies_of_plain_forwards(model, tokenizer, records) -> tuple[list[float], float]:
+    """`(each head's accuracy, the heads' mean's accuracy)` on a set: the share of its strictly ordered pairs (lower
+    rank better; equal ranks are no pair) whose better completion's logit is strictly higher, from one plain forward
+    of `model` per completion: the conversation rendered by the tokenizer's chat template (`helpers.reference_text`),
+    read alone, no padding. A tie in logit counts as wrong, as `trl_rm_env.metrics.record_statistics` counts it
+    (`s_better > s_worse`); none occurs here (each margin is checked to exceed 1e-4)."""
+    correct = torch.zeros(model.config.num_labels + 1, dtype=torch.int64)  # each head, then the mean
+    pairs = 0
+    for record in records:
+        logits = []
+        for c in record["completions"]:
+            enc = tokenizer(reference_text(tokenizer, record["context"], c["completion"]), return_tensors="pt")
+            assert enc["input_ids"].shape[1] <= 256  # the trainer's max_length: nothing was truncated in evaluation
+            heads = model(**enc).logits[0].double()
+            logits.append(torch.cat([heads, heads.mean().reshape(1)]))
+        ranks = [c["rank"] for c in record["completions"]]
+        for i, j in ((i, j) for i in range(len(ranks)) for j in range(len(ranks)) if ranks[i] < ranks[j]):
+            pairs += 1
+            correct += (logits[i] > logits[j]).long()
+            # The trainer scores in another layout (fp32, within about 1e-5): no pair may sit that close to a tie.
+            assert (logits[i] - logits[j]).abs().min().item() > 1e-4
+    found = (correct.double() / pairs).tolist()
+    return found[:-1], found[-1]
+
+
 @pytest.mark.slow
 def test_training_k_heads_logs_each_head_and_saves_a_checkpoint_any_tool_loads(tmp_path, tiny_dir, tiny_tokenizer):
+    """Three heads trained 4 steps: each `eval_<set>_head_<k>_accuracy` equals head k's accuracy computed from the
+    saved checkpoint's plain per-completion forwards (`accuracies_of_plain_forwards`; `eval_<set>_accuracy` the
+    heads' mean's), and the heads' accuracies differ on these sets, so a metric that reported one head for all of
+    them would not pass; then the checkpoint loads in transformers and the environment, which reads its heads from one
+    forward."""
     sets = {"in_domain": load_rank_dataset("sample:in_domain").select(range(24)),
-            "harder": load_rank_dataset("sample:harder").select(range(16))}  # fmt: skip
+            "harder": load_rank_dataset("sample:harder").select(range(24))}  # fmt: skip
     args = training_args(RankedRewardConfig, tmp_path, max_steps=4, per_device_train_batch_size=8,
                          per_device_eval_batch_size=16, learning_rate=3e-3, warmup_steps=0, logging_steps=2,
                          max_length=256, ensemble_heads=3, eval_strategy="steps", eval_steps=4)  # fmt: skip
@@ -147,15 +178,21 @@ def test_training_k_heads_logs_each_head_and_saves_a_checkpoint_any_tool_loads(t
                                   processing_class=tiny_tokenizer)  # fmt: skip
     trainer.train()
     metrics = trainer.evaluate()
-    for name in sets:
-        heads = [metrics[f"eval_{name}_head_{k}_accuracy"] for k in range(3)]
-        assert all(0.0 <= a <= 1.0 for a in heads) and 0.0 <= metrics[f"eval_{name}_accuracy"] <= 1.0
     out = tmp_path / "rm"
     save_reward_model(trainer, str(out))
     saved = json.loads((out / "config.json").read_text())
     assert saved["ensemble_heads"] == 3 and len(saved["id2label"]) == 3
-    plain = AutoModelForSequenceClassification.from_pretrained(out).eval()  # any tool loads it
+    plain = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32).eval()  # any tool loads it
     assert plain.config.num_labels == 3
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    for name, records in sets.items():
+        heads, mean = accuracies_of_plain_forwards(plain, tokenizer, records)
+        assert [metrics[f"eval_{name}_head_{k}_accuracy"] for k in range(3)] == pytest.approx(heads, abs=1e-12), name
+        assert metrics[f"eval_{name}_accuracy"] == pytest.approx(mean, abs=1e-12), name
+    # The heads disagree: on each set not every head has one accuracy, and on `harder` each has its own (head k's
+    # metric reported as another head's, or head 0's for all, would not pass).
+    heads_of = {name: [metrics[f"eval_{name}_head_{k}_accuracy"] for k in range(3)] for name in sets}
+    assert all(len(set(heads)) > 1 for heads in heads_of.values()) and len(set(heads_of["harder"])) == 3, heads_of
     # The environment reads every head from one forward and rewards their mean (the checkpoint says it is an
     # ensemble); its normalization is the checkpoint's statistics of that mean.
     env = RewardModelEnvironment(str(out), device="cpu", normalization="none")

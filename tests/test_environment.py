@@ -13,6 +13,7 @@ from datasets import Dataset
 from helpers import (  # noqa: F401
     _one_thread,
     grpo_config,
+    record_scored_batches,
     reference_ids,
     reference_scores,
     reference_text,
@@ -574,6 +575,9 @@ def test_from_config_with_remote_url_renders_the_nemo_template_in_the_client(sav
 
 @pytest.mark.slow
 def test_grpo_trainer_drop_in(tiny_dir, tmp_path):
+    """Two GRPO steps with the environment as TRL's reward function: each step's logged `rewards/<name>/mean` and
+    `/std` are those of the plain reward model's forwards (`reference_scores`) on that step's completions, recorded
+    from TRL's own completion logs; what the environment logged through `log_metric` reaches TRL's row."""
     from trl import GRPOTrainer
 
     env = RewardModelEnvironment(tiny_dir / "reward_model", name="tiny_rm", max_tokens_per_batch=1024)
@@ -581,12 +585,19 @@ def test_grpo_trainer_drop_in(tiny_dir, tmp_path):
     dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": q}]} for q in questions])
     args = grpo_config(tmp_path, max_steps=2, per_device_train_batch_size=4, num_generations=4, max_completion_length=8)
     trainer = GRPOTrainer(model=str(tiny_dir / "policy"), reward_funcs=[env], args=args, train_dataset=dataset)
+    batches = record_scored_batches(trainer)
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if f"rewards/{env.__name__}/mean" in entry]
-    assert len(logs) == 2
-    for entry in logs:
-        assert np.isfinite(entry[f"rewards/{env.__name__}/mean"])
+    assert len(logs) == 2 and [batch["mode"] for batch in batches] == ["train", "train"]  # one batch a step
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_dir / "reward_model", dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_dir / "reward_model")
+    for entry, batch in zip(logs, batches):
+        want = reference_scores(model, tok, batch["prompt"], batch["completion"]).double()
+        assert batch["rewards"][env.__name__] == pytest.approx(want.tolist(), abs=1e-4)  # each sample's, in order
+        assert entry[f"rewards/{env.__name__}/mean"] == pytest.approx(want.mean().item(), abs=1e-4)
+        assert entry[f"rewards/{env.__name__}/std"] == pytest.approx(want.std().item(), abs=1e-4)  # TRL: Bessel's
         assert entry["reward_model_env/num_samples"] == 4.0  # TRL passed `log_metric` and averaged what we logged
+        assert entry["reward_model_env/mean_reward"] == pytest.approx(want.mean().item(), abs=1e-4)
 
 
 def test_reward_hacking_diagnostics_are_logged_from_the_rewards_returned():

@@ -31,14 +31,16 @@ test_single_reward_model_with_single_processing_class       test_single_processi
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from datasets import Dataset, DatasetDict
-from helpers import grpo_config
+from helpers import grpo_config, record_scored_batches
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env import RewardModelEnvironment
@@ -118,6 +120,36 @@ def reference_score(model, tokenizer, prompt, completion, add_eos: bool) -> floa
         return model(**ids).logits[0, 0].item()
 
 
+@functools.cache
+def plain_reward_model(path: Path):
+    """The reward model folder loaded with transformers alone (fp32, eval), and its tokenizer."""
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def check_logged_rewards(row, batch, name, want) -> None:
+    """A reward function's logged `rewards/<name>/mean` and `/std` (TRL: the batch's mean and Bessel-corrected std)
+    equal those of `want`, the values computed outside our code for the batch's completions (`batch`: one of
+    `record_scored_batches`), and TRL's per-sample rewards equal `want` (1e-4: fp32 forwards)."""
+    assert batch["rewards"][name] == pytest.approx(want, abs=1e-4), name
+    assert row[f"rewards/{name}/mean"] == pytest.approx(statistics.fmean(want), abs=1e-4), name
+    assert row[f"rewards/{name}/std"] == pytest.approx(statistics.stdev(want), abs=1e-4), name
+
+
+def lengths(batch) -> list[float]:
+    """`length_reward` worked out from the logged completions (plain text here): their lengths in characters."""
+    assert all(isinstance(c, str) for c in batch["completion"])
+    return [float(len(c)) for c in batch["completion"]]
+
+
+def rm_rewards(batch, source: str, tiny_dir: Path) -> list[float]:
+    """The tiny reward model's plain forward on each logged sample, scored as each source documents it (the
+    environment appends EOS to plain text, TRL's model path does not; messages: the chat template)."""
+    model, tokenizer = plain_reward_model(tiny_dir / "reward_model")
+    add_eos = source == "env"
+    return [reference_score(model, tokenizer, p, c, add_eos) for p, c in zip(batch["prompt"], batch["completion"])]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("config", ["standard_prompt_only", "conversational_prompt_only"])
 def test_train_dataset_format(tiny_dir, tmp_path, config):
@@ -160,6 +192,8 @@ def test_train_dataset_format(tiny_dir, tmp_path, config):
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_train_with_eval(tiny_dir, tmp_path, source):
+    """The evaluation's logged `eval_rewards/<name>/mean` is the mean over its batches of the plain reward model's
+    forwards on the completions TRL generated for them (recorded from TRL's own completion logs)."""
     from trl import GRPOTrainer
 
     data = prompt_only("conversational_prompt_only")
@@ -172,16 +206,25 @@ def test_train_with_eval(tiny_dir, tmp_path, source):
         train_dataset=splits["train"],
         eval_dataset=splits["test"],
     )
+    batches = record_scored_batches(trainer)
     trainer.train()
     evals = [row for row in trainer.state.log_history if "eval_loss" in row]
-    assert evals, "no evaluation was logged"
-    assert math.isfinite(evals[0][f"eval_rewards/{RM_NAME}/mean"])
+    assert len(evals) == 1, "one evaluation, after the one step"
+    scored = [batch for batch in batches if batch["mode"] == "eval"]
+    assert len(scored) == 3  # 3 prompts x 3 generations, 3 samples an evaluation batch
+    # TRL logs the mean over the evaluation batches of each batch's mean reward: here from the plain model's forwards.
+    wants = [rm_rewards(batch, source, tiny_dir) for batch in scored]
+    for batch, want in zip(scored, wants):
+        assert batch["rewards"][RM_NAME] == pytest.approx(want, abs=1e-4)  # each sample's, in order
+    mean = statistics.fmean(statistics.fmean(want) for want in wants)
+    assert evals[0][f"eval_rewards/{RM_NAME}/mean"] == pytest.approx(mean, abs=1e-4)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_train_different_reward_model(tmp_path, source, other_vocab_tokenizer, tiny_dir):
-    """The reward model has its own tokenizer (another vocabulary) and is passed as a loaded model."""
+    """The reward model has its own tokenizer (another vocabulary) and is passed as a loaded model; the logged reward
+    mean and std are those of the plain model's forwards on the step's completions rendered with its tokenizer."""
     from trl import GRPOTrainer
 
     from trl_rm_env.tiny_models import build_tiny_reward_model
@@ -200,13 +243,20 @@ def test_train_different_reward_model(tmp_path, source, other_vocab_tokenizer, t
         train_dataset=prompt_only("conversational_prompt_only"),
         **kwargs,
     )
+    batches = record_scored_batches(trainer)
     row = train_and_check(trainer)
-    assert math.isfinite(row[f"rewards/{RM_NAME}/mean"])
+    (batch,) = batches
+    # The policy's completions, re-read by the reward model's own tokenizer: its chat template, its vocabulary.
+    want = [reference_score(reward_model.eval(), other_vocab_tokenizer, p, c, add_eos=False)
+            for p, c in zip(batch["prompt"], batch["completion"])]  # fmt: skip
+    check_logged_rewards(row, batch, RM_NAME, want)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("source", SOURCES)
 def test_mixed_reward_funcs(tiny_dir, tmp_path, source):
+    """A plain function beside the reward model: each one's logged mean and std are its own values on the step's
+    completions (the lengths; the plain model's forwards)."""
     from trl import GRPOTrainer
 
     trainer = GRPOTrainer(
@@ -215,12 +265,17 @@ def test_mixed_reward_funcs(tiny_dir, tmp_path, source):
         args=grpo_args(tmp_path),
         train_dataset=prompt_only("standard_prompt_only"),
     )
+    batches = record_scored_batches(trainer)
     row = train_and_check(trainer)
-    assert math.isfinite(row["rewards/length_reward/mean"])
+    (batch,) = batches
+    check_logged_rewards(row, batch, "length_reward", lengths(batch))
+    check_logged_rewards(row, batch, RM_NAME, rm_rewards(batch, source, tiny_dir))
 
 
 @pytest.mark.parametrize("source", SOURCES)
 def test_reward_weights_logged_per_func(tiny_dir, tmp_path, source):
+    """With weights, each function's mean and std are logged unweighted (its own values on the step's completions)
+    and `reward` is the mean of the weighted sum."""
     from trl import GRPOTrainer
 
     trainer = GRPOTrainer(
@@ -229,10 +284,14 @@ def test_reward_weights_logged_per_func(tiny_dir, tmp_path, source):
         args=grpo_args(tmp_path, reward_weights=[0.7, 0.3]),
         train_dataset=prompt_only("standard_prompt_only"),
     )
+    batches = record_scored_batches(trainer)
     row = train_and_check(trainer)
-    for name in (RM_NAME, "length_reward"):
-        for stat in ("mean", "std"):
-            assert math.isfinite(row[f"rewards/{name}/{stat}"]), f"rewards/{name}/{stat}"
+    (batch,) = batches
+    rm, length = rm_rewards(batch, source, tiny_dir), lengths(batch)
+    check_logged_rewards(row, batch, RM_NAME, rm)  # each function's own, unweighted
+    check_logged_rewards(row, batch, "length_reward", length)
+    weighted = [0.7 * a + 0.3 * b for a, b in zip(rm, length)]
+    assert row["reward"] == pytest.approx(statistics.fmean(weighted), abs=1e-4)  # the weighted sum's mean
 
 
 @pytest.mark.slow
