@@ -642,14 +642,17 @@ def test_reference_bounded_reward_is_pars_sigmoid_of_the_gap_scored_in_the_same_
         env(prompts, completions, gold=refs[:4] + [None] + refs[5:])
 
 
-@pytest.mark.parametrize("how", ["mean", "min", "median", "mean_minus_std"])
-def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_models_heads(tiny_tokenizer, how):
-    """`ensemble=`: every head of a K-head checkpoint read in one scoring call, aggregated per sample, equal to the plain
-    model's heads scored one sample at a time (fp32, 1e-5); `ensemble_std` and each head's mean are logged."""
+@pytest.mark.parametrize("how, k", [("mean", 3), ("min", 3), ("median", 4), ("mean_minus_std", 4)])
+def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_models_heads(tiny_tokenizer, how, k):
+    """`ensemble=`: every head of a K-head checkpoint (K odd and even) read in one scoring call, aggregated per sample,
+    equal to the plain model's heads scored one sample at a time (fp32, 1e-5; the median of an even K is the mean of
+    the two middle heads, `statistics.median`); `ensemble_std` and each head's mean are logged."""
+    import statistics
+
     from trl_rm_env.rewards.ensemble import EnsembleReward
     from trl_rm_env.tiny_models import build_tiny_reward_model
 
-    model = build_tiny_reward_model(tiny_tokenizer, seed=4, num_labels=3)
+    model = build_tiny_reward_model(tiny_tokenizer, seed=4, num_labels=k)
     prompts, completions = grpo_batch()
     penalty = {"ensemble_penalty": 0.5} if how == "mean_minus_std" else {}
     env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", ensemble=how, **penalty)
@@ -661,14 +664,22 @@ def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_model
     with torch.no_grad():
         heads = torch.stack([model(**tiny_tokenizer(reference_text(tiny_tokenizer, p, c), return_tensors="pt")).logits[0]
                              for p, c in zip(prompts, completions)]).double()  # fmt: skip
-    want = {"mean": heads.mean(1), "min": heads.min(1).values, "median": heads.median(1).values,
-            "mean_minus_std": heads.mean(1) - 0.5 * heads.std(1, unbiased=False)}[how]  # fmt: skip
+    rows = heads.tolist()
+    want = torch.tensor({"mean": [statistics.fmean(r) for r in rows], "min": [min(r) for r in rows],
+                         "median": [statistics.median(r) for r in rows],
+                         "mean_minus_std": [statistics.fmean(r) - 0.5 * statistics.pstdev(r) for r in rows]}[how],
+                        dtype=torch.float64)  # fmt: skip
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
     assert calls == [len(prompts)]  # one scoring call, every head
-    assert logged["reward_model_env/ensemble_std"] == pytest.approx(heads.std(1, unbiased=False).mean().item(), abs=1e-5)
-    assert logged["reward_model_env/ensemble_member_2_mean"] == pytest.approx(heads[:, 2].mean().item(), abs=1e-5)
+    assert logged["reward_model_env/ensemble_std"] == pytest.approx(
+        statistics.fmean(statistics.pstdev(r) for r in rows), abs=1e-5
+    )
+    for head in range(k):
+        assert logged[f"reward_model_env/ensemble_member_{head}_mean"] == pytest.approx(
+            statistics.fmean(r[head] for r in rows), abs=1e-5
+        )
     # The same members as separate reward functions, one per head (label_index), give the same ensemble.
-    singles = [RewardModelEnvironment(model, tiny_tokenizer, device="cpu", label_index=k, name=f"head_{k}") for k in range(3)]
+    singles = [RewardModelEnvironment(model, tiny_tokenizer, device="cpu", label_index=h, name=f"head_{h}") for h in range(k)]
     separate = EnsembleReward(singles, ensemble=how, **penalty)(prompts, completions)
     torch.testing.assert_close(torch.tensor(separate, dtype=torch.float64), want, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="ensemble aggregates the heads of a multi-head model; .* has one output"):

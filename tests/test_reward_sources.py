@@ -55,22 +55,20 @@ def test_ensemble_members_make_one_ensemble_reward_aggregated_as_the_reward_opti
     rewards are the members' per sample, aggregated."""
     import json
 
-    import torch
-
     from trl_rm_env import EnsembleReward
-    from trl_rm_env.rewards.ensemble import aggregate
 
     rm = str(tiny_dir / "reward_model")
     sources = RewardSources(reward_model=rm, reward_options={"name": "first", "ensemble": "min", "device": "cpu"},
                             ensemble_members=[json.dumps({"model": rm, "name": "second", "normalization": "none",
-                                                          "device": "cpu"})])  # fmt: skip
+                                                          "clip": 0.001, "device": "cpu"})])  # fmt: skip
     (reward,), weights = sources.build()
     assert isinstance(reward, EnsembleReward) and weights is None
     assert reward.member_names == ["first", "second"] and reward.options.ensemble == "min"
     prompts = [[{"role": "user", "content": "Hi"}]] * 2
     completions = [[{"role": "assistant", "content": text}] for text in ("Hello.", "Hey there, friend.")]
     first, second = (m(prompts=prompts, completions=completions) for m in reward.members)
-    want = aggregate(torch.tensor([first, second], dtype=torch.float64).T, "min").tolist()
+    want = [min(a, b) for a, b in zip(first, second)]  # "min": each sample's worse member
+    assert all(a != b for a, b in zip(first, second))  # the second clipped: "min" is told from "mean" and "max"
     assert reward(prompts=prompts, completions=completions) == pytest.approx(want, abs=1e-12)
 
 
