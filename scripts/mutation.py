@@ -135,14 +135,16 @@ def _row(source: str, c: collections.Counter) -> str:
 
 
 def check(name: str, pytest_args: list[str]) -> int:
-    """Run tests against one mutant of the last run (`mutants/`, with the working tree's test files copied in)."""
+    """Run the working tree's tests against one mutant of the last run (`mutants/`)."""
     mutants = ROOT / "mutants"
     if not mutants.exists():
         print("mutation: no mutants/ folder; run `python scripts/mutation.py run` first", file=sys.stderr)
         return 1
-    shutil.copytree(ROOT / "tests", mutants / "tests", dirs_exist_ok=True)
+    # The working tree's tests (a path given from the root is made absolute), importing the mutated package: pytest
+    # puts tests/ first on sys.path and the working directory (mutants/) next, ahead of the installed package.
+    args = [str(ROOT / a) if a.startswith("tests") else a for a in pytest_args] or [str(ROOT / "tests")]
     env = dict(os.environ, MUTANT_UNDER_TEST=name)
-    return subprocess.call([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *pytest_args],
+    return subprocess.call([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *args],
                            cwd=mutants, env=env)  # fmt: skip
 
 
