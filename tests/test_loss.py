@@ -1,14 +1,28 @@
-"""Ranked Bradley-Terry loss: pair expansion and values against hand computation (plain Python math)."""
+"""Ranked Bradley-Terry loss: pair expansion and values against hand computation (plain Python math); the pairs'
+indices and TRL's pair layout made on the device asked for (the meta device, or a spy on `torch`, standing in for an
+accelerator); the margin's bound and dtype; the regression loss (`masked_mse_loss`) on literal tensors: its divisor
+(the values present) and its dtype (the predictions')."""
 
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
 from trl_rm_env.metrics import STAT_COLUMNS, record_statistics, summarize_statistics
-from trl_rm_env.trainer.loss import ranked_bradley_terry_loss, ranked_pairs
+from trl_rm_env.trainer.loss import masked_mse_loss, pair_layout, ranked_bradley_terry_loss, ranked_pairs
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tensors of a few elements: one intra-op thread (two spin against other work on a busy 2-core box:
+    `repeat_interleave` in `ranked_pairs` took tens of ms a call that way)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def nll(x: float) -> float:
@@ -93,8 +107,74 @@ def test_ties_form_no_pair():
 
 
 def test_all_tied_batch_raises():
-    with pytest.raises(ValueError, match="no strictly ordered pair"):
+    with pytest.raises(
+        ValueError,
+        match=r"^The batch holds no strictly ordered pair \(every record's completions are "
+        r"tied\)\.$",
+    ):
         run([0.1, 0.2], [0, 0], [0, 0])
+
+
+def test_pairs_of_interleaved_records_come_sorted_by_better_then_worse():
+    # Records 0 (rows 0, 2, 3 ranked 0, 1, 2) and 1 (rows 1, 4 ranked 0, 1), interleaved: pairs (0, 2), (0, 3),
+    # (2, 3) and (1, 4), listed in (better, worse) order as the docstring promises.
+    better, worse = ranked_pairs(torch.tensor([0, 0, 1, 2, 1]), torch.tensor([0, 1, 0, 0, 1]))
+    assert list(zip(better.tolist(), worse.tolist())) == [(0, 2), (0, 3), (1, 4), (2, 3)]
+    # An empty batch: no pair, long indices on the batch's device (meta standing in for an accelerator).
+    empty = torch.zeros(0, dtype=torch.long, device="meta")
+    better, worse = ranked_pairs(empty, empty)
+    assert better.shape == worse.shape == (0,) and better.dtype == worse.dtype == torch.long
+    assert better.device.type == worse.device.type == "meta"
+
+
+class DeviceSpy:
+    """`torch` as `trl_rm_env.trainer.loss` sees it, recording the device of every tensor it makes with `arange`
+    or `zeros` (a stand-in for an accelerator: ranked_pairs' index arithmetic is data-dependent, so it cannot run on
+    the meta device)."""
+
+    def __init__(self):
+        self.devices: list = []
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def arange(self, *args, **kwargs):
+        self.devices.append(kwargs.get("device"))
+        return torch.arange(*args, **kwargs)
+
+    def zeros(self, *args, **kwargs):
+        self.devices.append(kwargs.get("device"))
+        return torch.zeros(*args, **kwargs)
+
+
+def test_ranked_pairs_makes_its_indices_on_the_ranks_device(monkeypatch):
+    # On CUDA a CPU index tensor mixed into the ranks' arithmetic is a device error; every tensor made here must be
+    # asked for on the ranks' device (interleaved records: the re-sorting path runs too).
+    from trl_rm_env.trainer import loss as loss_module
+
+    spy = DeviceSpy()
+    monkeypatch.setattr(loss_module, "torch", spy)
+    better, worse = ranked_pairs(torch.tensor([0, 0, 1, 2, 1]), torch.tensor([0, 1, 0, 0, 1]))
+    assert list(zip(better.tolist(), worse.tolist())) == [(0, 2), (0, 3), (1, 4), (2, 3)]
+    assert spy.devices and set(spy.devices) == {torch.device("cpu")}
+
+
+def test_a_margin_is_refused_over_1000_in_size_and_kept_in_the_scores_dtype():
+    # MAX_MARGIN (data/schema.py) is 1000: exactly 1000 is a margin; the loss of s = (1, 0) with m = 1000 is
+    # -log sigmoid(1 - 1000) = 999 + log1p(exp(-999)) = 999 to double precision.
+    out = run([1.0, 0.0], [0, 1], [0, 0], margin=[1000.0])
+    assert out.loss.item() == pytest.approx(999.0, abs=1e-9)
+    message = (
+        "margin is not finite or larger than 1000 in size for batch record(s) [1] (values [nan]); margins "
+        "are in reward units: fix the dataset's margin column (a missing margin is 0)"
+    )
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        run([1.0, 0.0, 2.0, 0.5], [0, 1, 0, 1], [0, 0, 1, 1], margin=[0.5, math.nan])
+    # float32 scores (the model's), a float64 margin (the collator's): the loss stays float32.
+    out = ranked_bradley_terry_loss(torch.tensor([1.0, 0.0]), torch.tensor([0, 1]), torch.tensor([0, 0]),
+                                    torch.tensor([0.5], dtype=torch.float64))  # fmt: skip
+    assert out.pair_losses.dtype == out.loss.dtype == torch.float32
+    assert out.loss.item() == pytest.approx(nll(0.5), abs=1e-6)
 
 
 def test_margin_is_per_record():
@@ -158,3 +238,24 @@ def test_record_statistics_give_exact_set_metrics():
     assert summary["reward_std"] == pytest.approx((sum((x - mean) ** 2 for x in s) / 5) ** 0.5)
     # Summing per-record rows in any split gives the same set metrics (batch-size independence).
     assert summarize_statistics(stats[:1] + stats[1:]) == summarize_statistics(stats.sum(0))
+
+
+def test_pair_layout_is_made_on_the_scores_device():
+    # The meta device stands in for an accelerator: tensors made on it carry no data, only their device.
+    ranks, record_index = pair_layout(4, torch.device("meta"))
+    assert ranks.device.type == record_index.device.type == "meta"
+    assert ranks.shape == record_index.shape == (4,)
+
+
+def test_masked_mse_divides_by_the_values_present_in_the_predictions_dtype():
+    # One value present: (5 - 3)^2 / 1 = 4 (not over 2: the masked value is no sample).
+    loss = masked_mse_loss(torch.tensor([[2.0, 5.0]]), torch.tensor([[float("nan"), 3.0]]))
+    assert loss.item() == 4.0
+    # Nothing present: 0 (the divisor clamped to 1), with a gradient.
+    predictions = torch.tensor([[1.0, 2.0]], requires_grad=True)
+    loss = masked_mse_loss(predictions, torch.full((1, 2), float("nan")))
+    assert loss.item() == 0.0 and loss.requires_grad
+    # float64 ratings, bf16 predictions (the model's dtype): the loss in bf16, as the model's other losses are;
+    # (1.5 - 0.25)^2 = 1.5625, exact in bf16.
+    loss = masked_mse_loss(torch.tensor([[1.5]], dtype=torch.bfloat16), torch.tensor([[0.25]], dtype=torch.float64))
+    assert loss.dtype == torch.bfloat16 and loss.item() == 1.5625

@@ -6,7 +6,9 @@ fake world, so the fast loop (`pytest -m "not slow"`) holds what the slow 2-proc
 - `trl_rm_env.rewards.whole_groups`: `whole_call` and `shared_values` are generators whose exchanges are `GATHER`
   requests; here each process's generator is run in lockstep with the others (`lockstep`) and every request answered
   with every process's value in rank order, as `gather_objects` would (`rank` monkeypatched per process). The merged
-  samples, the shifted `to_score`/`empty`, each process's `offset` and the errors are checked against literals.
+  samples, the shifted `to_score`/`empty`, each process's `offset` and the errors are checked against literals; a
+  request's answer (`gather`: `gather_objects` stubbed, awaited off the event loop's thread for an asynchronous call)
+  and the reward function's own group (`torch.distributed.new_group` stubbed: a gloo group).
 - `JudgeEnvironment._steps` under a fake world of 2 (`world_size`, `rank` and `own_group` monkeypatched): a judge
   behind a server that is never reached, its engine requests answered here with scripted verdicts that depend on the
   two answers compared. The two processes' rewards, concatenated, equal one process judging the whole batch, sample
@@ -14,7 +16,10 @@ fake world, so the fast loop (`pytest -m "not slow"`) holds what the slow 2-proc
 - `BoundedForwardsMixin._forwards` and `_chunked_training_step` on a fake trainer (a base whose `training_step`
   records the `loss_weight` it is given, as `RankedRewardTrainer.compute_loss` uses it) and a fake accelerator whose
   `gather` adds another process's `[chunks, pairs]`: the forwards each process runs, each chunk's weight and where
-  gradients only accumulate, against weights worked out by hand from the module's rule.
+  gradients only accumulate, against weights worked out by hand from the module's rule; the model each chunk's
+  forward and attention get, the whole batch's pairs handed to the metrics (margins and TRL's centring term, by
+  hand), a step without any pair refused, and every tensor moved to the scores' device (the meta device standing in
+  for an accelerator, the loss stubbed since meta tensors hold no data).
 
 Fast: no process group, no launch, no network (the judge's server is never called), no model, one torch thread
 (`one_torch_thread`); a few ms a test.
@@ -22,9 +27,11 @@ Fast: no process group, no launch, no network (the judge's server is never calle
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import math
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -256,6 +263,32 @@ def test_processes_judging_a_call_together(monkeypatch):
     assert processes(True, "fsdp2") == 1  # a judge sharded across processes: its forwards are collectives
 
 
+def test_a_gather_request_is_answered_over_the_group_in_a_thread_for_an_asynchronous_call(monkeypatch):
+    # `gather_objects` (waiting.py: every process's value over a process group, bounded by its timeout) stubbed:
+    # what it is asked, from which thread.
+    asked = []
+
+    def gather_objects(value, what, group):
+        asked.append((value, what, group, threading.current_thread() is threading.main_thread()))
+        return [value, "the other process's"]
+
+    monkeypatch.setattr(whole_groups, "gather_objects", gather_objects)
+    request = (GATHER, {"mine": 1}, "rewards")
+    assert whole_groups.gather(request, "group", asynchronous=False) == [{"mine": 1}, "the other process's"]
+    assert asked == [({"mine": 1}, "rewards", "group", True)]  # a synchronous call waits in its own thread
+    awaitable = whole_groups.gather(request, "group", asynchronous=True)
+    assert asked[1:] == []  # nothing asked until awaited
+    assert asyncio.run(awaitable) == [{"mine": 1}, "the other process's"]
+    assert asked[1:] == [({"mine": 1}, "rewards", "group", False)]  # off the event loop's thread
+
+
+def test_a_reward_functions_own_group_is_a_gloo_group_of_every_process(monkeypatch):
+    made = []
+    monkeypatch.setattr(torch.distributed, "new_group", lambda *args, **kwargs: made.append((args, kwargs)) or "g")
+    assert whole_groups.own_group() == "g"
+    assert made == [((), {"backend": "gloo"})]  # CPU exchanges: TRL's event-loop thread has no CUDA device set
+
+
 # ---------------------------------------------------------------------------------------------------- the judge
 def user(text):
     return [{"role": "user", "content": text}]
@@ -466,7 +499,8 @@ class RecordingBase:
         weight = inputs["loss_weight"]
         syncs = not self.accelerator.unsynced and self.accelerator.gradient_state.sync_gradients
         self.forwards.append({"chunk": inputs["name"], "weight": weight, "syncs": syncs, "num_items": num_items_in_batch,
-                              "in_attention": self.attention_depth == 1, "keys": set(inputs)})  # fmt: skip
+                              "in_attention": self.attention_depth == 1, "keys": set(inputs),
+                              "model": model})  # fmt: skip
         self._chunk_outputs.append((inputs["scores"], inputs["tokens"]))
         return torch.tensor(inputs["loss"], dtype=torch.float64) * weight
 
@@ -480,11 +514,13 @@ class FakeTrainer(BoundedForwardsMixin, RecordingBase):
                                              pack_max_tokens=400 if bounded else None)  # fmt: skip
         self._layout = SimpleNamespace(attention=self._attention)
         self.attention_depth = 0
+        self.attention_models: list = []  # the model each chunk's attention context was entered with
         self.forwards: list[dict] = []
         self.logged: list[tuple] = []
 
     @contextlib.contextmanager
     def _attention(self, model):
+        self.attention_models.append(model)
         self.attention_depth += 1
         try:
             yield
@@ -546,7 +582,8 @@ def test_a_chunked_step_weights_each_real_chunk_by_its_pairs_over_the_global_pai
     # Chunks before the last accumulate gradients only (no sync); the last one syncs.
     assert [f["syncs"] for f in trainer.forwards] == [False, False, True]
     assert accelerator.no_sync_models == ["model", "model"]
-    assert all(f["in_attention"] and f["num_items"] == 16 for f in trainer.forwards)
+    assert all(f["in_attention"] and f["num_items"] == 16 and f["model"] == "model" for f in trainer.forwards)
+    assert trainer.attention_models == ["model"] * 3  # each chunk's forward and backward in the layout's attention
     assert all("chunks" not in f["keys"] and "loss_weight" in f["keys"] for f in trainer.forwards)
     # Metrics once, over the real chunks only: their 3 + 2 scores and 9 + 4 tokens (not the repeat's).
     ((scores, pairwise, record_index, tokens),) = trainer.logged
@@ -628,6 +665,8 @@ def test_trl_pair_chunks_count_rows_over_two_and_log_chosen_then_rejected():
                    "scores": torch.tensor([3.0, 2.0, 1.0, 0.0, 1.0, -1.0])}  # fmt: skip
     trainer._chunked_training_step("model", pairs_batch, None)
     assert [f["weight"] for f in trainer.forwards] == [3 / 4, 0.0]
+    assert trainer.accelerator.gathered[0].tolist() == [[1, 3]]  # 1 forward, 3 pairs: counted as integers
+    assert trainer.accelerator.gathered[0].dtype == torch.long
     ((scores, pairwise, record_index, _),) = trainer.logged
     assert record_index.tolist() == [0, 1, 2, 0, 1, 2] and pairwise.better.tolist() == [0, 1, 2]  # TRL's layout
     # Without a score_index (TRL's own rows): input_ids' rows over two.
@@ -644,3 +683,74 @@ def test_trl_pair_chunks_count_rows_over_two_and_log_chosen_then_rejected():
     ((scores, pairwise, record_index, tokens),) = trainer.logged
     assert scores.tolist() == [0.0, 2.0, 4.0, 1.0, 3.0, 5.0] and record_index.tolist() == [0, 1, 2, 0, 1, 2]
     assert tokens == 15
+
+
+def test_the_metrics_get_the_whole_batchs_pairs_with_their_margins_and_the_centring_term():
+    # MINE's scores: record 0 = rows 0, 1, 2 (scores 0, 1, 2; ranks 0, 1, 2), record 1 = rows 3, 4 (10, 11; 0, 1).
+    # Pairs (0, 1), (0, 2), (1, 2) with margin 0.5 and (3, 4) with 0.25: differences 0 - 1 - 0.5, 0 - 2 - 0.5,
+    # 1 - 2 - 0.5, 10 - 11 - 0.25. TRL's centring, c = 0.01: c * mean of (s_i + s_j)^2 = 0.01 * (1 + 4 + 9 + 441) / 4.
+    trainer = FakeTrainer(FakeAccelerator(1))
+    trainer.args.center_rewards_coefficient = 0.01
+    batch = batch_of(MINE) | {"margin": torch.tensor([0.5, 0.25], dtype=torch.float64)}
+    trainer._chunked_training_step("model", batch, None)
+    ((_, pairwise, _, _),) = trainer.logged
+    nll = [math.log1p(math.exp(-x)) for x in (-1.5, -2.5, -1.5, -1.25)]  # -log sigmoid(x)
+    assert pairwise.pair_losses.tolist() == pytest.approx(nll, abs=1e-6)
+    assert pairwise.loss.item() == pytest.approx(sum(nll) / 4 + 0.01 * 455 / 4, abs=1e-5)
+
+
+def test_a_step_without_any_pair_weighs_its_chunks_0_and_is_refused():
+    # Every record tied (one process): 0 pairs in all, so no chunk has a share; the step's loss has no pair.
+    trainer = FakeTrainer(FakeAccelerator(1))
+    tied = [ranked_chunk("t0", [[0, 0]], loss=0.0, tokens=3), ranked_chunk("t1", [[1, 1, 1]], loss=0.0, tokens=4)]
+    with pytest.raises(
+        ValueError,
+        match=r"^The batch holds no strictly ordered pair \(every record's completions "
+        r"are tied\)\.$",
+    ):
+        trainer._chunked_training_step("model", batch_of(tied), None)
+    assert [f["weight"] for f in trainer.forwards] == [0.0, 0.0]
+
+
+class MetaAccelerator(FakeAccelerator):
+    """`gather` on the meta device (standing in for the processes' accelerator): checks what is sent, answers
+    `answer` (the gathered counts, this process's first)."""
+
+    def __init__(self, answer):
+        super().__init__(len(answer))
+        self.answer = answer
+
+    def gather(self, tensor):
+        self.gathered.append((tensor.device.type, tensor.dtype, tuple(tensor.shape)))
+        return torch.tensor(self.answer)
+
+
+def test_every_tensor_of_the_step_goes_to_the_scores_device(monkeypatch):
+    # The meta device stands in for an accelerator: the chunks' scores are there, the collator's ranks, record
+    # indices and margins on the CPU. The loss (stubbed: meta tensors hold no data to pair) and the metrics get them
+    # all on the scores' device; the chunk counts are gathered on the process's device (NCCL gathers no CPU tensor).
+    from trl_rm_env.trainer import bounded
+
+    seen = []
+
+    def loss(scores, ranks, record_index, margin, center):
+        seen.append([t.device.type for t in (scores, ranks, record_index, margin) if t is not None])
+        return SimpleNamespace(loss=None)
+
+    monkeypatch.setattr(bounded, "ranked_bradley_terry_loss", loss)
+    accelerator = MetaAccelerator([[2, 4], [3, 6]])
+    trainer = FakeTrainer(accelerator)
+    trainer.args.device = torch.device("meta")
+    chunks = [c | {"scores": c["scores"].to("meta")} for c in MINE]
+    trainer._chunked_training_step("model", batch_of(chunks) | {"margin": torch.tensor([0.5, 0.25])}, None)
+    assert accelerator.gathered == [("meta", torch.long, (1, 2))]
+    assert [f["weight"] for f in trainer.forwards] == [3 / 5, 1 / 5, 0.0]
+    # TRL pairs cut into chunks: their layout made by the trainer, on the scores' device.
+    trl = [ranked_chunk("c01", [[0, 1], [0, 1]], 0.4, 10), ranked_chunk("c2", [[0, 1]], 0.2, 5)]
+    trl = {
+        "chunks": [c | {"scores": c["scores"].to("meta")} for c in trl],
+        "score_order": torch.tensor([0, 2, 4, 1, 3, 5]),
+    }
+    FakeTrainer(FakeAccelerator(1))._chunked_training_step("model", trl, None)
+    assert seen == [["meta"] * 4, ["meta"] * 3]
+    assert [logged[2].device.type for logged in trainer.logged] == ["meta"]  # the metrics' record indices
