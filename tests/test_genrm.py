@@ -9,6 +9,7 @@ the top-percentile threshold at groups of 8, 10 and 16 placed so that an off-by-
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from pytest import approx
@@ -41,10 +42,12 @@ def test_pairs(strategy, n, pairs):
 
 
 def test_pairs_refuse_an_unknown_strategy_and_a_group_of_one():
-    with pytest.raises(ValueError, match="Unknown comparison strategy"):
+    with pytest.raises(ValueError, match=r"^Unknown comparison strategy 'unknown'; choose one of circular, all_pairs$"):
         comparison_pairs("unknown", 3)
-    with pytest.raises(ValueError, match="Need at least 2 responses"):
+    with pytest.raises(ValueError, match=r"^Need at least 2 responses to compare, got 1$"):
         comparison_pairs("circular", 1)
+    # a group of two, the smallest: circular compares it both ways (i against i+1 mod 2), all_pairs once
+    assert comparison_pairs("circular", 2) == [(0, 1), (1, 0)] and comparison_pairs("all_pairs", 2) == [(0, 1)]
 
 
 @pytest.mark.parametrize(
@@ -76,6 +79,20 @@ def test_a_non_finite_value_is_no_verdict(key, value):
 def test_no_verdict_raises_when_asked():
     with pytest.raises(GenRMVerdictError, match="No JSON here"):
         parse_genrm_verdict("No JSON here", 3.0, 3.5, raise_on_fail=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "preview"),
+    [
+        ("No JSON here", "'No JSON here'"),
+        ("x" * 200, "'" + "x" * 200 + "'"),  # 200 characters: shown whole
+        ("y" * 201, "'" + "y" * 200 + "...'"),  # 201: the first 200, then "..."
+    ],
+)
+def test_no_verdict_error_names_the_keys_and_shows_the_answers_first_200_characters(text, preview):
+    want = "no verdict object {score_1, score_2, ranking} in the GenRM's answer: " + preview
+    with pytest.raises(GenRMVerdictError, match="^" + re.escape(want) + "$"):
+        parse_genrm_verdict(text, raise_on_fail=True)
 
 
 def test_style_elements_are_counted_by_kind():
@@ -182,6 +199,24 @@ def test_the_first_fenced_verdict_wins_else_the_last_object():
     assert parse_genrm_verdict('{ unclosed {"score_2": 1}')[1] == 1  # an object inside an unclosed brace counts
 
 
+@pytest.mark.parametrize(
+    ("text", "verdict"),
+    [
+        ('{"": 0, "score_1": 2}', (2.0, 3.0, 3.5)),  # an empty key: its closing quote ends the string
+        ('{"note": "a \\" }", "score_1": 2}', (2.0, 3.0, 3.5)),  # an escaped quote does not end the string
+        ('{"note": "a \\\\", "score_1": 2}', (2.0, 3.0, 3.5)),  # an escaped backslash: the quote after it does
+        ('{"score_1": 1} {"score_1": 5, "note": "}"}', (5.0, 3.0, 3.5)),  # a brace in a string closes nothing
+        ('{"score_1": 5} {"note": 1}', (5.0, 3.0, 3.5)),  # an object without a verdict key is no verdict
+        ('{"score_1": 5} {}', (5.0, 3.0, 3.5)),
+    ],
+)
+def test_objects_are_delimited_as_json_reads_them(text, verdict):
+    """NeMo Gym's parser reads the last JSON object of the text that holds a verdict key: braces and quotes inside
+    JSON strings (escapes included) delimit nothing, and an object with none of the keys is skipped, not a verdict of
+    defaults."""
+    assert parse_genrm_verdict(text) == verdict
+
+
 def test_weighted_win_loss_gives_the_better_response_the_points():
     pairs = [(0, 1)] * 4
     rewards, tie_rate = aggregate_verdicts([(5, 1, 1), (4, 2, 2), (2, 4, 5), (3, 3, 3.5)], pairs, 2,
@@ -197,7 +232,8 @@ def test_individual_scores_are_averaged_without_tiebreak():
 
 
 def test_aggregation_refuses_an_unknown_method_and_mismatched_lengths():
-    with pytest.raises(ValueError, match="Unknown aggregator"):
+    with pytest.raises(ValueError, match=r"^Unknown aggregator 'elo'; choose one of simple_tiebreaker, "
+                                         r"individual_scores, weighted_win_loss$"):  # fmt: skip
         aggregate_verdicts([], [], 2, method="elo")
     with pytest.raises(ValueError, match="one verdict per compared pair"):
         aggregate_verdicts([(3, 3, 3.5)], [], 2)

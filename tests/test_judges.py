@@ -184,6 +184,11 @@ def test_verdict_parsers():
     assert parse_winner("A is bad. [[B]]") == 0.0 and parse_winner("[[A]] then") == 1.0 and parse_winner("A") is None
     assert parse_ranking("Ranking: 2 > 1 > 3", 3) == [1, 0, 2] and parse_ranking("Ranking: 2 > 2 > 3", 3) is None
     assert parse_ranking("final: [3, 1, 2]", 3) == [2, 0, 1]
+    assert parse_score("Score: 1", 5) == 1 and parse_score("Score: 5", 5) == 5  # both ends of 1..max_score count
+    assert parse_score("Score: 0", 5) is None and parse_score("Score: 0.5", 5) is None
+    # a JSON list: from the last "[" to the first "]" after it, the text after it ignored
+    assert parse_ranking("[2, 1].", 2) == [1, 0] and parse_ranking("[2, 1] (answer 2 beats answer 1])", 2) == [1, 0]
+    assert parse_ranking("[2.0, 1.0]", 2) is None and parse_ranking('["2", "1"]', 2) is None  # numbers, not integers
 
 
 def test_bad_construction_fails_in_one_line(judge_model, tiny_tokenizer, tiny_rm):
