@@ -7,6 +7,7 @@ Read from the source (every import, module-level or inside a function), so a vio
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 USERS_OF_A_REWARD_MODEL = ("judges", "scoring", "runtime", "serving", "evaluation", "rewards")
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of one source file, parsed once per run (the tests only read it)."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
 def module_name(path: Path, package: Path = PACKAGE) -> str:
     if path.is_relative_to(RECIPES):  # the checkout's recipes/ is the installed trl_rm_env.recipes
         path = PACKAGE / "recipes" / path.relative_to(RECIPES)
@@ -42,7 +49,7 @@ def imports(path: Path, package: Path = PACKAGE) -> list[tuple[str, int]]:
     name = module_name(path, package)
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.ImportFrom):
             base = here[: len(here) - node.level + 1] if node.level else []
             target = ".".join(base + ([node.module] if node.module else []))
@@ -184,7 +191,7 @@ def test_entry_points_only_parse_raising_nothing_but_system_exit_and_each_main_r
     recipe parses, calls and prints. A bare `raise` (re-raising under `--debug`) is no new error."""
     found, long = [], {}
     for path in sorted(RECIPES.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Raise) and node.exc is not None:
                 raised = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
                 if getattr(raised, "id", None) != "SystemExit":
@@ -236,7 +243,7 @@ def test_production_objects_keep_no_state_for_tests():
     found = [
         f"{path.relative_to(ROOT)}:{node.lineno} {name}"
         for path in package_modules().values()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in ast.walk(parsed(path))
         for name in [node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", None)]
         if name in TEST_STATE
     ]  # fmt: skip
@@ -254,7 +261,7 @@ def mode_name_tests(path: Path) -> list[int]:
         return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(named(e) for e in node.elts)
 
     lines = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Compare) and any(named(n) for n in [node.left, *node.comparators]):
             lines.append(node.lineno)
         elif isinstance(node, ast.Subscript) and named(node.slice):
@@ -274,7 +281,7 @@ def layout_name_tests(path: Path) -> list[int]:
         return isinstance(node, ast.Tuple | ast.List | ast.Set) and any(named(e) for e in node.elts)
 
     return sorted(
-        node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        node.lineno for node in ast.walk(parsed(path))
         if isinstance(node, ast.Compare) and any(named(n) for n in [node.left, *node.comparators])
     )  # fmt: skip
 
@@ -338,7 +345,7 @@ def test_scripts_import_only_what_the_package_has():
     missing = []
     for folder in ("recipes", "benchmarks"):
         for path in sorted((PACKAGE.parent / folder).glob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for node in ast.walk(parsed(path)):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "trl_rm_env":
                     module = importlib.import_module(node.module)
                     missing += [f"{folder}/{path.name}:{node.lineno}: {node.module}.{alias.name}"

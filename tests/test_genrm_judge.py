@@ -51,7 +51,7 @@ def scripted_genrm(answer):
     loop = asyncio.new_event_loop()
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app, shutdown_timeout=1.0)  # a hanging handler is not waited for
+    runner = web.AppRunner(app, shutdown_timeout=0.1)  # a hanging handler is not waited for
     loop.run_until_complete(runner.setup())
     port = _free_port()
     loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
@@ -493,11 +493,11 @@ def test_a_dead_genrm_server_is_an_error_naming_it_not_neutral_rewards():
 def test_a_hanging_genrm_server_times_out_naming_it_and_the_timeout_not_a_silent_wait():
     with scripted_genrm(lambda messages, body: 30.0) as (url, bodies):  # accepts, then never answers in time
         env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", retries=1, backoff=0.01,
-                               timeout=0.5)  # fmt: skip
+                               timeout=0.25)  # fmt: skip
         started = time.monotonic()
         with pytest.raises(RemoteScoringError, match=rf"every request .* failed \(2\).*{url}.*timed out \(2 times\)"):
             rewards_of(env, ANSWERS[:2], [PROMPT] * 2)
-        assert time.monotonic() - started < 10  # two tries of 0.5 s each, concurrently: bounded, not 30 s
+        assert time.monotonic() - started < 10  # two tries of 0.25 s each, concurrently: bounded, not 30 s
         assert len(bodies) <= 4  # both comparisons, each retried once at most (a loaded box may time out sooner)
 
 

@@ -169,7 +169,9 @@ def one_at_a_time(model, tokenizer, prompts, completions, scorer=None):
 
 
 @pytest.mark.parametrize("batch_size, budget", [(None, None), (3, None), (None, 400), (2, 250)])
-@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+@pytest.mark.parametrize(
+    "tokenizer_name", ["tiny_tokenizer", pytest.param("bos_tokenizer", marks=pytest.mark.slow)]  # bos: full suite
+)
 def test_scorer_shares_groups_exactly_within_the_budget(request, tokenizer_name, batch_size, budget):
     tokenizer = request.getfixturevalue(tokenizer_name)
     model = build_tiny_reward_model(tokenizer, seed=5)
@@ -213,7 +215,9 @@ def test_shared_prefixes_are_found_in_token_ids_alone():
     assert shared_prefixes_in([], ratio=8.0) == [] and shared_prefixes_in([[5]], ratio=8.0) == [0]
 
 
-@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+@pytest.mark.parametrize(
+    "tokenizer_name", ["tiny_tokenizer", pytest.param("bos_tokenizer", marks=pytest.mark.slow)]  # bos: full suite
+)
 def test_score_ids_finds_the_groups_and_scores_exactly(request, tokenizer_name):
     """`score_ids` (the server's path: token ids, no contexts) shares each GRPO group's prompt, in any input order,
     and every score equals that sequence scored alone; with `prefix_sharing=False` nothing is shared."""

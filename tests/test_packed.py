@@ -346,7 +346,9 @@ def chat_groups(num_prompts: int, generations: int, seed: int = 0):
 
 
 @pytest.mark.parametrize("batch_size, budget", [(None, None), (3, None), (None, 400), (2, 250)])
-@pytest.mark.parametrize("tokenizer_name", ["tiny_tokenizer", "bos_tokenizer"])
+@pytest.mark.parametrize(
+    "tokenizer_name", ["tiny_tokenizer", pytest.param("bos_tokenizer", marks=pytest.mark.slow)]  # bos: full suite
+)
 def test_scorer_packs_groups_exactly_within_the_budget(request, tokenizer_name, batch_size, budget):
     from helpers import score_one
 

@@ -1,6 +1,7 @@
 """The reward functions' plumbing that only slow end-to-end runs exercised before, held fast: a reward function
 unpickled where its accelerator is missing (AsyncGRPO's CPU child), a regression RM's attribute rewards served by one
-forward per batch (GDPO), each ensemble head's exact statistics, and TRL's pair layout.
+forward per batch (GDPO; and one attribute reward over a stand-in environment's fixed table), each ensemble head's
+exact statistics, and TRL's pair layout.
 
 Expected values are literals worked out by hand, or one forward of the plain transformers model.
 """
@@ -46,6 +47,14 @@ def test_on_cpu_drops_what_places_a_model_on_an_accelerator():
     judge = pickling._on_cpu({"scoring_options": ModelOptions(device="cuda", engine="vllm")})["scoring_options"]
     assert (judge.device, judge.engine) == (None, "hf")
     assert pickling._on_cpu({"fsdp_shard": False})["fsdp_shard"] is False  # only an explicit True is dropped
+    # A judge's JudgeOptions (no device) and anything that is not an options dataclass are kept as given.
+    from types import SimpleNamespace
+
+    from trl_rm_env import JudgeOptions
+
+    judge_options, other = JudgeOptions(mode="pairwise"), SimpleNamespace(device="cuda")
+    out = pickling._on_cpu({"options": judge_options, "scoring_options": other})
+    assert out["options"] is judge_options and out["scoring_options"] is other
 
 
 def test_available_asks_the_device_module(monkeypatch):
@@ -76,8 +85,12 @@ def test_a_reward_built_on_a_gpu_is_rebuilt_on_the_cpu_where_none_is(tiny_dir, m
     with caplog.at_level(logging.WARNING, logger="trl_rm_env.rewards.pickling"):
         again = copy(prompts, completions)
         copy(prompts, completions)
-    warned = [r for r in caplog.records if "built on cuda, but this process has none" in r.getMessage()]
-    assert len(warned) == 1 and "gpu_rm" in warned[0].getMessage()
+        pickle.loads(blob)(prompts, completions)  # another copy of the same reward function: not warned again
+    assert [r.getMessage() for r in caplog.records if r.name == pickling.logger.name] == [
+        "gpu_rm: built on cuda, but this process has none (AsyncGRPO's reward workers run with CUDA_VISIBLE_DEVICES=''): "
+        "the model runs on the CPU here, slowly. Serve it on its own GPUs (`trl-rm-env serve --engine vllm --model "
+        "...`) and pass remote_url."
+    ]
     assert copy.engine == "hf" and copy._arguments["device"] == "cuda"  # pickled again as given
     assert copy._count == 6  # 2 before pickling, then 2 per call: the statistics came along
     # The same two completions normalized by the running statistics of 2, then 4, then 6 rewards: the first call
@@ -86,10 +99,16 @@ def test_a_reward_built_on_a_gpu_is_rebuilt_on_the_cpu_where_none_is(tiny_dir, m
 
 
 def test_a_judge_pickles_by_name_without_loading():
+    from trl.trainer.utils import is_async_callable
+
     judge = JudgeEnvironment(remote_url="http://127.0.0.1:9", remote_input="messages", mode="pointwise",
                              scoring="generate", name="strict_judge")  # fmt: skip
     copy = pickle.loads(pickle.dumps(judge))
+    assert "_pending" not in copy.__dict__ and is_async_callable(copy)  # behind servers: rebuilt as it unpickles
     assert copy.__name__ == "strict_judge" and copy.remote_url == ["http://127.0.0.1:9/v1"]
+    rm = RewardModelEnvironment(remote_url="http://127.0.0.1:9", remote_input="messages", name="served_rm")
+    rm_copy = pickle.loads(pickle.dumps(rm))
+    assert "_pending" not in rm_copy.__dict__ and is_async_callable(rm_copy) and rm_copy.__name__ == "served_rm"
     assert JudgeEnvironment._pending_name({}) == "judge" and JudgeEnvironment._pending_name({"name": "x"}) == "x"
     names = JudgeEnvironment.argument_names()
     assert {"remote_url", "mode", "max_score", "precision", "normalization", "timeout", "answer_bonus",
@@ -150,6 +169,28 @@ def test_attribute_rewards_share_one_forward_and_equal_the_plain_model(regressio
     assert calls == [3, 3, 3]
     copy = pickle.loads(pickle.dumps(funcs[1].shared))
     assert copy._batch is None and copy._outputs is None  # the cache and lock stay in this process
+
+
+class TableEnv:
+    """A stand-in environment (picklable, at module level): the same `(N, 2)` outputs for any batch."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def _attribute_outputs(self, prompts, completions, kwargs):
+        return torch.tensor([[1.0, -2.0], [0.5, 4.0]])[: len(prompts)]
+
+
+def test_an_attribute_reward_is_its_column_at_weight_one_and_its_shared_outputs_pickle_their_env():
+    from trl_rm_env.rewards.attributes import AttributeReward, SharedOutputs
+
+    shared = SharedOutputs(TableEnv("table"))
+    prompts, completions = ["p", "q"], ["x", "y"]
+    assert AttributeReward(shared, 1, "b")(prompts, completions) == [-2.0, 4.0]  # column 1, weight 1 by default
+    assert AttributeReward(shared, 1, "b", weight=-0.5)(prompts, completions) == [1.0, -2.0]  # -0.5 * (-2, 4)
+    copy = pickle.loads(pickle.dumps(shared))  # the environment goes along; the cache and lock are new
+    assert copy.env.name == "table" and copy._batch is None
+    assert AttributeReward(copy, 0, "a")(prompts, completions) == [1.0, 0.5]
 
 
 # ------------------------------------------------------------------------------------------ ensemble heads and pairs

@@ -57,8 +57,8 @@ from trl_rm_env.rewards.ensemble import ensemble_metrics
 from trl_rm_env.rewards.nemo import length_shaping_arguments
 from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
 
-BASE = settings(deadline=None, database=None, derandomize=True, max_examples=30)
-FEW = settings(BASE, max_examples=15)
+BASE = settings(deadline=None, database=None, derandomize=True, max_examples=20)
+FEW = settings(BASE, max_examples=10)
 TOL = {"rel": 1e-9, "abs": 1e-9}
 
 

@@ -1,5 +1,6 @@
 """`RewardSources`: a GRPO run's reward functions and weights from its sources, and the combinations it refuses (the
-GRPO recipe's messages, raised for a library user too)."""
+GRPO recipe's messages, raised for a library user too, asserted whole). `build()`'s wiring (which options reach which
+reward function) is checked with stand-ins for the environments against what its docstring promises."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ from trl_rm_env.runtime.model_options import ScoringOptions
          "reward_ensemble_members[1] needs a `model` (a path or Hub id) or a `remote_url`: got {'name': 'b'}"),
         ({"reward_model": "rm", "ensemble_members": ["rm2"]},
          "reward_ensemble_members[0]: expected a JSON object such as '{\"enable_thinking\": false}', got 'rm2'"),
+        ({"reward_options": {"remote_url": "http://rm:8000", "options": ScoringOptions(batch_size=4)}},
+         "reward_batch_size: applied by a reward model loaded here; with reward_remote_url give them to the server "
+         "instead (`trl-rm-env serve --help`)"),
     ],
 )  # fmt: skip
 def test_a_combination_that_cannot_apply_is_refused_before_any_model_loads(kwargs, message):
@@ -112,5 +116,51 @@ def test_without_per_attribute_trl_keeps_its_default_weights_and_a_cascade_is_on
     cascade = RewardSources(rm, {}, str(tiny_dir / "policy"), judge, cascade_margin=0.5)
     rewards, weights = cascade.build()
     assert len(rewards) == 1 and isinstance(rewards[0], CascadeReward) and weights is None
-    with pytest.raises(ValueError, match=r"but the recipe builds one reward \(reward_cascade_margin: "):
+    with pytest.raises(ValueError, match=re.escape(
+            "reward_weights has 2 weight(s) but the recipe builds one reward (reward_cascade_margin: the reward model's "
+            "where it separates a group, else the judge's): give 1 weight(s) or drop reward_weights") + "$"):  # fmt: skip
         cascade.build([1.0, 1.0])
+
+
+class Built:
+    """A stand-in for `RewardModelEnvironment` and `JudgeEnvironment` in `build()`: what each was built with."""
+
+    def __init__(self, model=None, **options):
+        self.model, self.options = model, options
+        self.__name__ = options.get("name", "built")
+
+    def __call__(self, prompts, completions, **kwargs):
+        return [0.0] * len(completions)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    from trl_rm_env.rewards import judge, reward_model
+
+    monkeypatch.setattr(reward_model, "RewardModelEnvironment", Built)
+    monkeypatch.setattr(judge, "JudgeEnvironment", Built)
+
+
+def test_build_passes_each_source_its_own_options(stand_ins):
+    """What the docstring promises, wired: the ensemble's aggregation taken from the reward options (default `mean`,
+    `ensemble_penalty` default 1) and not given to the reward model; each member built from its own mapping (a member
+    with only a `remote_url` is one); the judge built from `judge_options`; the cascade routed by `cascade_margin`."""
+    from trl_rm_env import EnsembleReward
+
+    members = [{"model": "rm2", "name": "b"}, {"remote_url": "http://rm:8000", "name": "c"}]
+    (reward,), weights = RewardSources("rm", {"name": "a", "device": "cpu"}, ensemble_members=members).build()
+    assert isinstance(reward, EnsembleReward) and weights is None
+    assert (reward.options.ensemble, reward.options.ensemble_penalty) == ("mean", 1.0)
+    assert [(m.model, m.options) for m in reward.members] == [
+        ("rm", {"name": "a", "device": "cpu"}), ("rm2", {"name": "b"}), (None, {"remote_url": "http://rm:8000", "name": "c"})
+    ]  # fmt: skip
+    options = {"name": "a", "ensemble": "mean_minus_std", "ensemble_penalty": 2.0}
+    (reward,), _ = RewardSources("rm", options, ensemble_members=members[:1]).build()
+    assert (reward.options.ensemble, reward.options.ensemble_penalty) == ("mean_minus_std", 2.0)
+    assert reward.members[0].options == {"name": "a"}  # the aggregation is the ensemble's, not the reward model's
+    judge_options = {"name": "strict", "mode": "pairwise"}
+    (cascade,), weights = RewardSources("rm", {}, "jm", judge_options, cascade_margin=0.5).build()
+    assert isinstance(cascade, CascadeReward) and cascade.margin == 0.5 and weights is None
+    assert [(s.model, s.options) for s in cascade.sources] == [("rm", {}), ("jm", judge_options)]
+    rewards, weights = RewardSources("rm", {}, "jm", judge_options).build([1.0, 3.0])
+    assert [r.model for r in rewards] == ["rm", "jm"] and weights == [1.0, 3.0]

@@ -1,0 +1,249 @@
+"""`VLLMJudgeEngine`'s own logic, without vLLM: stub `vllm` / `vllm.inputs` modules (a `SamplingParams` and a
+`TokensPrompt` that record their keyword arguments) and a fake `LLM` whose `generate` records its arguments and
+answers objects shaped like vLLM's `RequestOutput` (`outputs[0].text`, `outputs[0].logprobs[0][token_id].logprob`).
+The engine on a real vLLM is held to the transformers engine's numbers in tests/test_judges_vllm.py.
+
+Expected values are the literals the fakes answer and what vLLM's API asks for (`SamplingParams(max_tokens=1,
+temperature=0.0, logprob_token_ids=[...])`, `TokensPrompt(prompt_token_ids=[int, ...])`, `use_tqdm` a bool), plus the
+documented rules: a label token vLLM did not return has log-probability -inf; `show_progress=None` shows a bar for
+more than 256 prompts.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import types
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from trl_rm_env.judges import engines
+from trl_rm_env.judges.engines import HFJudgeEngine, VLLMJudgeEngine
+from trl_rm_env.runtime.model_options import ModelOptions
+from trl_rm_env.runtime.plan import ModelPlan
+
+
+class Recorded:
+    """A stand-in for a vLLM class: keeps its keyword arguments (positional ones are refused, as the engine uses
+    none)."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+class FakeLLM:
+    """`LLM.generate(prompts, params, use_tqdm=...)`: records each call and answers, per prompt, two outputs (the
+    engine must read the first) whose first step's logprobs hold `logprobs` and whose second step holds other
+    values (the engine must read the first step)."""
+
+    def __init__(self, logprobs=None):
+        self.calls: list[tuple] = []
+        self.logprobs = logprobs or {}
+
+    def generate(self, prompts, params, use_tqdm="not given"):
+        self.calls.append((prompts, params, use_tqdm))
+        out = []
+        for k, _ in enumerate(prompts):
+            first = {t: SimpleNamespace(logprob=v + k) for t, v in self.logprobs.items()}
+            second = {t: SimpleNamespace(logprob=99.0) for t in self.logprobs}
+            outputs = [SimpleNamespace(text=f"verdict {k}", logprobs=[first, second]),
+                       SimpleNamespace(text="other sample", logprobs=[second, second])]  # fmt: skip
+            out.append(SimpleNamespace(outputs=outputs))
+        return out
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """Stub vLLM modules and runtime hooks; yields the record of the runtime calls."""
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = Recorded
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = Recorded
+    vllm.inputs = inputs
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    record: dict[str, list] = {"engine_arguments": [], "start_llm": [], "stop_llm": []}
+    llm = FakeLLM({5: -0.25, 7: -1.5})
+
+    def engine_arguments(*args, **kwargs):
+        record["engine_arguments"].append((args, kwargs))
+        return {"max_model_len": 77, "model": "ignored"}
+
+    def start_llm(*args):
+        record["start_llm"].append(args)
+        return llm
+
+    monkeypatch.setattr(engines, "engine_arguments", engine_arguments)
+    monkeypatch.setattr(engines, "start_llm", start_llm)
+    monkeypatch.setattr(engines, "stop_llm", lambda *args: record["stop_llm"].append(args))
+    monkeypatch.setattr(engines, "vllm_device", lambda: "cuda:3")
+    record["llm"] = llm
+    return record
+
+
+def test_vllm_engine_starts_from_the_runtimes_arguments_and_stops(fake_vllm):
+    config = SimpleNamespace(max_position_embeddings=4096)
+    options = ModelOptions(show_progress=True)
+    engine = VLLMJudgeEngine("judge", config, options)
+    # The runtime plans the engine's arguments for a generating runner; vLLM starts with them, owned by the engine.
+    assert fake_vllm["engine_arguments"] == [((config, options), {"runner": "generate"})]
+    (started,) = fake_vllm["start_llm"]
+    assert started[0] == "judge" and started[1] == {"max_model_len": 77, "model": "ignored"} and started[2] is engine
+    assert engine.llm is fake_vllm["llm"]
+    assert engine.max_length == 77 and engine.show_progress is True and engine.device == "cuda:3"
+    engine.close()
+    assert len(fake_vllm["stop_llm"]) == 1 and fake_vllm["stop_llm"][0][0] is fake_vllm["llm"]
+
+    # No options: the defaults (show_progress None), handed to the runtime as an object.
+    default = VLLMJudgeEngine("judge", config)
+    ((_, given), _kwargs) = fake_vllm["engine_arguments"][-1]
+    assert given == ModelOptions() and default.show_progress is None
+
+
+def test_vllm_label_logprobs_read_the_first_step_of_the_first_output(fake_vllm):
+    engine = VLLMJudgeEngine("judge", None, ModelOptions())
+    llm = fake_vllm["llm"]
+    labels = [np.int64(5), np.int64(6), np.int64(7)]  # 6: not among vLLM's logprobs -> -inf
+    got = engine.label_logprobs([[1, 2, 3], np.array([4, 5])], labels)
+    # The fake answers prompt k's logprob of token t as its base value + k; token 6 is missing.
+    assert got == [[-0.25, -math.inf, -1.5], [0.75, -math.inf, -0.5]]
+    ((prompts, params, use_tqdm),) = llm.calls
+    assert params.kwargs == {"max_tokens": 1, "temperature": 0.0, "logprob_token_ids": [5, 6, 7]}
+    assert all(type(t) is int for t in params.kwargs["logprob_token_ids"])
+    assert [p.kwargs for p in prompts] == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4, 5]}]
+    assert all(type(t) is int for p in prompts for t in p.kwargs["prompt_token_ids"])
+    assert use_tqdm is False
+    # Nothing to judge: no request.
+    assert engine.label_logprobs([], labels) == [] and len(llm.calls) == 1
+
+
+def test_vllm_generate_samples_each_prompt_with_its_own_seed(fake_vllm):
+    engine = VLLMJudgeEngine("judge", None, ModelOptions())
+    llm = fake_vllm["llm"]
+    got = engine.generate([[1, 2], [3]], 12, 0.7, np.array([11, 12]))
+    assert got == ["verdict 0", "verdict 1"]
+    ((prompts, params, use_tqdm),) = llm.calls
+    assert [p.kwargs for p in params] == [
+        {"max_tokens": 12, "temperature": 0.7, "top_p": 1.0, "seed": 11, "skip_special_tokens": True},
+        {"max_tokens": 12, "temperature": 0.7, "top_p": 1.0, "seed": 12, "skip_special_tokens": True},
+    ]
+    assert all(type(p.kwargs["seed"]) is int and p.kwargs["skip_special_tokens"] is True for p in params)
+    assert [p.kwargs for p in prompts] == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
+    assert use_tqdm is False
+    engine.generate([[1]], 3, 0.0, [4], top_p=0.5)
+    assert llm.calls[-1][1][0].kwargs["top_p"] == 0.5
+    assert engine.generate([], 3, 0.0, []) == [] and len(llm.calls) == 2
+
+
+@pytest.mark.parametrize(
+    "show_progress, prompts, bar",
+    [(None, 256, False), (None, 257, True), (True, 1, True), (False, 300, False)],
+)
+def test_vllm_progress_bar_is_show_progress_else_more_than_256_prompts(fake_vllm, show_progress, prompts, bar):
+    engine = VLLMJudgeEngine("judge", None, ModelOptions(show_progress=show_progress))
+    engine.label_logprobs([[1]] * prompts, [5])
+    assert fake_vllm["llm"].calls[-1][2] is bar
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_tokenizer):
+    from trl_rm_env.tiny_models import build_tiny_policy
+
+    return build_tiny_policy(tiny_tokenizer, seed=4)
+
+
+def test_a_judge_loaded_here_names_its_engine(policy, tiny_tokenizer):
+    from trl_rm_env import JudgeEnvironment
+
+    env = JudgeEnvironment(policy, tiny_tokenizer, name="local")
+    assert repr(env) == "JudgeEnvironment(name='local', mode='pointwise', scoring='logprobs', engine='hf')"
+
+
+def test_judge_engine_builds_the_engine_its_plan_names(fake_vllm, monkeypatch, policy, tiny_tokenizer):
+    logged, loads, shards = [], [], []
+    monkeypatch.setattr(engines, "log_engine_choice", logged.append)
+    monkeypatch.setattr(engines, "load_weights", lambda plan: loads.append(plan) or policy)
+    monkeypatch.setattr(engines, "shard_if_requested", lambda *args: shards.append(args) or "zero3")
+    config, options = SimpleNamespace(max_position_embeddings=64), ModelOptions(batch_size=3)
+    vllm = ModelPlan("judge-dir", None, config, options, "judge", None, "vllm", "asked")
+    engine = engines.judge_engine(vllm, tiny_tokenizer)
+    assert isinstance(engine, VLLMJudgeEngine) and logged == [vllm]
+    assert fake_vllm["engine_arguments"] == [((config, options), {"runner": "generate"})]
+    assert fake_vllm["start_llm"][0][0] == "judge-dir" and not loads and not shards
+    # A judge given loaded runs as it is; one named by path is loaded by the runtime. Either is sharded if asked.
+    loaded = ModelPlan(None, policy, policy.config, options, "judge", None, "hf", "asked")
+    engine = engines.judge_engine(loaded, tiny_tokenizer)
+    assert isinstance(engine, engines.HFJudgeEngine) and logged == [vllm, loaded] and not loads
+    assert engine.model is policy and engine.tokenizer is tiny_tokenizer and engine.options is options
+    assert engine.sharding == "zero3" and shards == [(policy, None, engines.logger)]
+    named = ModelPlan("judge-dir", None, policy.config, options, "judge", None, "hf", "asked")
+    assert engines.judge_engine(named, tiny_tokenizer).model is policy and loads == [named]
+
+
+def test_hf_engine_pads_with_the_tokenizers_pad_else_eos_else_0_and_bounds_by_options(policy):
+    def tokenizer(pad, eos):
+        return SimpleNamespace(pad_token_id=pad, eos_token_id=eos)
+
+    assert [HFJudgeEngine(policy, tokenizer(*ids)).pad_token_id for ids in ((7, 3), (None, 3), (None, None))] == [7, 3, 0]
+    alone = HFJudgeEngine(policy, tokenizer(7, 3))
+    assert alone.options == ModelOptions() and alone.max_length == policy.config.max_position_embeddings
+    options = ModelOptions(max_length=100, batch_size=5)
+    given = HFJudgeEngine(policy, tokenizer(7, 3), options)
+    assert given.options is options and given.max_length == 100
+
+
+def test_hf_engine_equals_a_plain_forward_per_prompt_in_batches_within_the_token_budget(policy, tiny_tokenizer):
+    """Prompts of 5, 9, 3 and 7 tokens, longest first (9, 7, 5, 3), at most 3 rows and 14 padded tokens a forward:
+    9 alone (2 x 9 > 14), then 7 with 5 (2 x 7 = 14), then 3 (3 x 7 > 14). At most 2 rows and no token budget:
+    (9, 7), then (5, 3). Generating 2 tokens counts them too: 11, 9, 7, 5 -> 11 alone, 9 alone (2 x 9 > 14), then 7
+    with 5. Each prompt's label log-probabilities and greedy text equal the plain model run on it alone."""
+    generator = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(10, 600, (n,), generator=generator).tolist() for n in (5, 9, 3, 7)]
+    labels = [5, 17, 42, 300]
+    with torch.no_grad():
+        want = [torch.log_softmax(policy(torch.tensor([p])).logits[0, -1].float(), -1)[labels] for p in prompts]
+        texts = [tiny_tokenizer.decode(policy.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                                       do_sample=False, max_new_tokens=2)[0, len(p):], skip_special_tokens=True)
+                 for p in prompts]  # fmt: skip
+    shapes = []
+    hook = policy.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        budget = HFJudgeEngine(policy, tiny_tokenizer, ModelOptions(batch_size=3, max_tokens_per_batch=14))
+        got = budget.label_logprobs(prompts, labels)
+        assert shapes == [(1, 9), (2, 7), (1, 3)]
+        torch.testing.assert_close(torch.tensor(got), torch.stack(want), atol=1e-5, rtol=0)
+        shapes.clear()
+        rows = HFJudgeEngine(policy, tiny_tokenizer, ModelOptions(batch_size=2))
+        torch.testing.assert_close(torch.tensor(rows.label_logprobs(prompts, labels)), torch.stack(want), atol=1e-5, rtol=0)
+        assert shapes == [(2, 9), (2, 5)]
+        shapes.clear()
+        assert budget.generate(prompts, 2, 0.0, [0, 0, 0, 0]) == texts
+        assert [s for s in shapes if s[1] > 1] == [(1, 9), (1, 7), (2, 5)]  # each generate's prompt forward
+    finally:
+        hook.remove()
+
+
+class DeviceModel(torch.nn.Module):
+    """A stand-in judge on another device than the CPU (`meta`): records the device of what each forward gets and
+    answers all-zero logits over a vocabulary of 8 (log-probabilities of -log 8)."""
+
+    config = SimpleNamespace(max_position_embeddings=64)
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, device="meta"))
+        self.seen: list[tuple] = []
+
+    def forward(self, input_ids, attention_mask, position_ids, **kwargs):
+        self.seen.append((input_ids.device.type, attention_mask.device.type))
+        return SimpleNamespace(logits=torch.zeros(input_ids.shape[0], 1, 8))
+
+
+def test_hf_engine_moves_each_batch_to_the_models_device():
+    model = DeviceModel()
+    got = HFJudgeEngine(model, SimpleNamespace(pad_token_id=0, eos_token_id=1)).label_logprobs([[1, 2], [3]], [4])
+    assert model.seen == [("meta", "meta")]
+    assert [row for rows in got for row in rows] == pytest.approx([-math.log(8)] * 2, abs=1e-6)
