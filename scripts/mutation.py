@@ -7,6 +7,7 @@ CI; its report is docs/reliability.md's "Mutation testing".
 
     pip install -e ".[dev,mutation]"
     python scripts/mutation.py run --minutes 300     # a fresh run on 2 cores, stopped after 300 minutes
+    python scripts/mutation.py run --minutes 60 --resume   # check what the last run left (mutmut keeps each result)
     python scripts/mutation.py report                # counts by module, and every mutant the tests let through
     python scripts/mutation.py check NAME tests/test_genrm.py   # one mutant against chosen tests (after a run)
 
@@ -45,11 +46,15 @@ def run(minutes: float, max_children: int, resume: bool) -> int:
     while process.poll() is None and time.monotonic() < deadline:
         time.sleep(5)
     if process.poll() is None:
-        os.killpg(process.pid, signal.SIGINT)  # mutmut saves each result as it comes; SIGINT stops it cleanly
-        try:
-            process.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+        # mutmut saves each result as it comes. A first SIGINT is not always enough (seen on 2 cores: it ran on
+        # 2 minutes past it), a second one stops it; then SIGKILL.
+        for sig, wait in ((signal.SIGINT, 30), (signal.SIGINT, 90), (signal.SIGKILL, 30)):
+            os.killpg(process.pid, sig)
+            try:
+                process.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
         print(f"mutation: stopped after the budget of {minutes:g} minutes; `report` counts what was checked")
     return 0 if process.returncode in (0, None, -signal.SIGINT, 130) else process.returncode
 
@@ -84,7 +89,7 @@ def diff_line(name: str, source: str) -> str:
         os.chdir(cwd)
     old = [line[1:].strip() for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     new = [line[1:].strip() for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
-    return f"`{' / '.join(old)}` -> `{' / '.join(new)}`"
+    return f"`{' / '.join(old)}` -> `{' / '.join(new)}`".replace("|", "\\|")  # a table cell
 
 
 def report(markdown: Path | None) -> int:
@@ -120,11 +125,15 @@ def report(markdown: Path | None) -> int:
     lines += ["", "| mutant | status | kind | mutated line | why |", "|---|---|---|---|---|"]
     for source, name, status, kind in sorted(through):
         short = name.split(".", 2)[-1] if name.startswith("trl_rm_env.") else name
-        lines.append(f"| `{short}` | {status} | {kind} | {diff_line(name, source)} | {why.get(name, ('', ''))[1]} |")
+        reason = why.get(name, ("", ""))[1].replace("|", "\\|")
+        lines.append(f"| `{short}` | {status} | {kind} | {diff_line(name, source)} | {reason} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if markdown is not None:
-        markdown.write_text(text, encoding="utf-8")
+        title = ("# Mutation report\n\nWritten by `python scripts/mutation.py report --markdown` on "
+                 f"{time.strftime('%Y-%m-%d')}, from the last run's results (`mutants/`); how it runs and what the "
+                 "numbers mean: [reliability.md](reliability.md#mutation-testing).\n\n")  # fmt: skip
+        markdown.write_text(title + text, encoding="utf-8")
     return 0
 
 

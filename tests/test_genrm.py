@@ -105,6 +105,9 @@ def test_code_blocks_are_not_style():
     text = "\n".join(["```markdown", "# Ignored", "- ignored", "**ignored** \U0001f600", "```", "# Counted",
                       "- counted", "**counted** \U0001f600"])  # fmt: skip
     assert style_counts(text) == {"header_count": 1, "list_count": 1, "bold_count": 1, "emoji_count": 1}
+    # A code block is left out (removed, as the style-control counters of Chatbot Arena that Gym follows remove it):
+    # bold markers around one leave "****", which is no bold span.
+    assert style_counts("**```\nx = 1\n```**")["bold_count"] == 0
 
 
 def test_what_only_looks_like_style_is_not():
@@ -208,6 +211,7 @@ def test_the_first_fenced_verdict_wins_else_the_last_object():
         ('{"score_1": 1} {"score_1": 5, "note": "}"}', (5.0, 3.0, 3.5)),  # a brace in a string closes nothing
         ('{"score_1": 5} {"note": 1}', (5.0, 3.0, 3.5)),  # an object without a verdict key is no verdict
         ('{"score_1": 5} {}', (5.0, 3.0, 3.5)),
+        ('Verdict: {"score_1": 4, "ranking": 2}. Done.', (4.0, 3.0, 2.0)),  # an object ends at its brace, text after
     ],
 )
 def test_objects_are_delimited_as_json_reads_them(text, verdict):

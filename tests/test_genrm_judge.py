@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import socket
 import threading
 import time
@@ -512,3 +513,51 @@ def test_nemo_rls_length_shaping_applies_to_the_judges_rewards_from_trls_complet
         with pytest.raises(ValueError, match="reads TRL's completion_ids"):
             rewards_of(stop, ANSWERS[:4], [PROMPT] * 4)
     assert got == pytest.approx([want[0], want[1] * 0.5, want[2], want[3] * 0.5], abs=1e-12)
+
+
+def test_judge_items_reads_the_principle_column_a_none_falling_back_to_the_principle_and_names_a_missing_column():
+    with scripted_genrm(genrm_text) as (url, bodies):
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", principle="Be accurate.",
+                               principle_column="rubric", name="genrm_eval")  # fmt: skip
+        found = env.judge_items([PROMPT, PROMPT], [turns(ANSWERS[1:3]), turns(ANSWERS[2:4])], rubric=["Be brief.", None])
+        asyncio.run(found) if asyncio.iscoroutine(found) else found
+    # The GenRM's principle message: the row's rubric, or `principle` where the row has None (docs/judges.md).
+    principles = sorted(m["content"] for body in bodies for m in body["messages"] if m["role"] == "principle")
+    assert principles == ["Be accurate.", "Be brief."]
+    strict = JudgeEnvironment(remote_url="http://127.0.0.1:1", remote_input="messages", mode="genrm",
+                              principle_column="rubric", name="genrm_eval")  # fmt: skip
+    with pytest.raises(ValueError) as error:
+        found = strict.judge_items([PROMPT], [turns(ANSWERS[1:3])])
+        asyncio.run(found) if asyncio.iscoroutine(found) else found
+    assert str(error.value) == (
+        "genrm_eval: the judge template reads {rubric}, but the reward function got no column 'rubric'; the dataset "
+        "columns TRL passed: []"
+    )
+
+
+def test_a_column_the_genrm_reads_that_the_call_lacks_is_named_with_the_judge():
+    env = JudgeEnvironment(remote_url="http://127.0.0.1:1", remote_input="messages", mode="genrm",
+                           principle_column="rubric", name="genrm_judge")  # fmt: skip  # refused before any request
+    with pytest.raises(ValueError) as error:
+        rewards_of(env, ANSWERS[:2], [PROMPT] * 2)
+    assert str(error.value) == (
+        "genrm_judge: the judge template reads {rubric}, but the reward function got no column 'rubric'; the dataset "
+        "columns TRL passed: []"
+    )
+
+
+def test_groups_of_different_sizes_in_one_call_are_warned_once_naming_the_sizes(caplog):
+    """A comparing judge compares the completions of one call with equal prompts: a call whose groups differ in size
+    (a cascade decided part of one) is warned once, with the sizes; equal groups are not warned."""
+    warned = lambda: [r.getMessage() for r in caplog.records if "groups of this call" in r.getMessage()]  # noqa: E731
+    with scripted_genrm(genrm_text) as (url, _), caplog.at_level(logging.WARNING):
+        env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", name="genrm_judge")
+        rewards_of(env, ANSWERS[:4], [PROMPT] * 2 + [OTHER] * 2)  # groups of 2 and 2
+        assert warned() == []
+        rewards_of(env, ANSWERS[:5], [PROMPT] * 3 + [OTHER] * 2)  # groups of 3 and 2
+        rewards_of(env, ANSWERS[:5], [PROMPT] * 3 + [OTHER] * 2)
+    assert warned() == [
+        "genrm_judge: the groups of this call have [2, 3] completions: a genrm judge compares the completions of one "
+        "call with equal prompts, so a GRPO group partly decided by an earlier cascade source (or split across "
+        "processes that each hold a shard of the judge) is compared in parts. Warned once."
+    ]

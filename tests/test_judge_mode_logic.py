@@ -425,3 +425,16 @@ def test_the_judgements_of_a_call_and_the_samples_alone_in_their_group():
     genrm = JudgeOptions(mode="genrm", judges_per_comparison=2)
     out, _ = build_judgements(GenRM(), genrm, prompts, texts, [[0, 1]], {}, render, "j")
     assert [(j.samples, j.copy) for j in out] == [((0, 1), 0), ((0, 1), 1), ((1, 0), 0), ((1, 0), 1)]
+
+
+def test_a_completions_tool_calls_are_shown_as_json_one_per_line_unescaped():
+    """What a judge is shown of an assistant turn that calls tools: its content, then each call as JSON with sorted
+    keys on its own line, non-ASCII text kept as written (a judge reads "café", not "caf\\u00e9")."""
+    calls = [{"type": "function", "function": {"name": "find", "arguments": {"place": "café"}}},
+             {"type": "function", "function": {"name": "add", "arguments": {"b": 2, "a": 1}}}]  # fmt: skip
+    completion = [{"role": "assistant", "content": "Looking.", "tool_calls": calls},
+                  {"role": "tool", "content": "3"}]  # fmt: skip
+    assert T.completion_text(completion) == (
+        'Looking.\n{"function": {"arguments": {"place": "café"}, "name": "find"}, "type": "function"}\n'
+        '{"function": {"arguments": {"a": 1, "b": 2}, "name": "add"}, "type": "function"}\n\nTool: 3'
+    )

@@ -6,6 +6,7 @@ vLLM server are held to the same numbers in tests/test_judges_vllm.py."""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 import torch
@@ -318,3 +319,105 @@ def test_grpo_recipe_with_a_cascade_margin_trains_on_one_routed_reward(tiny_dir,
         run_recipe(grpo_rm.make_parser, grpo_rm.main, [*two[:-2], "--output_dir", str(tmp_path / "two")])
     assert "error: reward_weights has 2 weight(s) but the recipe builds one reward (reward_cascade_margin" in (
         capsys.readouterr().err)
+
+
+def test_each_call_gathers_a_sharded_judge_model(judge_model, tiny_tokenizer, monkeypatch):
+    """Under FSDP2 every reward call of a judge loaded here runs inside the gathering of the judge's own model (a
+    stand-in for `FullWeights`, which needs several processes), and gives the plain model's rewards."""
+    import contextlib
+
+    from trl_rm_env import distributed
+
+    gathered = []
+
+    @contextlib.contextmanager
+    def full_weights(model):
+        gathered.append(model)
+        yield
+
+    monkeypatch.setattr(distributed, "FullWeights", full_weights)
+    env = JudgeEnvironment(judge_model, tiny_tokenizer)
+    env.engine.sharding = "fsdp2"  # as `shard_if_requested` sets it under FSDP2
+    prompts, completions = judge_conversations()
+    want = judge_reference(judge_model, tiny_tokenizer, prompts, completions, "pointwise").float()
+    torch.testing.assert_close(torch.tensor(env(prompts, completions)), want, atol=1e-4, rtol=0)
+    env(prompts[:1], completions[:1])
+    assert len(gathered) == 2 and all(model is judge_model for model in gathered)
+
+
+def test_a_listwise_logprobs_judge_refuses_a_group_over_nine_naming_itself(judge):
+    prompts, completions = judge_conversations()
+    many = [completions[0]] * 10  # one GRPO group of 10: one verdict token per answer allows 9
+    with pytest.raises(ValueError) as error:
+        judge.replace(mode="listwise", name="list_judge")([prompts[0]] * 10, many)
+    assert str(error.value) == (
+        "list_judge: a listwise judgement by logprobs ranks at most 9 answers (one verdict token each); this group has "
+        "10. Use mode='pairwise' or scoring='generate'."
+    )
+
+
+def test_a_judgement_is_over_length_from_one_token_short_of_its_room(judge_model, tiny_tokenizer):
+    """A judgement needs room past its prompt of L tokens: the verdict token by logprobs, `max_new_tokens` by
+    generate. It fits `max_length` L + room and is over-length at L + room - 1."""
+    prompts, completions = judge_conversations()
+    prompts, completions = prompts[:1], completions[:1]
+
+    def overlength(**options) -> float:
+        logged, log = metrics()
+        env = JudgeEnvironment(judge_model, tiny_tokenizer, overlength_reward=-1.0, unparsed_reward=0.0, **options)
+        env(prompts, completions, log_metric=log)
+        return logged["judge_env/num_overlength"]
+
+    for scoring, room in (("logprobs", 1), ("generate", 3)):
+        sized = JudgeEnvironment(judge_model, tiny_tokenizer, scoring=scoring, max_new_tokens=3, unparsed_reward=0.0)
+        sized(prompts, completions)
+        length = len(sized.last_judgements[0].prompt)
+        assert overlength(scoring=scoring, max_new_tokens=3, max_length=length + room) == 0, scoring
+        assert overlength(scoring=scoring, max_new_tokens=3, max_length=length + room - 1) == 1, scoring
+
+
+def test_the_judges_chat_template_gets_its_template_kwargs(judge_model, tiny_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] | upper if loud else m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}ASSISTANT: {% endif %}"
+    )
+    prompts, completions = judge_conversations()
+    for kwargs, role in (({"loud": True}, "USER: "), ({}, "user: ")):
+        env = JudgeEnvironment(judge_model, tokenizer, template_kwargs=kwargs)
+        env(prompts[:1], completions[:1])
+        assert tokenizer.decode(env.last_judgements[0].prompt).startswith(role), kwargs
+
+
+def test_where_the_judge_runs_is_refused_in_one_line_naming_what_is_missing_or_misplaced(judge_model, tiny_tokenizer):
+    with pytest.raises(TypeError) as error:
+        JudgeEnvironment()
+    assert str(error.value) == "JudgeEnvironment needs a model (a path, a Hub id or a loaded judge), or remote_url"
+    with pytest.raises(ValueError) as error:
+        JudgeEnvironment(judge_model, tiny_tokenizer, remote_input="messages")
+    assert str(error.value) == (
+        "remote_input: options of a judge behind servers; this one is loaded here (give remote_url to judge on servers)"
+    )
+    with pytest.raises(TypeError) as error:
+        JudgeEnvironment(judge_model, tiny_tokenizer, label_index=1)
+    accepted = str(error.value).split("accepted: ", 1)[1]
+    assert all(f"'{own}'" in accepted for own in ("model", "tokenizer", "remote_url", "options", "scoring_options"))
+
+
+def test_a_verdict_of_two_tokens_and_a_template_that_hides_the_answer_are_refused_naming_the_judge(
+    judge_model, tiny_tokenizer
+):
+    with pytest.raises(ValueError) as error:
+        JudgeEnvironment(judge_model, tiny_tokenizer, max_score=12, name="rating_judge")
+    assert re.fullmatch(  # which of 10-12 the tokenizer splits is its merges' business: the message is ours
+        r"rating_judge: the verdict '1\d' is 2 tokens in the judge's tokenizer \[\d+, \d+\]; scoring='logprobs' reads "
+        r"each verdict as one token \(lower max_score, or use scoring='generate'\)",
+        str(error.value),
+    )
+    with pytest.raises(ValueError) as error:
+        JudgeEnvironment(judge_model, tiny_tokenizer, template="Rate the request {prompt}. {answer_format}")
+    assert str(error.value) == (
+        "a pointwise judge template must contain {completion}: the judge would not see what it judges"
+    )

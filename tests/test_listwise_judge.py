@@ -315,3 +315,58 @@ def test_eval_listwise_reports_the_accuracy_of_the_scripted_rankings(server, tmp
     source = "judge (listwise, generate)"
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(source))
     assert row[len(source) :].split()[0] == ("33.33%" if swap else "66.67%")  # the printed accuracy of the one set
+
+
+# --- judge_items (eval's path): what each judgement shows, a judgement asked again, lists of the wrong length ------
+def judged_items(env, contexts, shown, **columns):
+    found = env.judge_items(contexts, shown, **columns)
+    return asyncio.run(found) if asyncio.iscoroutine(found) else found
+
+
+def turn(text: str) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": text}]
+
+
+def test_judge_items_shows_each_answer_in_order_its_reasoning_stripped_where_asked(server):
+    url, script = server
+    script.reset(lambda shown, content, attempt: "Ranking: 1 > 2 > 3")
+    items = [tuple(turn(t) for t in ("<think>Paris? Yes.</think>Paris.", "Lyon.", "Nice.")),
+             tuple(turn(t) for t in ("A.", "B.", "C."))]  # fmt: skip
+    judged_items(judge(url, strip_reasoning=True), [ask("Capital?"), ask("Letters?")], items)
+    assert sorted(shown for shown, _ in script.asked) == [("A.", "B.", "C."), ("Paris.", "Lyon.", "Nice.")]
+    script.reset(lambda shown, content, attempt: "Ranking: 1 > 2 > 3")
+    judged_items(judge(url), [ask("Capital?")], items[:1])  # the default (strip_reasoning=False): shown whole
+    assert [shown for shown, _ in script.asked] == [("<think>Paris? Yes.</think>Paris.", "Lyon.", "Nice.")]
+
+
+def test_an_item_asked_again_in_one_call_is_sampled_apart_by_its_seed(server):
+    """The rule of `SEED_STRIDE` (trl_rm_env/judges/judging.py: seed = attempt + 1000 * copy): an item's first
+    judgement keeps the attempt's seed 0; the same item (same request, same answers in the same order) asked again in
+    the call gets 1000, then 2000; another request or another order is another item, seed 0."""
+    url, script = server
+    script.reset(lambda shown, content, attempt: "Ranking: 1 > 2")
+    ab, ba = (turn("A."), turn("B.")), (turn("B."), turn("A."))
+    judged_items(judge(url), [ask("Q1"), ask("Q1"), ask("Q2"), ask("Q1"), ask("Q1")], [ab, ab, ab, ba, ab])
+    seeds: dict[tuple, list[int]] = {}
+    for shown, body in script.asked:
+        request = USER_REQUEST.search(body["messages"][-1]["content"]).group(1)
+        seeds.setdefault((request, shown), []).append(body["seed"])
+    assert {key: sorted(found) for key, found in seeds.items()} == {
+        ("Q1", ("A.", "B.")): [0, 1000, 2000], ("Q2", ("A.", "B.")): [0], ("Q1", ("B.", "A.")): [0]}  # fmt: skip
+
+
+def test_judge_items_refuses_lists_of_the_wrong_length_in_one_line_naming_them():
+    pairwise = JudgeEnvironment(remote_url="http://127.0.0.1:1", remote_input="messages", mode="pairwise",
+                                name="pair_judge")  # fmt: skip  # refused before any request
+    with pytest.raises(ValueError) as found:
+        judged_items(pairwise, [ask("Q")] * 12, [(turn("A."),)] * 12)
+    assert str(found.value) == (
+        "pair_judge: a pairwise judge shows 2 completion(s) per judgement, one list per context; got 12 lists for 12 "
+        "contexts, wrong lengths at [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]"
+    )
+    with pytest.raises(ValueError) as found:
+        judged_items(pairwise, [ask("Q")] * 2, [(turn("A."), turn("B."))] * 3)
+    assert str(found.value) == (
+        "pair_judge: a pairwise judge shows 2 completion(s) per judgement, one list per context; got 3 lists for 2 "
+        "contexts, wrong lengths at []"
+    )

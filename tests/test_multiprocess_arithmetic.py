@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 import math
 import threading
 from types import SimpleNamespace
@@ -38,6 +39,7 @@ import pytest
 import torch
 
 from trl_rm_env import JudgeEnvironment
+from trl_rm_env.rewards import base as base_module
 from trl_rm_env.rewards import judge as judge_module
 from trl_rm_env.rewards import whole_groups
 from trl_rm_env.rewards.whole_groups import GATHER, _raise_any, processes, shared_values, whole_call
@@ -754,3 +756,42 @@ def test_every_tensor_of_the_step_goes_to_the_scores_device(monkeypatch):
     FakeTrainer(FakeAccelerator(1))._chunked_training_step("model", trl, None)
     assert seen == [["meta"] * 4, ["meta"] * 3]
     assert [logged[2].device.type for logged in trainer.logged] == ["meta"]  # the metrics' record indices
+
+
+def test_a_comparing_judge_sharded_across_the_processes_judges_its_own_call_without_exchanges(monkeypatch):
+    """A judge whose weights are sharded across the processes (ZeRO-3 or FSDP2: each forward is a collective every
+    process runs) compares the samples of its own call, as one process does: no process group, no exchange."""
+    world = FakeWorld(monkeypatch, 1)
+    want, _ = lockstep(world, [make_judge("genrm", shaping=False)._steps(PROMPTS[:4], COMPLETIONS[:4], None, {})],
+                       Engine())  # fmt: skip
+    world.size = 2
+    monkeypatch.setattr(judge_module, "own_group", lambda: pytest.fail("a sharded judge makes no process group"))
+    judge = make_judge("genrm", shaping=False)
+    judge.engine.sharding = "fsdp2"  # as `shard_if_requested` sets it for a judge loaded under FSDP2
+    results, exchanges = lockstep(world, [judge._steps(PROMPTS[:4], COMPLETIONS[:4], None, {})], Engine())
+    assert exchanges == [] and results == want and len(set(want[0])) > 1
+
+
+SPLIT_SHAPING = (
+    "pointwise_judge: group shaping reads each process's share of a call: a GRPO group that TRL splits between "
+    "processes (a per-device batch smaller than num_generations) is shaped in parts. Keep a process's batch a multiple "
+    "of num_generations. Warned once."
+)
+
+
+def test_shaping_warns_of_split_groups_only_where_a_process_shapes_its_own_share(monkeypatch, caplog):
+    """Under 2 processes a comparing judge shapes the whole groups it gathered (nothing to warn); a pointwise judge
+    shapes its own share, which may hold part of a group: warned once."""
+    world = FakeWorld(monkeypatch, 2)
+    monkeypatch.setattr(base_module, "world_size", lambda: 2)
+    split = lambda: [r.getMessage() for r in caplog.records if "group shaping reads" in r.getMessage()]  # noqa: E731
+    with caplog.at_level(logging.WARNING):
+        results, *_ = judged_by_two(world, "genrm", PROMPTS[:8], COMPLETIONS[:8], 3)  # SHAPING on
+        assert not any(isinstance(r, Exception) for r in results) and split() == []
+        pointwise = JudgeEnvironment(remote_url=NOWHERE, remote_input="messages", mode="pointwise", scoring="logprobs",
+                                     answer_length_coeff=0.35, name="pointwise_judge")  # fmt: skip
+        for _ in range(2):
+            world.current = 0
+            steps = pointwise._steps(PROMPTS[:4], COMPLETIONS[:4], None, {})
+            lockstep(world, [steps], lambda r, request: [[0.0] + [-50.0] * 9] * len(request[1]))
+    assert split() == [SPLIT_SHAPING]
