@@ -118,6 +118,22 @@ def score_one(model, ids):
 
 
 @torch.no_grad()
+def record_full_weights(monkeypatch) -> list:
+    """Stand in for `distributed.FullWeights` (FSDP2's gathering, which needs several processes): returns the list of
+    the models gathered, one per entry."""
+    from trl_rm_env import distributed
+
+    gathered: list = []
+
+    @contextlib.contextmanager
+    def full_weights(model):
+        gathered.append(model)
+        yield
+
+    monkeypatch.setattr(distributed, "FullWeights", full_weights)
+    return gathered
+
+
 def reference_scores(model, tok, prompts, completions):
     """`reference_text` of each pair, scored alone."""
     out = []

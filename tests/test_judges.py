@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from helpers import judge_conversations, judge_reference
+from helpers import judge_conversations, judge_reference, record_full_weights
 
 from trl_rm_env import CascadeReward, JudgeEnvironment, JudgeOptions
 from trl_rm_env.judges.verdicts import parse_ranking, parse_score, parse_winner
@@ -324,18 +324,7 @@ def test_grpo_recipe_with_a_cascade_margin_trains_on_one_routed_reward(tiny_dir,
 def test_each_call_gathers_a_sharded_judge_model(judge_model, tiny_tokenizer, monkeypatch):
     """Under FSDP2 every reward call of a judge loaded here runs inside the gathering of the judge's own model (a
     stand-in for `FullWeights`, which needs several processes), and gives the plain model's rewards."""
-    import contextlib
-
-    from trl_rm_env import distributed
-
-    gathered = []
-
-    @contextlib.contextmanager
-    def full_weights(model):
-        gathered.append(model)
-        yield
-
-    monkeypatch.setattr(distributed, "FullWeights", full_weights)
+    gathered = record_full_weights(monkeypatch)
     env = JudgeEnvironment(judge_model, tiny_tokenizer)
     env.engine.sharding = "fsdp2"  # as `shard_if_requested` sets it under FSDP2
     prompts, completions = judge_conversations()

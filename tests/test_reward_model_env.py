@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import contextlib
 import copy
 import logging
 import pickle
@@ -22,7 +21,7 @@ import re
 
 import pytest
 import torch
-from helpers import reference_ids, reference_scores
+from helpers import record_full_weights, reference_ids, reference_scores
 
 from trl_rm_env import RemoteRewardModelEnvironment, RewardModelEnvironment
 from trl_rm_env.rewards import pickling
@@ -276,16 +275,7 @@ def test_reward_calls_show_no_progress_bar_and_ensembles_read_every_head(regress
 def test_each_call_gathers_a_sharded_model(tiny_rm, tiny_tokenizer, monkeypatch):
     """Under FSDP2 every call (a reward call, `score`) runs inside the gathering of the environment's own model (a
     stand-in for `FullWeights`, which needs several processes)."""
-    from trl_rm_env import distributed
-
-    gathered = []
-
-    @contextlib.contextmanager
-    def full_weights(model):
-        gathered.append(model)
-        yield
-
-    monkeypatch.setattr(distributed, "FullWeights", full_weights)
+    gathered = record_full_weights(monkeypatch)
     env = RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu")
     env.sharding = "fsdp2"  # as shard_if_requested sets it under FSDP2
     prompts, completions = [[{"role": "user", "content": "Hi"}]], [say("Hello.")]
