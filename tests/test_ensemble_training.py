@@ -123,7 +123,7 @@ def test_every_training_layout_gives_each_heads_scores_of_its_single_head_model(
     torch.testing.assert_close(scores, per_head_reference(model, groups), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("sharing", ["auto", False, "packed"])
+@pytest.mark.parametrize("sharing", ["auto", pytest.param(False, marks=pytest.mark.slow), "packed"])
 def test_scoring_reads_every_head_from_one_forward(tiny_tokenizer, sharing):
     model = build_tiny_reward_model(tiny_tokenizer, seed=4, num_labels=HEADS).eval()
     groups = records(2, 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 
 import numpy as np
@@ -640,6 +641,53 @@ def test_reference_bounded_reward_is_pars_sigmoid_of_the_gap_scored_in_the_same_
         env(prompts, completions, answer=refs)
     with pytest.raises(ValueError, match=r"reference column 'gold' is None for samples \[4\]"):
         env(prompts, completions, gold=refs[:4] + [None] + refs[5:])
+
+
+def test_a_nan_score_beside_references_names_its_sample_or_its_prompts_first(tiny_rm, tiny_tokenizer, monkeypatch):
+    """With `reference_column` the references are scored in the same call (one per prompt): a NaN score is named by
+    its own sample's index, a reference's by the first sample of its prompt, and the count is of the 9 completions and
+    3 references scored. The model's forward writes NaN on the row of one token length, unique in the call."""
+    prompts, completions = grpo_batch()
+    refs = [f"Reference answer {p}." for p in range(3) for _ in range(3)]
+    lengths = [len(reference_ids(tiny_tokenizer, p, c)) for p, c in zip(prompts, completions)]
+    lengths += [len(reference_ids(tiny_tokenizer, prompts[3 * p], msg(refs[3 * p]))) for p in range(3)]
+    unique = [k for k, n in enumerate(lengths) if lengths.count(n) == 1]
+    own = next(k for k in unique if 0 < k < 9)
+    reference = next(k for k in unique if k >= 9)
+    model = copy.deepcopy(tiny_rm)
+    forward, bad = model.forward, []
+
+    def nan_forward(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits[kwargs["attention_mask"].sum(-1) == bad[0]] = float("nan")
+        return out
+
+    monkeypatch.setattr(model, "forward", nan_forward)
+    env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", reference_column="gold", prefix_sharing=False,
+                                 name="par_rm")  # fmt: skip
+    for row, named in ((own, own), (reference, 3 * (reference - 9))):
+        bad[:] = [lengths[row]]
+        with pytest.raises(FloatingPointError, match="^" + re.escape(
+            f"par_rm: the reward model returned NaN/inf for item(s) [{named}] of the completions (1 of 12 scored)."
+        )):  # fmt: skip
+            env(prompts, completions, gold=refs)
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "par_rm: reference_column='gold', but TRL passed no such column with one value per sample; the dataset columns "
+        "it passed: ['answer']"
+    ) + "$"):  # fmt: skip
+        env(prompts, completions, answer=refs)
+
+
+def test_group_shaping_adds_nemo_gyms_centred_length_weights_to_the_models_scores(make_env, tiny_rm, tiny_tokenizer):
+    """`answer_length_coeff=1` on a reward model: within each GRPO group (equal prompts) answers of 2, 4 and 6
+    characters get NeMo Gym's centred weights, 1 - (L - 2) / 4 minus their mean 0.5: +0.5, 0, -0.5, added to the
+    plain model's scores one at a time. The two groups are interleaved: grouping is by prompt, not position."""
+    first, second = [{"role": "user", "content": "Say a word."}], [{"role": "user", "content": "Another one."}]
+    prompts = [first, second, first, second, first, second]
+    completions = [msg(a) for a in ("ab", "abcdef", "abcd", "ab", "abcdef", "abcd")]
+    got = make_env(answer_length_coeff=1.0)(prompts, completions)
+    raw = reference_scores(tiny_rm, tiny_tokenizer, prompts, completions)
+    assert_scores(got, raw + torch.tensor([0.5, -0.5, 0.0, 0.5, -0.5, 0.0]))
 
 
 @pytest.mark.parametrize("how, k", [("mean", 3), ("min", 3), ("median", 4), ("mean_minus_std", 4)])

@@ -104,6 +104,11 @@ def test_report_without_matplotlib_is_one_line(tiny_dir, tmp_path, monkeypatch):
     args = ["eval", "--model", str(tiny_dir / "reward_model"), "--data", "sample:harder", "--report", str(tmp_path)]
     with pytest.raises(SystemExit, match=r"^error: eval --report needs matplotlib: pip install trl-rm-env\[report\]$"):
         main(args)
+
+
+@pytest.mark.slow  # a fresh interpreter importing the package: seconds
+def test_report_without_matplotlib_fails_before_loading_anything(tiny_dir, tmp_path):
+    args = ["eval", "--model", str(tiny_dir / "reward_model"), "--data", "sample:harder", "--report", str(tmp_path)]
     # Before anything heavy is imported or loaded (transformers and the model take seconds): in a fresh process.
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"

@@ -92,6 +92,8 @@ def train_and_check(trainer) -> dict[str, float]:
 
 
 SOURCES = ["model", "env"]
+# TRL's own path alone (no environment in the case): in the full suite
+TRL_ALONE_SLOW = [pytest.param("model", marks=pytest.mark.slow), "env"]
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -272,7 +274,7 @@ def test_mixed_reward_funcs(tiny_dir, tmp_path, source):
     check_logged_rewards(row, batch, RM_NAME, rm_rewards(batch, source, tiny_dir))
 
 
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", TRL_ALONE_SLOW)
 def test_reward_weights_logged_per_func(tiny_dir, tmp_path, source):
     """With weights, each function's mean and std are logged unweighted (its own values on the step's completions)
     and `reward` is the mean of the weighted sum."""
@@ -313,7 +315,7 @@ def test_reward_metric_is_weighted(tiny_dir, tmp_path, source, aggregation):
     assert row["reward"] == pytest.approx(0.7 * row[f"rewards/{RM_NAME}/mean"] + 0.3, abs=1e-5)
 
 
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", TRL_ALONE_SLOW)
 def test_processing_classes_length_mismatch(tiny_dir, tmp_path, source):
     from trl import GRPOTrainer
 
@@ -328,7 +330,7 @@ def test_processing_classes_length_mismatch(tiny_dir, tmp_path, source):
         )
 
 
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", TRL_ALONE_SLOW)
 def test_processing_classes_list(tiny_dir, tmp_path, source):
     """Two rewards, a processing class for each; the environment's slot is not used (it has its own tokenizer)."""
     from trl import GRPOTrainer
@@ -346,7 +348,7 @@ def test_processing_classes_list(tiny_dir, tmp_path, source):
     assert trainer.reward_processing_classes[1] is tokenizers[1]
 
 
-@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("source", TRL_ALONE_SLOW)
 def test_single_processing_class(tiny_dir, tmp_path, source):
     from trl import GRPOTrainer
 

@@ -17,6 +17,7 @@ import pytest
 
 from trl_rm_env.judges import judge_options
 from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
+from trl_rm_env.judges.modes import mode_of
 from trl_rm_env.options import flag_of, recipe_key
 
 FIELDS = ["mode", "scoring", "pairs", "swap", "max_score", "template", "single_reward", "max_new_tokens", "temperature",
@@ -50,6 +51,15 @@ def test_every_judge_option_is_spelled_judge_dash_name_and_reward_judge_name():
 
 def message(text: str) -> str:
     return "^" + re.escape(text) + "$"
+
+
+def test_mode_of_an_unknown_name_lists_the_registered_modes():
+    """`mode_of`, the registry's lookup (for a name that did not come through `JudgeOptions`), names every mode."""
+    assert mode_of("pairwise").name == "pairwise"
+    with pytest.raises(ValueError, match=message(
+        "mode must be one of ['pointwise', 'pairwise', 'listwise', 'genrm'], got 'ranking'"
+    )):  # fmt: skip
+        mode_of("ranking")
 
 
 @pytest.mark.parametrize(

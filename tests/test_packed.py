@@ -345,7 +345,11 @@ def chat_groups(num_prompts: int, generations: int, seed: int = 0):
     return prompts, completions
 
 
-@pytest.mark.parametrize("batch_size, budget", [(None, None), (3, None), (None, 400), (2, 250)])
+@pytest.mark.parametrize(
+    "batch_size, budget",
+    [(None, None), pytest.param(3, None, marks=pytest.mark.slow), pytest.param(None, 400, marks=pytest.mark.slow),
+     (2, 250)],  # the default and the tightest budget fast, the others in the full suite
+)
 @pytest.mark.parametrize(
     "tokenizer_name", ["tiny_tokenizer", pytest.param("bos_tokenizer", marks=pytest.mark.slow)]  # bos: full suite
 )

@@ -621,6 +621,46 @@ def test_no_prompts_send_no_request_and_token_ids_need_a_tokenizer(tiny_tokenize
     assert str(caught.value).startswith(start) and str(caught.value).endswith("). Give tokenizer= (its path or Hub id).")
 
 
+def test_a_remote_judge_takes_its_tokenizer_from_the_model_and_names_itself_where_it_has_none(tiny_tokenizer, tmp_path):
+    """The judge's `model` (a folder with a tokenizer) gives the tokenizer of a remote judge given none: token ids
+    are sent. Without model or tokenizer, `remote_input='tokens'` is refused naming the judge."""
+    tiny_tokenizer.save_pretrained(tmp_path / "judge")
+    env = JudgeEnvironment(str(tmp_path / "judge"), remote_url="http://127.0.0.1:1")
+    assert env.tokens is True and env.tokenizer.get_vocab() == tiny_tokenizer.get_vocab()
+    assert env.engine.model == str(tmp_path / "judge")
+    with pytest.raises(ValueError, match="^" + re.escape(
+        "named_judge: remote_input='tokens' needs the judge's tokenizer: give tokenizer= (its path or Hub id)"
+    ) + "$"):  # fmt: skip
+        JudgeEnvironment(remote_url="http://127.0.0.1:1", remote_input="tokens", name="named_judge")
+
+
+def test_a_replaced_judges_verdict_tokens_are_checked_under_its_new_name(tiny_tokenizer):
+    """`replace` builds no new judge: the verdicts of the options it changes are checked there, and a verdict that is
+    not one token is refused under the replaced judge's name."""
+    env = JudgeEnvironment(remote_url="http://127.0.0.1:1", tokenizer=tiny_tokenizer, name="first")
+    one = tiny_tokenizer.convert_tokens_to_ids("1")  # "11" is "1" twice in the tiny tokenizer
+    with pytest.raises(ValueError, match="^" + re.escape(
+        f"second: the verdict '11' is 2 tokens in the judge's tokenizer [{one}, {one}]; scoring='logprobs' reads each "
+        "verdict as one token (lower max_score, or use scoring='generate')"
+    ) + "$"):  # fmt: skip
+        env.replace(max_score=12, name="second")
+
+
+def test_strip_reasoning_shows_the_judge_only_the_answer():
+    """With `strip_reasoning`, a completion's `<think>...</think>` is removed before the judge sees it: the judge reads
+    "4" and rates it by the server's top log-probabilities (p(7) = p(9) = .5 -> 8); without it, the reasoning is shown
+    (the default)."""
+
+    def answer(body):
+        return chat_logprobs({"7": 0.5, "9": 0.5} if "\n4\n" in shown(body) else {"1": 1.0})
+
+    texts = ["<think>The user wants 2+2, so a secret plan.</think>4"]
+    rewards, _, bodies = judged(answer, texts=texts, strip_reasoning=True)
+    assert rewards == pytest.approx([8.0], abs=1e-9) and "secret plan" not in shown(bodies[0])
+    rewards, _, bodies = judged(answer, texts=texts)
+    assert rewards == pytest.approx([1.0], abs=1e-9) and "secret plan" in shown(bodies[0])
+
+
 def test_a_remote_judge_pickles_as_its_arguments_and_unpickles_the_same_judge(tiny_tokenizer):
     """AsyncGRPO pickles reward functions into a child process: a judge behind servers is rebuilt there from every
     argument it was given (model name, tokenizer, URL, both options objects and the options by name)."""

@@ -98,6 +98,53 @@ def test_a_reward_built_on_a_gpu_is_rebuilt_on_the_cpu_where_none_is(tiny_dir, m
     assert again == pytest.approx(want, abs=1e-5)
 
 
+def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monkeypatch, caplog):
+    """A judge loaded in this process pickles the accelerator type of its engine's device (`cuda` for `cuda:0`):
+    unpickled where there is none, it is rebuilt on the CPU and warned once naming it; one built on the CPU is
+    rebuilt as given, without a warning."""
+    from trl_rm_env.rewards import judge as judge_module
+
+    real = judge_module.judge_engine
+
+    def on_cuda(plan, tokenizer):  # the same engine, reporting the device a GPU machine would have put it on
+        engine = real(plan, tokenizer)
+        engine.__class__ = type("OnCuda", (type(engine),), {"device": property(lambda self: torch.device("cuda", 0))})
+        return engine
+
+    monkeypatch.setattr(judge_module, "judge_engine", on_cuda)
+    built_on_gpu = JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", name="gpu_judge")
+    monkeypatch.setattr(judge_module, "judge_engine", real)
+    assert built_on_gpu.__getstate__()["built_on"] == "cuda"
+    monkeypatch.setattr(pickling, "_available", lambda device_type: device_type == "cpu")
+    monkeypatch.setattr(pickling, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="trl_rm_env.rewards.pickling"):
+        copy = pickle.loads(pickle.dumps(built_on_gpu))
+        assert copy.engine.device.type == "cpu"  # loads it
+        here = pickle.loads(pickle.dumps(JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", name="cpu_judge")))
+        assert here.engine.device.type == "cpu"
+    assert [r.getMessage() for r in caplog.records if r.name == pickling.logger.name] == [
+        "gpu_judge: built on cuda, but this process has none (AsyncGRPO's reward workers run with "
+        "CUDA_VISIBLE_DEVICES=''): the model runs on the CPU here, slowly. Serve it on its own GPUs (`trl-rm-env "
+        "serve --engine vllm --model ...`) and pass remote_url."
+    ]
+
+
+def test_a_local_reward_model_remembers_the_accelerator_it_was_built_on(tiny_dir, monkeypatch):
+    """As for a judge: the accelerator type of the scoring engine's device (`cuda` for `cuda:0`) is what pickles."""
+    from trl_rm_env.rewards import reward_model as reward_model_module
+
+    real = reward_model_module.local_scorer
+
+    def on_cuda(*args):
+        scorer, sharding = real(*args)
+        engine = scorer.engine
+        engine.__class__ = type("OnCuda", (type(engine),), {"device": property(lambda self: torch.device("cuda", 0))})
+        return scorer, sharding
+
+    monkeypatch.setattr(reward_model_module, "local_scorer", on_cuda)
+    assert RewardModelEnvironment(str(tiny_dir / "reward_model")).__getstate__()["built_on"] == "cuda"
+
+
 def test_a_judge_pickles_by_name_without_loading():
     from trl.trainer.utils import is_async_callable
 

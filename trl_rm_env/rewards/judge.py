@@ -188,7 +188,6 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self.labels, self.label_ids = self._labels_of(judge, reward.name)
         if self.tokens:
             self.mode.check_tokenizer(self.tokenizer, judge, self.template_kwargs)
-        self.show_progress = scoring.show_progress
         self._setup(
             self.engine, reward, strip_reasoning=scoring.strip_reasoning, shaping=self.shaping_options,
             length_shaping=self.length_shaping_options,
