@@ -2,7 +2,7 @@
 
 The data path reads in one direction: a source (`sources.py`) gives raw rows; a converter (`converters/`, when
 `data_format` is not "rank") turns each row into a record; the schema (`schema.py`, messages in `messages.py`) checks
-and normalises it inside the one raise-or-skip loop (`loading.py`); the kept records become a `datasets.Dataset`
+and normalises it inside the one raise-or-skip loop (`rows.py`); the kept records become a `datasets.Dataset`
 (`loaders.py`, `regression.py`). Start with `load_rank_dataset("sample:train")` (or a `.jsonl`/`.json` path, a Hub
 id, a `datasets.Dataset`).
 """

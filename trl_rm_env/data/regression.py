@@ -13,7 +13,7 @@ then masked out of the loss), but a record needs at least one. Other keys are ke
 model predicts every attribute; a weighted sum of them becomes the reward (`attribute_weights`, see
 `docs/regression.md`).
 
-Sources (`sources.py`) and the `on_invalid` policy (`loading.py`) are the ones of the rank loaders::
+Sources (`sources.py`) and the `on_invalid` policy (`rows.py`) are the ones of the rank loaders::
 
     from trl_rm_env.data.regression import load_regression_dataset
 

@@ -1,4 +1,4 @@
-"""The HTTP dialects of reward-model serving, shared by the server (`server.py`) and the client (`client.py`).
+"""The HTTP dialects of reward-model serving, shared by the server (`server/`) and the client (`client/`).
 
 - `"pooling"`: vLLM's `POST /pooling` with `{"messages": [...] | "input": ..., "task": "classify", "use_activation":
   false}`; the score is `data[i].data[0]`.
