@@ -117,7 +117,6 @@ def score_one(model, ids):
     return model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids)).logits[0][0].float().item()
 
 
-@torch.no_grad()
 def record_full_weights(monkeypatch) -> list:
     """Stand in for `distributed.FullWeights` (FSDP2's gathering, which needs several processes): returns the list of
     the models gathered, one per entry."""
@@ -134,6 +133,12 @@ def record_full_weights(monkeypatch) -> list:
     return gathered
 
 
+def resolved(value):
+    """A coroutine (a judge behind servers answers with one) run to its result; anything else as it is."""
+    return asyncio.run(value) if asyncio.iscoroutine(value) else value
+
+
+@torch.no_grad()
 def reference_scores(model, tok, prompts, completions):
     """`reference_text` of each pair, scored alone."""
     out = []

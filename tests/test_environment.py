@@ -256,22 +256,28 @@ def test_nonfinite_reward(tiny_rm, tiny_tokenizer):
     assert env(prompts, completions) == [-3.0] * 3
 
 
+def poisoned_lengths(monkeypatch, model, value: float) -> list[int]:
+    """`model`'s forward writes `value` on the rows whose token count is in the returned list (the test fills it). It
+    finds them by their attention mask: the plain path (prefix sharing's KV-cache passes see contexts and completions
+    apart)."""
+    forward, lengths = model.forward, []
+
+    def poisoned(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        out.logits[torch.isin(kwargs["attention_mask"].sum(-1), torch.tensor(lengths))] = value
+        return out
+
+    monkeypatch.setattr(model, "forward", poisoned)
+    return lengths
+
+
 def test_nonfinite_reward_only_replaces_bad_rows(make_env, batch_reference, monkeypatch, tiny_rm, tiny_tokenizer):
     prompts, completions, want = batch_reference
     model = copy.deepcopy(tiny_rm)
     bad = 2
     bad_length = len(reference_ids(tiny_tokenizer, prompts[bad], completions[bad]))
     assert [len(reference_ids(tiny_tokenizer, p, c)) for p, c in zip(prompts, completions)].count(bad_length) == 1
-    forward = model.forward
-
-    def nan_forward(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        out.logits[kwargs["attention_mask"].sum(-1) == bad_length] = float("inf")
-        return out
-
-    monkeypatch.setattr(model, "forward", nan_forward)
-    # The patched forward finds the bad row by its attention mask: the plain path (prefix sharing's KV-cache passes
-    # see contexts and completions apart).
+    poisoned_lengths(monkeypatch, model, float("inf")).append(bad_length)
     env = RewardModelEnvironment(
         model, tiny_tokenizer, device="cpu", batch_size=4, nonfinite_reward=-1.0, prefix_sharing=False
     )
@@ -655,14 +661,7 @@ def test_a_nan_score_beside_references_names_its_sample_or_its_prompts_first(tin
     own = next(k for k in unique if 0 < k < 9)
     reference = next(k for k in unique if k >= 9)
     model = copy.deepcopy(tiny_rm)
-    forward, bad = model.forward, []
-
-    def nan_forward(*args, **kwargs):
-        out = forward(*args, **kwargs)
-        out.logits[kwargs["attention_mask"].sum(-1) == bad[0]] = float("nan")
-        return out
-
-    monkeypatch.setattr(model, "forward", nan_forward)
+    bad = poisoned_lengths(monkeypatch, model, float("nan"))
     env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", reference_column="gold", prefix_sharing=False,
                                  name="par_rm")  # fmt: skip
     for row, named in ((own, own), (reference, 3 * (reference - 9))):

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import pytest
 from aiohttp import web
+from helpers import resolved
 
 from trl_rm_env import JudgeEnvironment
 from trl_rm_env.serving.client.pool import RemoteScoringError
@@ -519,16 +520,14 @@ def test_judge_items_reads_the_principle_column_a_none_falling_back_to_the_princ
     with scripted_genrm(genrm_text) as (url, bodies):
         env = JudgeEnvironment(remote_url=url, remote_input="messages", mode="genrm", principle="Be accurate.",
                                principle_column="rubric", name="genrm_eval")  # fmt: skip
-        found = env.judge_items([PROMPT, PROMPT], [turns(ANSWERS[1:3]), turns(ANSWERS[2:4])], rubric=["Be brief.", None])
-        asyncio.run(found) if asyncio.iscoroutine(found) else found
+        resolved(env.judge_items([PROMPT, PROMPT], [turns(ANSWERS[1:3]), turns(ANSWERS[2:4])], rubric=["Be brief.", None]))
     # The GenRM's principle message: the row's rubric, or `principle` where the row has None (docs/judges.md).
     principles = sorted(m["content"] for body in bodies for m in body["messages"] if m["role"] == "principle")
     assert principles == ["Be accurate.", "Be brief."]
     strict = JudgeEnvironment(remote_url="http://127.0.0.1:1", remote_input="messages", mode="genrm",
                               principle_column="rubric", name="genrm_eval")  # fmt: skip
     with pytest.raises(ValueError) as error:
-        found = strict.judge_items([PROMPT], [turns(ANSWERS[1:3])])
-        asyncio.run(found) if asyncio.iscoroutine(found) else found
+        resolved(strict.judge_items([PROMPT], [turns(ANSWERS[1:3])]))
     assert str(error.value) == (
         "genrm_eval: the judge template reads {rubric}, but the reward function got no column 'rubric'; the dataset "
         "columns TRL passed: []"

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 
 import pytest
 from aiohttp import web
+from helpers import resolved
 from trl_rm_env.recipes.cli import main as cli_main
 
 import trl_rm_env.data.loaders  # noqa: F401 - `datasets` imports in a second, once: at collection, not in a test
@@ -319,8 +320,7 @@ def test_eval_listwise_reports_the_accuracy_of_the_scripted_rankings(server, tmp
 
 # --- judge_items (eval's path): what each judgement shows, a judgement asked again, lists of the wrong length ------
 def judged_items(env, contexts, shown, **columns):
-    found = env.judge_items(contexts, shown, **columns)
-    return asyncio.run(found) if asyncio.iscoroutine(found) else found
+    return resolved(env.judge_items(contexts, shown, **columns))
 
 
 def turn(text: str) -> list[dict[str, str]]:

@@ -98,6 +98,12 @@ def test_a_reward_built_on_a_gpu_is_rebuilt_on_the_cpu_where_none_is(tiny_dir, m
     assert again == pytest.approx(want, abs=1e-5)
 
 
+def reporting_cuda(engine):
+    """The same engine, reporting the device a GPU machine would have put it on (`cuda:0`)."""
+    engine.__class__ = type("OnCuda", (type(engine),), {"device": property(lambda self: torch.device("cuda", 0))})
+    return engine
+
+
 def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monkeypatch, caplog):
     """A judge loaded in this process pickles the accelerator type of its engine's device (`cuda` for `cuda:0`):
     unpickled where there is none, it is rebuilt on the CPU and warned once naming it; one built on the CPU is
@@ -105,13 +111,7 @@ def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monke
     from trl_rm_env.rewards import judge as judge_module
 
     real = judge_module.judge_engine
-
-    def on_cuda(plan, tokenizer):  # the same engine, reporting the device a GPU machine would have put it on
-        engine = real(plan, tokenizer)
-        engine.__class__ = type("OnCuda", (type(engine),), {"device": property(lambda self: torch.device("cuda", 0))})
-        return engine
-
-    monkeypatch.setattr(judge_module, "judge_engine", on_cuda)
+    monkeypatch.setattr(judge_module, "judge_engine", lambda plan, tokenizer: reporting_cuda(real(plan, tokenizer)))
     built_on_gpu = JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", name="gpu_judge")
     monkeypatch.setattr(judge_module, "judge_engine", real)
     assert built_on_gpu.__getstate__()["built_on"] == "cuda"
@@ -137,8 +137,7 @@ def test_a_local_reward_model_remembers_the_accelerator_it_was_built_on(tiny_dir
 
     def on_cuda(*args):
         scorer, sharding = real(*args)
-        engine = scorer.engine
-        engine.__class__ = type("OnCuda", (type(engine),), {"device": property(lambda self: torch.device("cuda", 0))})
+        reporting_cuda(scorer.engine)
         return scorer, sharding
 
     monkeypatch.setattr(reward_model_module, "local_scorer", on_cuda)
