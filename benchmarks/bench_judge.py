@@ -138,8 +138,8 @@ def judge_one(method: str, opts: dict, queue) -> None:
         rendered = {}
         for prompts, completions in batches:  # rendered by the environment, before the clock starts
             env.engine.label_logprobs = lambda p, *a: [[0.0] * len(env.labels)] * len(p)  # render only
-            env(prompts, completions)
-            rendered[id(prompts)] = [TokensPrompt(prompt_token_ids=j.prompt) for j in env.last_judgements]
+            judgements = env.call(prompts, completions).judgements
+            rendered[id(prompts)] = [TokensPrompt(prompt_token_ids=j.prompt) for j in judgements]
         llm = env.engine.llm
 
         def judge(prompts, completions):
@@ -150,9 +150,9 @@ def judge_one(method: str, opts: dict, queue) -> None:
     elif method in ("ours: pointwise", "ours: pairwise all+swap"):
 
         def judge(prompts, completions):
-            env(prompts, completions)
-            tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
-            return len(env.last_judgements)
+            judgements = env.call(prompts, completions).judgements
+            tokens.append(sum(len(j.prompt) for j in judgements) / len(judgements))
+            return len(judgements)
     else:
         server, url = start_vllm_server(path, max_length, opts["precision"])
         measured = [server.pid]
@@ -160,9 +160,9 @@ def judge_one(method: str, opts: dict, queue) -> None:
             env = JudgeEnvironment("judge", tokenizer=path, remote_url=url, max_concurrency=256)
 
             def judge(prompts, completions):
-                asyncio.run(env(prompts, completions))
-                tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
-                return len(env.last_judgements)
+                judgements = asyncio.run(env.call(prompts, completions)).judgements
+                tokens.append(sum(len(j.prompt) for j in judgements) / len(judgements))
+                return len(judgements)
         else:
             import aiohttp
 
@@ -220,9 +220,9 @@ def genrm_method(method: str, opts: dict, tokens: list[float]):
         if method == "ours: genrm":
 
             def judge(prompts, completions):
-                env(prompts, completions)
-                tokens.append(sum(len(j.prompt) for j in env.last_judgements) / len(env.last_judgements))
-                return len(env.last_judgements)
+                judgements = env.call(prompts, completions).judgements
+                tokens.append(sum(len(j.prompt) for j in judgements) / len(judgements))
+                return len(judgements)
 
             return judge, None, None
         from vllm import SamplingParams
@@ -232,9 +232,9 @@ def genrm_method(method: str, opts: dict, tokens: list[float]):
 
         def judge(prompts, completions):  # rendered by the environment, then timed: generate and parse alone
             env.engine.generate = lambda p, *a, **k: [""] * len(p)
-            env(prompts, completions)
+            judgements = env.call(prompts, completions).judgements
             env.engine.generate = generate
-            requests = [TokensPrompt(prompt_token_ids=j.prompt) for j in env.last_judgements]
+            requests = [TokensPrompt(prompt_token_ids=j.prompt) for j in judgements]
             start = time.perf_counter()
             outputs = llm.generate(requests, SamplingParams(max_tokens=new, temperature=0.0), use_tqdm=False)
             [parse_genrm_verdict(o.outputs[0].text) for o in outputs]
@@ -249,8 +249,7 @@ def genrm_method(method: str, opts: dict, tokens: list[float]):
         env = JudgeEnvironment("judge", remote_url=url, remote_input="messages", max_concurrency=256, **common)
 
         def judge(prompts, completions):
-            asyncio.run(env(prompts, completions))
-            return len(env.last_judgements)
+            return len(asyncio.run(env.call(prompts, completions)).judgements)
 
         return judge, server, [server.pid]
     import aiohttp

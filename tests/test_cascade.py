@@ -43,7 +43,7 @@ def fallback(prompts, completions, **kwargs):
 
 def test_names_and_refusals():
     plain = CascadeReward([rule])
-    assert plain.__name__ == "cascade" and plain.last_calls == []  # TRL logs rewards/cascade/mean
+    assert plain.__name__ == "cascade"  # TRL logs rewards/cascade/mean
     assert CascadeReward([rule, judge], name="mixed").__name__ == "mixed"
     # A source's metric name: a partial's function's name (however deeply wrapped), else its class's name.
 
@@ -110,9 +110,10 @@ def test_what_each_source_is_called_with():
 
     state = object()
     cascade = CascadeReward([first, second])
-    rewards = cascade(["p0", "p1", "p2"], ["no", "yes", "maybe"], completion_ids=[[0], [1], [2]],
-                      label=["a", "b", "c"], tag="xyz", step=7, trainer_state=state, log_extra=log_extra)  # fmt: skip
-    assert rewards == [0.25, 1.0, 0.75] and cascade.last_calls == [3, 2]
+    called = cascade.call(["p0", "p1", "p2"], ["no", "yes", "maybe"], completion_ids=[[0], [1], [2]],
+                          label=["a", "b", "c"], tag="xyz", step=7, trainer_state=state, log_extra=log_extra)  # fmt: skip
+    rewards = called.rewards
+    assert rewards == [0.25, 1.0, 0.75] and called.calls == [3, 2]
     # The first source, called on every sample, gets TRL's own log_extra; a per-sample column is sliced for the
     # second; a string (even one as long as the batch: "xyz" has 3 characters), a number and the trainer state are
     # passed whole.

@@ -635,7 +635,7 @@ def test_reference_bounded_reward_is_pars_sigmoid_of_the_gap_scored_in_the_same_
     env = make_env(reference_column="gold", reference_temperature=0.5, prefix_sharing=sharing)
     calls = []
     score = env.scorer.score_pairs
-    env.scorer.score_pairs = lambda c, a, p=None: calls.append(len(c)) or score(c, a, p)
+    env.scorer.score_pairs = lambda c, a, p=None, **kw: calls.append(len(c)) or score(c, a, p, **kw)
     logged = {}
     got = env(prompts, completions, gold=refs, log_metric=logged.__setitem__)
     r = reference_scores(tiny_rm, tiny_tokenizer, prompts, completions)
@@ -704,8 +704,8 @@ def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_model
     penalty = {"ensemble_penalty": 0.5} if how == "mean_minus_std" else {}
     env = RewardModelEnvironment(model, tiny_tokenizer, device="cpu", ensemble=how, **penalty)
     calls = []
-    outputs = env.scorer.attribute_outputs
-    env.scorer.attribute_outputs = lambda c, a, p=None: calls.append(len(c)) or outputs(c, a, p)
+    score = env.scorer.score_pairs
+    env.scorer.score_pairs = lambda c, a, p=None, **kw: calls.append((len(c), kw)) or score(c, a, p, **kw)
     logged = {}
     got = torch.tensor(env(prompts, completions, log_metric=logged.__setitem__))
     with torch.no_grad():
@@ -717,7 +717,7 @@ def test_a_multi_head_models_heads_from_one_forward_aggregate_as_the_plain_model
                          "mean_minus_std": [statistics.fmean(r) - 0.5 * statistics.pstdev(r) for r in rows]}[how],
                         dtype=torch.float64)  # fmt: skip
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
-    assert calls == [len(prompts)]  # one scoring call, every head
+    assert calls == [(len(prompts), {"every_output": True})]  # one scoring call, every head
     assert logged["reward_model_env/ensemble_std"] == pytest.approx(
         statistics.fmean(statistics.pstdev(r) for r in rows), abs=1e-5
     )

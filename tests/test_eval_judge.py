@@ -166,9 +166,10 @@ def test_eval_cascade_is_the_grpo_cascade_reward_pair_for_pair(tiny_dir, in_doma
                 round_.append(n)
         left = [n for n in left if n not in round_]
         shown = [(n, k) for n in round_ for k in ((pairs[n][2], pairs[n][3]) if n % 2 == 0 else (pairs[n][3], pairs[n][2]))]
-        rewards = cascade([records[pairs[n][1]]["context"] for n, _ in shown],
-                          [records[pairs[n][1]]["completions"][k]["completion"] for n, k in shown])  # fmt: skip
-        judged += cascade.last_calls[1] // 2
+        called = cascade.call([records[pairs[n][1]]["context"] for n, _ in shown],
+                              [records[pairs[n][1]]["completions"][k]["completion"] for n, k in shown])  # fmt: skip
+        rewards = called.rewards
+        judged += called.calls[1] // 2
         for m, n in enumerate(round_):
             by_completion = {shown[2 * m][1]: rewards[2 * m], shown[2 * m + 1][1]: rewards[2 * m + 1]}
             diff = by_completion[pairs[n][2]] - by_completion[pairs[n][3]]

@@ -187,7 +187,7 @@ def test_default_pairs_without_a_verdict_for_both_sides_have_no_preference():
 
 @pytest.fixture
 def failing_judge():
-    return SimpleNamespace(name="judge", engine=SimpleNamespace(max_length=64), _unparsed_text="z" * 250,
+    return SimpleNamespace(name="judge", engine=SimpleNamespace(max_length=64),
                            options=SimpleNamespace(scoring="logprobs", parse_retries=2))  # fmt: skip
 
 
@@ -206,7 +206,7 @@ def test_the_error_of_samples_without_a_verdict_names_at_most_ten_and_the_fix(fa
         "token ids"
     )
     failing_judge.options.scoring = "generate"
-    assert failure_message(failing_judge, "unparsed", [3, 4]) == (
+    assert failure_message(failing_judge, "unparsed", [3, 4], "z" * 250) == (
         "judge: no verdict could be read for completions [3, 4] after 2 retries (one of the judge's last answers "
         f"began '{'z' * 200}'); set unparsed_reward, or fix the template's answer format"
     )  # the answer's first 200 characters

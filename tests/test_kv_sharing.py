@@ -183,10 +183,10 @@ def test_scorer_shares_groups_exactly_within_the_budget(request, tokenizer_name,
     reference = one_at_a_time(model, tokenizer, prompts, completions)
     scorer = RewardScorer(model, tokenizer, batch_size=batch_size, max_tokens_per_batch=budget, prefix_sharing=True)
     with watch_passes(scorer) as passes:
-        scores = scorer.score(prompts, completions)
-    torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
+        scored = scorer.score_pairs(prompts, completions)
+    torch.testing.assert_close(scored.scores, reference, atol=1e-4, rtol=0)
     assert passes.shared == list(range(len(prompts)))
-    assert scorer.last_outputs.shape == (len(prompts), 1)
+    assert scored.outputs.shape == (len(prompts), 1)
     if budget is not None:
         assert all(rows * n <= budget for rows, n in passes.shapes)
         assert all(rows * keys <= budget for rows, keys in passes.key_shapes)  # keys: context + completion

@@ -42,6 +42,7 @@ from trl_rm_env import JudgeEnvironment
 from trl_rm_env.rewards import base as base_module
 from trl_rm_env.rewards import judge as judge_module
 from trl_rm_env.rewards import whole_groups
+from trl_rm_env.rewards.judge import JudgeCall
 from trl_rm_env.rewards.whole_groups import GATHER, _raise_any, processes, shared_values, whole_call
 from trl_rm_env.trainer.bounded import BoundedForwardsMixin
 
@@ -78,8 +79,8 @@ def lockstep(world: FakeWorld, steps: list, answer=None) -> tuple[list, list[str
     """Run every process's generator (`steps[rank]`) to its end, answering its engine requests with `answer(rank,
     request)` (an exception it raises is thrown into the generator, as `Reward._drive_sync` does) and its `GATHER`
     requests, once every process has made one, with every process's value in rank order (each process its own copy,
-    as pickled by `gather_objects`). Returns each process's result (or the exception it raised) and the `what` of each
-    exchange."""
+    as pickled by `gather_objects`). Returns each process's result (a judge's: its rewards), or the exception it raised,
+    and the `what` of each exchange."""
     results: list = [None] * len(steps)
     exchanges: list[str] = []
 
@@ -98,8 +99,8 @@ def lockstep(world: FakeWorld, steps: list, answer=None) -> tuple[list, list[str
                     world.current = r
                     request = steps_r.send(reply)
             return request
-        except StopIteration as done:
-            results[r] = done.value
+        except StopIteration as done:  # a judge's `JudgeCall`: its rewards, what TRL receives
+            results[r] = done.value.rewards if isinstance(done.value, JudgeCall) else done.value
         except Exception as err:
             results[r] = err
         return None

@@ -387,7 +387,7 @@ def test_reward_model_type_selects_the_head(tmp_path, tiny_tokenizer):
     contexts = [[{"role": "user", "content": f"Question {i}?"}] for i in range(3)]
     completions = [[{"role": "assistant", "content": f"Answer {i}."}] for i in range(3)]
     plain = RewardScorer(model, tiny_tokenizer, device="cpu")
-    outputs = (plain.score(contexts, completions), plain.last_outputs)[1]
+    outputs = plain.score_pairs(contexts, completions).outputs
     weights = [1.0, 0.0, -2.0]
     regression = RewardScorer(model, tiny_tokenizer, reward_model_type="regression", attribute_weights=weights)
     torch.testing.assert_close(regression.score(contexts, completions), outputs @ torch.tensor(weights))

@@ -347,25 +347,29 @@ class Fixed(RewardFunction):
         setup = {k: kwargs.pop(k) for k in ("strip_reasoning", "checkpoint_stats", "attributes", "shaping",
                                             "length_shaping") if k in kwargs}  # fmt: skip
         self.table, self.nonfinite, self.asked = table, set(nonfinite), []
-        scorer = SimpleNamespace(last_outputs=outputs, last_nonfinite=[], nonfinite_reward=-5.0)
-        self._setup(scorer, RewardOptions(**kwargs), **setup)
+        self.outputs = outputs
+        self._setup(SimpleNamespace(nonfinite_reward=-5.0), RewardOptions(**kwargs), **setup)
 
     def _steps(self, prompts, completions, completion_ids, kwargs):
         empty, to_score, rewards = self._plan(prompts, completions, torch.float64)
         nonfinite = []
         if to_score:
             with self._nonfinite_named(to_score, "completions") as nonfinite:
-                scores = yield [completions[i] for i in to_score]
+                scores, bad = yield [completions[i] for i in to_score]
+                nonfinite.extend(bad)
             rewards[torch.tensor(to_score)] = torch.tensor(scores, dtype=torch.float64)
         rewards = self._filled(rewards, empty, (prompts, completions))
         samples = (prompts, completions, completion_ids)
-        return self._finish(rewards, len(empty), kwargs.get("log_metric"), nonfinite=len(nonfinite), samples=samples)
+        log_metric = kwargs.get("log_metric")
+        return self._finish(
+            rewards, len(empty), log_metric, nonfinite=len(nonfinite), samples=samples, outputs=self.outputs
+        )
 
     def _answer(self, request):
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in request]
         self.asked.append(texts)
-        self.scorer.last_nonfinite = [k for k, t in enumerate(texts) if t in self.nonfinite]
-        return [-5.0 if t in self.nonfinite else self.table[t] for t in texts]
+        bad = [k for k, t in enumerate(texts) if t in self.nonfinite]
+        return [-5.0 if t in self.nonfinite else self.table[t] for t in texts], bad
 
 
 def test_trls_inputs_are_checked_and_refused_in_one_line():

@@ -191,8 +191,8 @@ def test_attribute_rewards_share_one_forward_and_equal_the_plain_model(regressio
     path, model = regression_dir
     env = RewardModelEnvironment(path, device="cpu", empty_completion_reward=-9.0)
     calls = []
-    original = env.scorer.attribute_outputs
-    env.scorer.attribute_outputs = lambda *a, **k: calls.append(len(a[0])) or original(*a, **k)
+    original = env.scorer.score_pairs
+    env.scorer.score_pairs = lambda *a, **k: calls.append(len(a[0])) or original(*a, **k)
     prompts = [[{"role": "user", "content": "Tell me a joke."}]] * 3 + [[{"role": "user", "content": "2+2?"}]]
     completions = [[{"role": "assistant", "content": t}] for t in ("A pun.", "No.", "  ", "Four.")]
     funcs = env.attribute_rewards()

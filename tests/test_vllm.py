@@ -193,10 +193,10 @@ def test_regression_head_on_vllm_gives_every_attribute_and_the_weighted_sum(tmp_
             AutoTokenizer.from_pretrained(path),
         )
         pairs = conversations()[:4]
-        scores = scorer.score([c for c, _ in pairs], [r for _, r in pairs])
+        scored = scorer.score_pairs([c for c, _ in pairs], [r for _, r in pairs])
         want = reference(model, tokenizer, pairs)
-        torch.testing.assert_close(scorer.last_outputs, want, atol=1e-4, rtol=0)
-        torch.testing.assert_close(scores, want @ torch.tensor(weights), atol=1e-4, rtol=0)
+        torch.testing.assert_close(scored.outputs, want, atol=1e-4, rtol=0)
+        torch.testing.assert_close(scored.scores, want @ torch.tensor(weights), atol=1e-4, rtol=0)
     finally:
         scorer.engine.close()
 

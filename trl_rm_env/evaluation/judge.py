@@ -256,13 +256,15 @@ def evaluate_cascade(
                 items.append((name, r, k))
         logged: dict[str, float] = {}
         start = time.perf_counter()
-        rewards = _run(cascade(prompts, completions, item=items, log_metric=logged.__setitem__))
-        if cascade.last_calls[1]:
+        called = _run(cascade.call(prompts, completions, item=items, log_metric=logged.__setitem__))
+        rewards, to_judge = called.rewards, called.calls[1]
+        if to_judge:
             judged["seconds"] += time.perf_counter() - start
             judged["judgements"] += logged.get("judge_env/num_judgements", 0.0)
             if counts_tokens:
-                judged["tokens"] += sum(len(j.prompt) for j in source.last_judgements if not j.overlength)
-        sent += cascade.last_calls[1] // 2
+                judgements = called.sources[1].judgements
+                judged["tokens"] += sum(len(j.prompt) for j in judgements if not j.overlength)
+        sent += to_judge // 2
         for m, n in enumerate(members):
             first, second = rewards[2 * m], rewards[2 * m + 1]
             better, worse = (first, second) if n % 2 == 0 else (second, first)

@@ -50,9 +50,10 @@ def score_all(scorer: Any, contexts: list[Any], completions: list[Any], progress
     """Every pair's score, through the `Scorer` protocol (a remote backend's coroutine is run here), or any object
     with `score(contexts, completions) -> sequence of floats`."""
     if hasattr(scorer, "score_pairs"):
-        scores = scorer.score_pairs(contexts, completions, progress)
+        scored = scorer.score_pairs(contexts, completions, progress)
         if getattr(scorer, "is_async", False):
-            scores = asyncio.run(scores)
+            scored = asyncio.run(scored)
+        scores = scored.scores
     else:
         scores = scorer.score(contexts, completions)
     scores = torch.as_tensor(scores, dtype=torch.float32).flatten().tolist()

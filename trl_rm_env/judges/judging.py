@@ -185,8 +185,9 @@ def template_columns(
     return out
 
 
-def failure_message(judge: Any, reason: str, samples: list[int]) -> str:
-    """The one-line error of samples left without a verdict (`reason`: `overlength` or `unparsed`) and no fallback."""
+def failure_message(judge: Any, reason: str, samples: list[int], unparsed_text: str = "") -> str:
+    """The one-line error of samples left without a verdict (`reason`: `overlength` or `unparsed`) and no fallback
+    (`unparsed_text`: one of the call's answers no verdict could be read from)."""
     shown = f"{samples[:10]}{' ...' if len(samples) > 10 else ''}"
     if reason == "overlength":
         return (
@@ -201,7 +202,7 @@ def failure_message(judge: Any, reason: str, samples: list[int]) -> str:
         )
     return (
         f"{judge.name}: no verdict could be read for completions {shown} after {judge.options.parse_retries} retries "
-        f"(one of the judge's last answers began {judge._unparsed_text[:200]!r}); set unparsed_reward, or fix the "
+        f"(one of the judge's last answers began {unparsed_text[:200]!r}); set unparsed_reward, or fix the "
         "template's answer format"
     )
 

@@ -19,8 +19,8 @@
 - `ensemble.py`: `EnsembleReward`, reward functions aggregated as an ensemble (and a multi-head model's heads:
   `RewardModelEnvironment(..., ensemble=...)`);
 - `bounded.py`: a reward bounded against a reference answer (PAR: `reference_column`);
-- `base.py`: `RewardFunction` (TRL's input checks, empty completions, NaN/inf, normalization, clipping, metrics) and
-  its `RewardOptions`;
+- `base.py`: `Reward` (TRL's call, sync or awaited; `call(...)` returns the whole `RewardCall`), `RewardFunction`
+  (TRL's input checks, empty completions, NaN/inf, normalization, clipping, metrics) and its `RewardOptions`;
 - `shaping.py`: group shaping of any reward (NeMo Gym's bonuses and adjustments) and NeMo RL's length shaping;
 - `sources.py`: a GRPO run's reward functions from its sources, and their weights (`RewardSources`);
 - `pickling.py`: `PicklesByArguments` (a reward function crosses to AsyncGRPO's spawned workers as the arguments it
@@ -33,10 +33,10 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _MODULES = {
-    ".cascade": ("CascadeReward",),
+    ".cascade": ("CascadeCall", "CascadeReward"),
     ".ensemble": ("EnsembleReward",),
-    ".judge": ("JudgeEnvironment",),
-    ".base": ("NORMALIZATIONS", "RewardFunction", "RewardOptions"),
+    ".judge": ("JudgeCall", "JudgeEnvironment"),
+    ".base": ("NORMALIZATIONS", "Reward", "RewardCall", "RewardFunction", "RewardOptions"),
     ".nemo": ("PASSTHROUGH_TEMPLATE",),
     ".reward_model": ("RemoteRewardModelEnvironment", "RewardModelEnvironment"),
 }

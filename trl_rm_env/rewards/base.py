@@ -23,7 +23,7 @@ import torch
 from ..data.messages import check_sample, message_is_blank, strip_completion_reasoning
 from ..distributed import world_size
 from ..options import check_choices, document, option
-from ..scoring.interfaces import Scorer
+from ..scoring.interfaces import NonfiniteScores, Scorer
 from .shaping import GroupShaping, LengthShaping
 
 logger = logging.getLogger(__name__)
@@ -111,16 +111,27 @@ def is_empty(completion: Any) -> bool:
     return all(message_is_blank(m) for m in completion)
 
 
+@dataclass
+class RewardCall:
+    """What one reward call returns through `Reward.call`: TRL's rewards, and what a subclass found out on the way
+    (`JudgeCall`'s judgements, `CascadeCall`'s routing). Returned, never kept on the reward: AsyncGRPO awaits several
+    calls of one reward function at once, and each reads its own."""
+
+    rewards: list[float | None]
+
+
 class Reward:
     """The one base of the package's reward functions: TRL's reward-function call, `(prompts, completions,
     completion_ids=None, **kwargs) -> list[float | None]`, one way whether it runs synchronously or is awaited.
 
     A subclass writes its call once, as a generator, `_steps(prompts, completions, completion_ids, kwargs)`: it yields
     requests (a model's forward, a server's answer, another reward function's call), receives each answer
-    (`_answer(request)`) and returns the rewards. `is_async` says which function `__call__` is: a plain one, run
-    holding `_holding()` (a lock, gathered weights) across all the requests of a call, or a coroutine function (TRL
-    awaits it, concurrently with its other reward functions) that awaits any answer that is awaitable. An answer that
-    raises is thrown into the generator at the `yield` that asked, so the subclass's handlers there see it.
+    (`_answer(request)`) and returns the rewards, or a `RewardCall` that holds them with what else the call found.
+    `is_async` says which function `__call__` is: a plain one, run holding `_holding()` (a lock, gathered weights)
+    across all the requests of a call, or a coroutine function (TRL awaits it, concurrently with its other reward
+    functions) that awaits any answer that is awaitable. An answer that raises is thrown into the generator at the
+    `yield` that asked, so the subclass's handlers there see it. `call(...)` is the same call returning the whole
+    `RewardCall`.
     """
 
     __name__: str
@@ -150,13 +161,22 @@ class Reward:
         """TRL's reward function; a coroutine function when `is_async` (TRL awaits it)."""
         return self._call_async if self.is_async else self._call
 
+    def call(self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any) -> Any:
+        """TRL's reward call returning its whole `RewardCall` (a coroutine of it when `is_async`): the rewards, and
+        what the call found out (a judge's judgements, a cascade's routing)."""
+        steps = self._steps(prompts, completions, completion_ids, kwargs)
+        return self._whole_async(steps) if self.is_async else _whole(self._drive_sync(steps))
+
+    async def _whole_async(self, steps: Generator[Any, Any, Any]) -> RewardCall:
+        return _whole(await self._drive_async(steps))
+
     def _call(self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any) -> list[Any]:
-        return self._drive(self._steps(prompts, completions, completion_ids, kwargs))
+        return _rewards(self._drive(self._steps(prompts, completions, completion_ids, kwargs)))
 
     async def _call_async(
         self, prompts: Samples, completions: Samples, completion_ids: Ids = None, **kwargs: Any
     ) -> list[Any]:
-        return await self._drive(self._steps(prompts, completions, completion_ids, kwargs))
+        return _rewards(await self._drive(self._steps(prompts, completions, completion_ids, kwargs)))
 
     def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         """Run a generator of requests to its result; with `is_async`, a coroutine of it."""
@@ -190,6 +210,16 @@ class Reward:
                     request = steps.send(answer)
         except StopIteration as done:
             return done.value
+
+
+def _whole(result: Any) -> RewardCall:
+    """A call's result as a `RewardCall` (a subclass that returns its rewards alone has nothing more to say)."""
+    return result if isinstance(result, RewardCall) else RewardCall(result)
+
+
+def _rewards(result: Any) -> list[Any]:
+    """The rewards TRL receives from a call's result."""
+    return result.rewards if isinstance(result, RewardCall) else result
 
 
 class RewardFunction(Reward):
@@ -248,22 +278,22 @@ class RewardFunction(Reward):
 
     @contextlib.contextmanager
     def _nonfinite_named(self, indices: Sequence[int], what: str):
-        """Around one `scorer.score` call on the samples `indices`: yields a list that receives the samples the
-        model scored NaN/inf (given `nonfinite_reward`); warns the first time it happens, naming the count; and
-        re-raises the scorer's `FloatingPointError` naming the caller's sample indices, not the scorer's."""
+        """Around one scoring call on the samples `indices`: yields a list that the caller fills with the result's
+        `nonfinite` (the scorer's item numbers), which on leaving become the caller's samples (given
+        `nonfinite_reward`, counted; warned the first time, naming the count); and re-raises the scorer's
+        `NonfiniteScores` naming the caller's sample indices, not the scorer's."""
         found: list[int] = []
         try:
             yield found
-        except FloatingPointError as err:
-            bad = [indices[i] for i in getattr(self.scorer, "last_nonfinite", [])]
-            if not bad:
-                raise
-            raise FloatingPointError(
+        except NonfiniteScores as err:
+            bad = [indices[i] for i in err.items]
+            raise NonfiniteScores(
                 f"{self.name}: the reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}"
                 f" of the {what} ({len(bad)} of {len(indices)} scored). Check the model dtype (fp16 overflows are "
-                "common) or set `nonfinite_reward`."
+                "common) or set `nonfinite_reward`.",
+                bad,
             ) from err
-        found.extend(indices[i] for i in getattr(self.scorer, "last_nonfinite", []))
+        found[:] = [indices[i] for i in found]
         if found:
             self.num_nonfinite += len(found)
             if not self._warned_nonfinite:
@@ -344,11 +374,13 @@ class RewardFunction(Reward):
         log_metric,
         nonfinite: int | None = None,
         samples: tuple[Samples, Samples, Ids] | None = None,
+        outputs: torch.Tensor | None = None,
     ) -> list[float | None]:
         """Normalization, length shaping (`LengthShaping`), clipping and metrics of `_filled` rewards (`empty`: how
         many completions were empty; `nonfinite`: how many samples got `nonfinite_reward`, logged as
         `reward_model_env/num_nonfinite` when known; `samples`: the call's prompts, completions and completion ids,
-        for the diagnostics of reward hacking).
+        for the diagnostics of reward hacking; `outputs`: the call's raw model outputs, a regression RM's attributes
+        logged from them).
         A NaN reward is no reward: None to TRL (which leaves it out of the loss), left out of the statistics and the
         metrics."""
         kept = ~torch.isnan(rewards)
@@ -359,7 +391,7 @@ class RewardFunction(Reward):
             rewards = self.length_shaping.shape(rewards, None if samples is None else samples[2], self.name)
         if self.clip is not None:
             rewards = rewards.clamp(-self.clip, self.clip)
-        self._log(log_metric, raw[kept], rewards[kept], empty, nonfinite)
+        self._log(log_metric, raw[kept], rewards[kept], empty, nonfinite, outputs)
         if log_metric is not None and samples is not None:
             for key, value in diagnostics(unshaped, *samples).items():
                 log_metric(f"{self.metric_prefix}/{key}", value)
@@ -390,6 +422,7 @@ class RewardFunction(Reward):
         rewards: torch.Tensor,
         empty: int,
         nonfinite: int | None = None,
+        outputs: torch.Tensor | None = None,
     ):
         if log_metric is None or rewards.numel() == 0:
             return
@@ -403,7 +436,6 @@ class RewardFunction(Reward):
         if nonfinite is not None:
             log_metric(f"{prefix}/num_nonfinite", float(nonfinite))
         attributes = self.attributes
-        outputs = self.scorer.last_outputs if attributes else None
         if attributes and outputs is not None:  # regression RM: mean of each predicted attribute
             for k, attribute in enumerate(attributes):
                 column = outputs[:, k][~torch.isnan(outputs[:, k])]

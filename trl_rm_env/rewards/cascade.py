@@ -9,11 +9,12 @@ import json
 import logging
 import math
 from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from trl.trainer.utils import is_async_callable
 
-from .base import Reward
+from .base import Reward, RewardCall
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +99,15 @@ def _routed(
     return sorted(still)
 
 
+@dataclass
+class CascadeCall(RewardCall):
+    """One `CascadeReward.call`: the rewards, how many samples each source was called with (`calls`, in order), and
+    each source's own `RewardCall` (`sources`: a judge's judgements; a plain function's rewards alone)."""
+
+    calls: list[int] = field(default_factory=list)
+    sources: list[RewardCall] = field(default_factory=list)
+
+
 class CascadeReward(Reward):
     """Several TRL reward functions as one: per sample, the first source that returns a number (not None or NaN)
     gives the reward, and a later source is called only with the samples still undecided (the slices of `prompts`,
@@ -107,7 +117,8 @@ class CascadeReward(Reward):
 
     Works with any reward functions, ours (`JudgeEnvironment`, `RewardModelEnvironment`) or plain ones; asynchronous
     when any source is (TRL awaits it). Logs `judge_env/cascade_<source>` (samples each source decided) and
-    `judge_env/cascade_undecided`.
+    `judge_env/cascade_undecided`; `call(...)` also returns how many samples each source was called with, and what
+    each source's call returned (`CascadeCall`).
 
         def exact_match(prompts, completions, answer, **kwargs):  # None where it cannot tell
             return [1.0 if c.strip() == a else None for c, a in zip(completions, answer)]
@@ -155,21 +166,21 @@ class CascadeReward(Reward):
                     name,
                     mode.name,
                 )
-        self.last_calls: list[int] = []  # samples each source was called with, in the last call
 
     def _answer(self, request: tuple[Callable[..., Any], dict[str, Any]]) -> Any:
-        """A source called with its samples: its rewards (an awaitable of them from an async source)."""
+        """A source called with its samples: its `RewardCall` (an awaitable of it from an async source); a plain
+        function's rewards."""
         source, arguments = request
-        return source(**arguments)
+        return source.call(**arguments) if isinstance(source, Reward) else source(**arguments)
 
     def _steps(
         self, prompts: Sequence[Any], completions: Sequence[Any], completion_ids: Any, kwargs: Mapping[str, Any]
-    ) -> Generator[tuple[Callable[..., Any], dict[str, Any]], Any, list[float | None]]:
+    ) -> Generator[tuple[Callable[..., Any], dict[str, Any]], Any, CascadeCall]:
         """Yield `(source, its arguments: the undecided samples)` for each source; receive its rewards."""
         n = len(prompts)
         rewards: list[float | None] = [None] * n
         undecided = list(range(n))
-        self.last_calls = []
+        result = CascadeCall(rewards)
         counts: dict[str, float] = {}
         for source, name in zip(self.sources, self.source_names):
             # Every source is called, with no samples when none is left: under several processes a source may be a
@@ -181,8 +192,10 @@ class CascadeReward(Reward):
                 "completion_ids": None if completion_ids is None else [completion_ids[i] for i in rows],
                 **{key: _argument(key, value, rows, n) for key, value in kwargs.items()},
             }
-            self.last_calls.append(len(undecided))
-            answers = yield source, arguments
+            result.calls.append(len(undecided))
+            answered = yield source, arguments
+            result.sources.append(answered if isinstance(answered, RewardCall) else RewardCall(answered))
+            answers = result.sources[-1].rewards
             if len(answers) != len(undecided):
                 raise ValueError(
                     f"{self.__name__}: source {name!r} returned {len(answers)} rewards for {len(undecided)} samples"
@@ -203,4 +216,4 @@ class CascadeReward(Reward):
             for name, count in counts.items():
                 log_metric(f"judge_env/cascade_{name}", count)
             log_metric("judge_env/cascade_undecided", float(len(undecided)))
-        return rewards
+        return result

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from ..runtime.model_options import ModelOptions
 from ..runtime.plan import plan_model
 from ..serving.client.remote_options import RemoteOptions, local_only
 from ..tokenization import encode_messages
-from .base import Ids, RewardFunction, RewardOptions, Samples
+from .base import Ids, RewardCall, RewardFunction, RewardOptions, Samples
 from .pickling import PicklesByArguments, accelerator_type
 from .placement import loaded_here
 from .shaping import GroupShaping, LengthShaping
@@ -48,6 +49,14 @@ OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "options", "scoring_options
 OPTION_CLASSES = (JudgeOptions, ModelOptions, RewardOptions, RemoteOptions, GroupShaping, LengthShaping)
 """Where the judge's options are declared: how it judges, how the judge model loads and runs, what the reward function
 does with the rewards, how servers are reached (with `remote_url`), and how a group's rewards are shaped."""
+
+
+@dataclass
+class JudgeCall(RewardCall):
+    """One `JudgeEnvironment.call`: the rewards and the judgements this process asked for (each one's prompt token
+    ids, the samples it shows, and whether it was over length)."""
+
+    judgements: list[Judgement] = field(default_factory=list)
 
 
 class JudgeEnvironment(PicklesByArguments, RewardFunction):
@@ -192,8 +201,6 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             self.engine, reward, strip_reasoning=scoring.strip_reasoning, shaping=self.shaping_options,
             length_shaping=self.length_shaping_options,
         )
-        self.last_judgements: list[Judgement] = []  # the judgements of the last call (tests, debugging)
-        self._unparsed_text = ""  # an answer no verdict could be read from, for the error
         self._warned_groups = False
         self._gather_group = None  # the processes' group for whole GRPO groups (`whole_groups.own_group`)
 
@@ -270,7 +277,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
     # ------------------------------------------------------------------ one call
     def _steps(
         self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
-    ) -> Generator[tuple, Any, list[float]]:
+    ) -> Generator[tuple, Any, JudgeCall]:
         """The whole reward call, yielding engine requests (`_answer`) and receiving their answers."""
         world = processes(self.mode.compares, getattr(self.engine, "sharding", "none"))
         if world > 1 and self._gather_group is None:
@@ -287,7 +294,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         what = f"{self.name}: share the samples of a call (its GRPO groups are judged whole)"
         call = yield from whole_call(prompts, completions, columns, to_score, empty, world, what, error)
         values: dict[int, float] = {}
-        counts, alone, verdicts, masses = {}, [], [], []
+        counts, alone, verdicts, masses, judgements = {}, [], [], [], []
         try:
             texts = {i: self.mode.shown_text(call.completions[i], self.strip_reasoning) for i in call.to_score}
             groups = group_samples(call.prompts, call.to_score, call.columns)
@@ -305,10 +312,8 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             judgements, alone = build_judgements(
                 self.mode, self.options, call.prompts, texts, mine, call.columns, self._judgement_prompt, self.name
             )
-            self.last_judgements = judgements
             asked = yield from ask_verdicts(self.mode, self.options, judgements)
             counts, verdicts, masses = asked.counts, asked.verdicts, asked.masses
-            self._unparsed_text = asked.unparsed_text
             lone = self.mode.lone_reward(self.options)
             values, missing = aggregate(self.mode, judgements, verdicts, [i for g in mine for i in g], alone, lone)
             masked = {i for k in asked.failed for i in judgements[k].samples} if self.masks_failures else set()
@@ -316,7 +321,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             for reason, samples in missing.items():
                 fallback = self.overlength_reward if reason == "overlength" else self.options.unparsed_reward
                 if samples and fallback is None:
-                    raise ValueError(failure_message(self, reason, samples))
+                    raise ValueError(failure_message(self, reason, samples, asked.unparsed_text))
                 values.update({i: float(fallback) for i in samples})
             values.update(dict.fromkeys(masked, float("nan")))  # no reward: None to TRL
         except Exception as err:
@@ -339,7 +344,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
                 more["rating_mass"] = sum(masses) / len(masses)
             for key, value in more.items():
                 log_metric(f"{self.metric_prefix}/{key}", value)
-        return out
+        return JudgeCall(out, judgements)
 
     def judge_items(
         self, contexts: Sequence[Any], shown: Sequence[Sequence[Any]], **columns: Any

@@ -222,10 +222,12 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         outputs = torch.full((len(prompts), len(self.attributes)), float("nan"), dtype=torch.float32)
         with self._holding():  # every rank enters: a collective under ZeRO-3
             if to_score:
-                with self._nonfinite_named(to_score, "completions"):  # the scorer's fallbacks, named here
-                    outputs[torch.tensor(to_score)] = self.scorer.attribute_outputs(
-                        [prompts[i] for i in to_score], [completions[i] for i in to_score]
+                with self._nonfinite_named(to_score, "completions") as nonfinite:  # the fallbacks, named here
+                    scored = self.scorer.score_pairs(
+                        [prompts[i] for i in to_score], [completions[i] for i in to_score], every_output=True
                     )
+                    nonfinite.extend(scored.nonfinite)
+                outputs[torch.tensor(to_score)] = scored.scores
         if self.empty_completion_reward is not None and empty:
             outputs[torch.tensor(empty)] = float(self.empty_completion_reward)
         return outputs
@@ -250,12 +252,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         return stack
 
     def _answer(self, request: tuple) -> Any:
-        """`(contexts, completions, progress)` scored: a tensor, or an awaitable of one when servers score; with a
-        fourth item True, every output of each (`(N, num_labels)`: a multi-head model's heads)."""
+        """`(contexts, completions, progress)` scored: a `ScoredPairs`, or an awaitable of one when servers score;
+        with a fourth item True, every output of each (`(N, num_labels)`: a multi-head model's heads)."""
         contexts, completions, progress, *outputs = request
-        if outputs and outputs[0]:
-            return self.scorer.attribute_outputs(contexts, completions, progress)
-        return self.scorer.score_pairs(contexts, completions, progress)
+        return self.scorer.score_pairs(contexts, completions, progress, every_output=bool(outputs and outputs[0]))
 
     def score(self, conversations: Sequence[Any]) -> Any:
         """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs: output
@@ -265,8 +265,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
 
     def _scoring(self, conversations: Sequence[Any]) -> Generator[Any, Any, torch.Tensor]:
         contexts, completions = as_pairs(conversations)
-        with self._nonfinite_named(range(len(contexts)), "conversations"):
-            return (yield contexts, completions, None)
+        with self._nonfinite_named(range(len(contexts)), "conversations") as nonfinite:
+            scored = yield contexts, completions, None
+            nonfinite.extend(scored.nonfinite)
+        return scored.scores
 
     def _steps(
         self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
@@ -274,6 +276,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         empty, to_score, rewards = self._plan(prompts, completions)
         references = self.bound.references(completions, kwargs, self.name) if self.bound.active else None
         nonfinite: list[int] = []
+        outputs = None  # the model's raw outputs, a regression RM's attributes
         log_metric = kwargs.get("log_metric")
         if to_score:
             contexts, answers = [prompts[i] for i in to_score], [completions[i] for i in to_score]
@@ -285,7 +288,9 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 named += [first[k] for k in range(len(more_contexts))]
             heads = self.ensemble.ensemble is not None
             with self._nonfinite_named(named, "completions") as nonfinite:
-                scores = yield contexts, answers, bool(self.show_progress), heads
+                scored = yield contexts, answers, bool(self.show_progress), heads
+                nonfinite.extend(scored.nonfinite)
+            scores, outputs = scored.scores, scored.outputs
             if heads:  # every head from the one forward, aggregated
                 if log_metric is not None:
                     for key, value in ensemble_metrics(scores).items():
@@ -299,7 +304,9 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
             rewards[torch.tensor(to_score)] = scores
         rewards = self._filled(rewards, empty, (prompts, completions))
         samples = (prompts, completions, completion_ids)
-        return self._finish(rewards, len(empty), log_metric, nonfinite=len(nonfinite), samples=samples)
+        return self._finish(
+            rewards, len(empty), log_metric, nonfinite=len(nonfinite), samples=samples, outputs=outputs
+        )
 
     def __repr__(self) -> str:
         where = f"remote_url={self.remote_url!r}" if self.remote_url else f"model={self.scorer.config._name_or_path!r}"

@@ -1,7 +1,8 @@
 """Scoring conversations with a reward model: the `Scorer` seam, the local scorer and its engines (loaded through
 `trl_rm_env.runtime`, which also declares `ScoringOptions` and `ModelOptions`).
 
-- `interfaces.py`: the `Scorer` protocol (what the environment, `eval` and the server use) and the `Engine` protocol;
+- `interfaces.py`: the `Scorer` protocol (what the environment, `eval` and the server use), the `ScoredPairs` each
+  call returns, and the `Engine` protocol;
 - `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);
 - `hf.py`: `HFEngine`, the model run by transformers in this process;
 - `vllm_engine.py`: `VLLMEngine`, vLLM's pooling runner fed with our token ids;
@@ -18,7 +19,7 @@ _MODULES = {
     ".hf": ("HFEngine",),
     ".loading": ("load_reward_scorer", "load_scorer"),
     "..runtime.model_options": ("ScoringOptions",),
-    ".interfaces": ("Engine", "Scorer"),
+    ".interfaces": ("Engine", "NonfiniteScores", "ScoredPairs", "Scorer"),
     ".scorer": ("EncodedBatch", "RewardScorer", "as_pairs", "split_conversation"),
     ".vllm_engine": ("VLLMEngine",),
 }

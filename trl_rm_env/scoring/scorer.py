@@ -26,6 +26,7 @@ from ..sharing import shared_prefixes_in
 from ..sharing.mode import forces_sharing
 from ..tokenization import Message, encode_pairs, left_truncate
 from .hf import HFEngine
+from .interfaces import NonfiniteScores, ScoredPairs
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +108,6 @@ class RewardScorer:
         if model is not None and getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         self.engine = engine or HFEngine(model, tokenizer.pad_token_id, o)
-        self.last_outputs: torch.Tensor | None = None  # (N, num_labels) of the last `score` call; NaN: not scored
-        self.last_nonfinite: list[int] = []  # items of the last call given `nonfinite_reward` (the environment warns)
 
     # ------------------------------------------------------------------ options and what the engine reports
     @property
@@ -196,7 +195,6 @@ class RewardScorer:
             ids = [encoded.ids[i] for i in present]
             context_lengths = [encoded.context_lengths[i] for i in present] if self.prefix_sharing else None
             outputs[torch.tensor(present)] = self.engine.outputs(ids, context_lengths, progress)
-        self.last_outputs = outputs if present else None
         return outputs, present, encoded.overlength
 
     def outputs(
@@ -217,38 +215,35 @@ class RewardScorer:
     ) -> torch.Tensor:
         """Every output of the model (`(N, num_labels)` fp32, input order; a regression head's attributes, whatever
         their weights) with the fallbacks applied as `score` applies them: a pair over `max_length` under
-        `truncation="none"` gets `overlength_reward` in every column, and a NaN/inf output gets `nonfinite_reward` (its
-        row's index in `last_nonfinite`).
+        `truncation="none"` gets `overlength_reward` in every column, and a NaN/inf output gets `nonfinite_reward`
+        (`score_pairs(..., every_output=True)` also says which items).
 
         Raises:
-            FloatingPointError: a NaN/inf output and `nonfinite_reward` None, naming the items.
+            NonfiniteScores: a NaN/inf output and `nonfinite_reward` None, naming the items.
         """
-        outputs, present, overlength = self._outputs(contexts, completions, progress)
-        return self._with_fallbacks(outputs, present, overlength)
+        return self.score_pairs(contexts, completions, progress, every_output=True).scores
 
-    def _with_fallbacks(self, values: torch.Tensor, present: list[int], overlength: list[int]) -> torch.Tensor:
-        """`values` (a score per item, or every output per item) with the fallbacks applied: `overlength_reward` for
-        the items over `max_length`, `nonfinite_reward` for each NaN/inf value of a scored item (those items in
-        `last_nonfinite`, which the environment warns about and counts).
+    def _with_fallbacks(
+        self, values: torch.Tensor, present: list[int], overlength: list[int]
+    ) -> tuple[torch.Tensor, list[int]]:
+        """`(values, nonfinite)`: `values` (a score per item, or every output per item) with the fallbacks applied,
+        `overlength_reward` for the items over `max_length` and `nonfinite_reward` for each NaN/inf value of a scored
+        item, and those items (which the environment warns about and counts).
 
         Raises:
-            FloatingPointError: a NaN/inf value and `nonfinite_reward` None, naming the items.
+            NonfiniteScores: a NaN/inf value and `nonfinite_reward` None, naming the items.
         """
         if overlength:
             values[torch.tensor(overlength)] = float(self.options.overlength_reward)
         bad = [i for i in present if not bool(torch.isfinite(values[i]).all())]
-        self.last_nonfinite = bad
         if bad:
             if self.options.nonfinite_reward is None:
-                raise FloatingPointError(
-                    f"The reward model returned NaN/inf for item(s) {bad[:10]}{'...' if len(bad) > 10 else ''}. "
-                    "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
-                )
+                raise NonfiniteScores.naming("The reward model", bad)
             rows = torch.tensor(bad)
             cells = values[rows]
             cells[~torch.isfinite(cells)] = float(self.options.nonfinite_reward)  # the bad values only
             values[rows] = cells
-        return values
+        return values, bad
 
     def score(
         self,
@@ -256,16 +251,29 @@ class RewardScorer:
         completions: Sequence[str | Sequence[Message]],
         progress: bool | None = None,
     ) -> torch.Tensor:
-        """Scores (fp32, input order) of `(context, completion)` pairs, with fallbacks applied."""
-        outputs, present, overlength = self._outputs(contexts, completions, progress)
-        scores = torch.full((len(outputs),), float("nan"), dtype=torch.float32)
-        if present:
-            scores[torch.tensor(present)] = self._reward_of(outputs[torch.tensor(present)])
-        return self._with_fallbacks(scores, present, overlength)
+        """Scores (fp32, input order) of `(context, completion)` pairs, with fallbacks applied (`score_pairs` also
+        returns the raw outputs and which items were NaN/inf)."""
+        return self.score_pairs(contexts, completions, progress).scores
 
-    def score_pairs(self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None):
-        """The `Scorer` protocol's call: `score`."""
-        return self.score(contexts, completions, progress)
+    def score_pairs(
+        self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None, *,
+        every_output: bool = False,
+    ) -> ScoredPairs:
+        """The `Scorer` protocol's call: the scores of `(context, completion)` pairs with fallbacks applied (every
+        output of each, `(N, num_labels)`, with `every_output`), the raw outputs, and the items scored NaN/inf.
+
+        Raises:
+            NonfiniteScores: a NaN/inf score and `nonfinite_reward` None, naming the items.
+        """
+        outputs, present, overlength = self._outputs(contexts, completions, progress)
+        if every_output:
+            values = outputs.clone()
+        else:
+            values = torch.full((len(outputs),), float("nan"), dtype=torch.float32)
+            if present:
+                values[torch.tensor(present)] = self._reward_of(outputs[torch.tensor(present)])
+        values, bad = self._with_fallbacks(values, present, overlength)
+        return ScoredPairs(values, outputs if present else None, bad)
 
 
 def split_conversation(conversation: Sequence[Message]) -> tuple[list[Message], list[Message]]:

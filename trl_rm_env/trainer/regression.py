@@ -128,7 +128,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
         set_regression_labels(model.config, self.attributes, args.attribute_weights)  # what each output means
         self._train_stats: torch.Tensor | None = None
         self._regression_eval_stats: list[torch.Tensor] = []
-        self._last_regression_stats: dict[str, tuple[int, torch.Tensor]] = {}
+        self._regression_stats: dict[str, tuple[int, torch.Tensor]] = {}
         with one_label_view(model.config):
             super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, **kwargs)
         if data_collator is None:
@@ -223,7 +223,9 @@ class RegressionRewardTrainer(RankedRewardTrainer):
             self._signature_columns = ["input_ids", "targets"]
 
     # ------------------------------------------------------------------ loss
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+    def _loss_and_scores(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor, object]:
+        """`(loss, predictions, outputs)`: the masked MSE, the `(B, K)` predicted attributes and the model's outputs
+        (`compute_loss` is the base trainer's, around this)."""
         targets = inputs.pop("targets")  # (B, K), NaN where missing
         outputs = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
         predictions = outputs.logits.float()  # (B, K)
@@ -243,7 +245,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 loss = loss * (local * self.accelerator.num_processes / present)
         else:
             self._regression_eval_stats.append(stats)
-        return (loss, outputs) if return_outputs else loss
+        return loss, predictions.detach(), outputs
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.model.training and self._train_stats is not None:
@@ -262,7 +264,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
         output = super().evaluation_loop(dataloader, description, True, ignore_keys, metric_key_prefix)
         if self._regression_eval_stats:
             stats = torch.stack(self._regression_eval_stats).sum(0)  # (K, 8) over the whole set
-            self._last_regression_stats[metric_key_prefix] = (self.state.global_step, stats)
+            self._regression_stats[metric_key_prefix] = (self.state.global_step, stats)
             for key, value in summarize_regression_statistics(stats, self.attributes).items():
                 output.metrics[f"{metric_key_prefix}_{key}"] = value
         self._regression_eval_stats = []
@@ -280,7 +282,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
         sets = self.eval_dataset if isinstance(self.eval_dataset, dict) else {"eval": self.eval_dataset}
         prefixes = {name: "eval" if not isinstance(self.eval_dataset, dict) else f"eval_{name}" for name in sets}
         stale = [
-            p for p in prefixes.values() if self._last_regression_stats.get(p, (None,))[0] != self.state.global_step
+            p for p in prefixes.values() if self._regression_stats.get(p, (None,))[0] != self.state.global_step
         ]
         if stale or reevaluate:
             self.evaluate()
@@ -296,7 +298,7 @@ class RegressionRewardTrainer(RankedRewardTrainer):
                 }
             return out
 
-        per_set = {name: moments(self._last_regression_stats[p][1]) for name, p in prefixes.items()}
-        pooled = sum(self._last_regression_stats[p][1] for p in prefixes.values())
+        per_set = {name: moments(self._regression_stats[p][1]) for name, p in prefixes.items()}
+        pooled = sum(self._regression_stats[p][1] for p in prefixes.values())
         self.accelerator.unwrap_model(self.model).config.attribute_stats = moments(pooled)
         return per_set

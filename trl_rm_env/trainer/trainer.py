@@ -107,11 +107,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         self._data_counts = self._examples.counts
         self._eval_stats: list[torch.Tensor] = []
         self._eval_extremes: list[torch.Tensor] = []
-        self._last_eval_summary: dict[str, tuple[int, dict[str, float]]] = {}
-        self._last_full_evaluation: tuple[int, dict[str, float], bool] | None = None  # (step, metrics, silent)
+        self._eval_summaries: dict[str, tuple[int, dict[str, float]]] = {}
+        self._full_evaluation: tuple[int, dict[str, float], bool] | None = None  # (step, metrics, silent)
         self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
         self._silent_logs = False
-        self._last_scores: torch.Tensor | None = None
         user_collator = data_collator
         self._heads = args.ensemble_heads
         self._eval_head_stats: list[torch.Tensor] = []
@@ -212,6 +211,12 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
 
     # ------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss, _, outputs = self._loss_and_scores(model, inputs)
+        return (loss, outputs) if return_outputs else loss
+
+    def _loss_and_scores(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor, object]:
+        """`(loss, scores, outputs)` of a batch: the loss, one score per completion in TRL's pair layout or the
+        records' (a multi-head model's: the mean of its heads), and the model's outputs."""
         mode = "train" if self.model.training else "eval"
         ranks = inputs.pop("ranks", None)
         record_index = inputs.pop("record_index", None)
@@ -237,8 +242,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
                 scores, ranks, record_index, margin, self.args.center_rewards_coefficient
             )
             loss = pairwise.loss
-        if mode == "eval":
-            self._last_scores = scores.detach()
         if mode == "train" and loss_weight is not None:  # its share of the step's pairs; metrics once per step
             self._chunk_outputs.append((scores.detach(), token_count))
             loss = loss * loss_weight
@@ -259,7 +262,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             # (min, max) per process; repeated padding samples of a last batch cannot change either.
             local = scores.detach().float()
             self._eval_extremes.append(self.accelerator.gather(torch.stack([local.min(), local.max()])[None]).cpu())
-        return (loss, outputs) if return_outputs else loss
+        return loss, scores.detach(), outputs
 
     def _layout_scores(self, model, inputs) -> tuple[torch.Tensor, object, torch.Tensor]:
         """`(scores, outputs, token_count)` of a batch in its layout: one score per completion (in the batch's
@@ -308,7 +311,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         if self._eval_stats:
             stats = torch.cat(self._eval_stats).sum(0)
             summary = summarize_statistics(stats)
-            self._last_eval_summary[metric_key_prefix] = (self.state.global_step, summary)
+            self._eval_summaries[metric_key_prefix] = (self.state.global_step, summary)
             for key in SET_METRICS:
                 output.metrics[f"{metric_key_prefix}_{key}"] = summary[key]
             # TRL's eval keys, exact over the set and named after it (`eval_min_reward` ... for a single set).
@@ -331,11 +334,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         inputs = self._prepare_inputs(inputs)
         ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
         with torch.no_grad(), self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs)
+            loss, scores, _ = self._loss_and_scores(model, inputs)
         loss = loss.detach()
         if prediction_loss_only:
             return loss, None, None
-        scores = self._last_scores
         if ranks is None:  # TRL's layout, TRL's shapes
             return loss, scores[:, None], ()
         num_records = int(record_index.max().item()) + 1
@@ -362,7 +364,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             finally:
                 self._pending_total_time = None
         if eval_dataset is None and metric_key_prefix == "eval":  # every validation set, as final_evaluation needs
-            self._last_full_evaluation = (self.state.global_step, dict(metrics), self._silent_logs)
+            self._full_evaluation = (self.state.global_step, dict(metrics), self._silent_logs)
         return metrics
 
     def final_evaluation(self) -> dict[str, float]:
@@ -373,12 +375,12 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         ended); otherwise evaluates now. The recipes call this after training, so that the validation sets are not
         evaluated twice.
         """
-        cached = self._last_full_evaluation
+        cached = self._full_evaluation
         if cached is not None and cached[0] == self.state.global_step:
             step, metrics, silent = cached
             if silent:
                 self.log(dict(metrics))
-                self._last_full_evaluation = (step, metrics, False)
+                self._full_evaluation = (step, metrics, False)
             return dict(metrics)
         return self.evaluate()
 
@@ -406,7 +408,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
     def train(self, *args, **kwargs):
         output = super().train(*args, **kwargs)
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            self._last_full_evaluation = None  # it measured the last weights, not the reloaded best ones
+            self._full_evaluation = None  # it measured the last weights, not the reloaded best ones
         if self.args.save_reward_stats and self.eval_dataset is not None:
             # With load_best_model_at_end the weights are now the best checkpoint's, not the ones evaluated last.
             reloaded = self.args.load_best_model_at_end and self.state.best_model_checkpoint is not None
@@ -422,13 +424,13 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         sets = self.eval_dataset if isinstance(self.eval_dataset, dict) else {"eval": self.eval_dataset}
         prefixes = {name: ("eval" if name == "eval" and not isinstance(self.eval_dataset, dict) else f"eval_{name}") for name in sets}
         missing = [
-            p for p in prefixes.values() if self._last_eval_summary.get(p, (None,))[0] != self.state.global_step
+            p for p in prefixes.values() if self._eval_summaries.get(p, (None,))[0] != self.state.global_step
         ]
         if missing or reevaluate:
             self.evaluate()
         per_set, total_n, total_sum, total_sq = {}, 0.0, 0.0, 0.0
         for name, prefix in prefixes.items():
-            summary = self._last_eval_summary[prefix][1]
+            summary = self._eval_summaries[prefix][1]
             n = summary["num_completions"]
             per_set[name] = {"mean": summary["reward_mean"], "std": summary["reward_std"], "count": n}
             total_n += n

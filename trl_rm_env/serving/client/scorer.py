@@ -59,6 +59,7 @@ import torch
 from ...data.messages import strip_completion_reasoning
 from ...options import build, route
 from ...runtime.model_options import ScoringOptions
+from ...scoring.interfaces import NonfiniteScores, ScoredPairs
 from ...scoring.scorer import split_conversation
 from ...tokenization import (
     context_token_ids,
@@ -184,7 +185,6 @@ class RemoteScorer:
         self.tokenizer = tokenizer
         self._warned_special_text = False
         self._warned_activation = False
-        self.last_nonfinite: list[int] = []
 
     @property
     def nonfinite_reward(self) -> float | None:
@@ -193,13 +193,25 @@ class RemoteScorer:
 
     # ------------------------------------------------------------------ the Scorer protocol
     is_async = True
-    last_outputs = None  # a server returns one score per item
 
     async def score_pairs(
-        self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None
-    ) -> torch.Tensor:
-        """The `Scorer` protocol's call: `score` of `(context, completion)` pairs, as an fp32 tensor."""
-        return torch.tensor(await self.score(list(zip(contexts, completions))), dtype=torch.float32)
+        self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None, *,
+        every_output: bool = False,
+    ) -> ScoredPairs:
+        """The `Scorer` protocol's call: `score` of `(context, completion)` pairs, as an fp32 tensor with the items
+        the server scored NaN/inf (no raw outputs: a server returns one score per item).
+
+        Raises:
+            ValueError: `every_output` (a server returns one score per item, not every output of the model).
+        """
+        if every_output:
+            raise ValueError(
+                f"{self!r} returns one score per item: every output of the model (a regression RM's attributes, an "
+                "ensemble's heads) needs the reward model loaded here"
+            )
+        nonfinite: list[int] = []
+        scores = await self._scores(list(zip(contexts, completions)), nonfinite)
+        return ScoredPairs(torch.tensor(scores, dtype=torch.float32), None, nonfinite)
 
     def __repr__(self) -> str:  # never shows the API key
         return f"RemoteScorer(urls={self.urls!r}, api={self.remote.remote_api!r}, api_key={'set' if self.api_key else None})"
@@ -213,8 +225,12 @@ class RemoteScorer:
         Raises:
             RemoteScoringError: a request refused (4xx other than retried ones, 500) or still failing after
                 `retries` retries; it names the URL.
-            FloatingPointError: the server scored items NaN/inf and `nonfinite_reward` is None.
+            NonfiniteScores: the server scored items NaN/inf and `nonfinite_reward` is None (a `FloatingPointError`).
         """
+        return await self._scores(conversations, [])
+
+    async def _scores(self, conversations: Sequence[Any], nonfinite: list[int]) -> list[float]:
+        """`score`, with the items scored NaN/inf (given `nonfinite_reward`) appended to `nonfinite`."""
         if self.options.strip_reasoning:
             conversations = [_without_reasoning(item) for item in conversations]
         if self.remote_input == "tokens" and not self._asked_max_length:
@@ -224,19 +240,14 @@ class RemoteScorer:
             self._body(self._encode(item, contexts) if self.remote_input == "tokens" else _payload(item))
             for item in conversations
         ]
-        self.last_nonfinite = []
         if not payloads:
             return []
         scores = await self._score_all(payloads)
         bad = [i for i, s in enumerate(scores) if not math.isfinite(s)]
-        self.last_nonfinite = bad  # items of the last call scored NaN/inf (given `nonfinite_reward`, or raised)
         if bad:
             if self.options.nonfinite_reward is None:
-                raise FloatingPointError(
-                    f"The reward model server returned NaN/inf for item(s) {bad[:10]}"
-                    f"{'...' if len(bad) > 10 else ''}. "
-                    "Check the model dtype (fp16 overflows are common) or set `nonfinite_reward`."
-                )
+                raise NonfiniteScores.naming("The reward model server", bad)
+            nonfinite.extend(bad)
             bad_set = set(bad)
             scores = [float(self.options.nonfinite_reward) if i in bad_set else s for i, s in enumerate(scores)]
         elif not self._warned_activation and all(s in (0.0, 1.0) for s in scores):
