@@ -105,7 +105,8 @@ def profile_training(model, tokenizer, pairs: int, args, device: str) -> None:
 
     from trl_rm_env.data.loaders import load_rank_records
     from trl_rm_env.sharing import packed_scores
-    from trl_rm_env.trainer.collator import DataCollatorForPackedContext
+    from trl_rm_env.sharing.layouts import PACKED
+    from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
     from trl_rm_env.trainer.examples import tokenize_rank_record
     from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
@@ -113,7 +114,7 @@ def profile_training(model, tokenizer, pairs: int, args, device: str) -> None:
         rows = [json.loads(line) for line, _ in zip(f, range(4 * pairs + 64))]
     records, _ = load_rank_records(rows, data_format="hh", on_invalid="skip", name="hh-rlhf")
     examples = [e for e in (tokenize_rank_record(r, tokenizer, 4096, "none")[0] for r in records) if e][:pairs]
-    collator = DataCollatorForPackedContext(tokenizer.pad_token_id)
+    collator = DataCollatorForRankedPreference(tokenizer.pad_token_id, layout=PACKED)
     collate = timed(lambda: collator(examples), "cpu")
     batch = collator(examples)
     batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}

@@ -288,7 +288,8 @@ def layout_name_tests(path: Path) -> list[int]:
 
 def test_layouts_are_objects_nothing_outside_sharing_tests_a_layout_name(tmp_path):
     """The layout is chosen once (`sharing.training_layout`, `sharing.layouts.scoring_layout`) and asked, never
-    re-derived from a name or from a batch's keys; one collator per layout (and the regression one)."""
+    re-derived from a name or from a batch's keys; one collator class for every layout, parameterized by the layout
+    object (and the regression one), so no table maps layouts to collators."""
     probe = tmp_path / "probe.py"
     probe.write_text('if layout == "packed":\n    pass\nx = "kv" in batch\ny = mode in (True, "PACKED")\n')
     assert layout_name_tests(probe) == [1, 3, 4]
@@ -305,10 +306,15 @@ def test_layouts_are_objects_nothing_outside_sharing_tests_a_layout_name(tmp_pat
     from trl_rm_env.trainer import collator
 
     collators = [c for c in vars(collator).values() if isinstance(c, type) and issubclass(c, DataCollatorMixin)
-                 and c.__module__ == collator.__name__ and not c.__name__.startswith("_")]  # fmt: skip
-    by_layout = sorted(c.layout.name for c in collators if hasattr(c, "layout"))
-    assert by_layout == sorted(layout.name for layout in vars(layouts).values() if isinstance(layout, layouts.Layout))
-    assert [c.__name__ for c in collators if not hasattr(c, "layout")] == ["DataCollatorForRegression"]
+                 and c.__module__ == collator.__name__]  # fmt: skip
+    assert sorted(c.__name__ for c in collators) == ["DataCollatorForRankedPreference", "DataCollatorForRegression",
+                                                     "_RightPadding"]  # fmt: skip
+    every = [layout for layout in vars(layouts).values() if isinstance(layout, layouts.Layout)]
+    assert sorted(layout.name for layout in every) == ["kv", "mask", "packed", "plain"]
+    examples = [{"completion_ids": [[5, 6, 7], [5, 6, 8, 9]], "ranks": [0, 1]}]
+    for layout in every:  # each layout's batch from the one class: the layout's tokens, ranks and records
+        batch = collator.DataCollatorForRankedPreference(pad_token_id=0, layout=layout)(examples)
+        assert batch["ranks"].tolist() == [0, 1] and batch["record_index"].tolist() == [0, 0], layout
 
 
 def test_only_the_modes_module_tests_a_judge_modes_name(tmp_path):

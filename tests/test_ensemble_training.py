@@ -22,7 +22,7 @@ from trl_rm_env.sharing import shared_prefix_length
 from trl_rm_env.sharing.layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN
 from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
-from trl_rm_env.trainer.collator import LAYOUT_COLLATORS
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.config import RegressionRewardConfig
 from trl_rm_env.trainer.ensemble import bootstrap_weights, ensemble_loss
 from trl_rm_env.trainer.saving import save_reward_model
@@ -113,7 +113,7 @@ def test_every_training_layout_gives_each_heads_scores_of_its_single_head_model(
     groups = records(1, 5)
     examples = [{"completion_ids": g, "ranks": list(range(len(g)))} for g in groups]
     settings = {"pad_token_id": tiny_tokenizer.pad_token_id, "ensemble_heads": HEADS, "ensemble_seed": 5}
-    batch = LAYOUT_COLLATORS[layout](**settings)(examples)
+    batch = DataCollatorForRankedPreference(**settings, layout=layout)(examples)
     assert torch.equal(batch.pop("bootstrap_weights"), bootstrap_weights(groups, HEADS, 5))
     for key in ("ranks", "record_index"):
         batch.pop(key)

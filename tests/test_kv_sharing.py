@@ -22,9 +22,10 @@ from trl_rm_env.sharing import (
     shared_prefixes_in,
     sharing_saves,
 )
+from trl_rm_env.sharing.layouts import KV_CACHE
 from trl_rm_env.tiny_models import build_tiny_reward_model
 from trl_rm_env.tokenization import encode_conversation
-from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedContext
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.examples import tokenize_rank_record
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
@@ -114,7 +115,7 @@ def test_single_pass_out_of_order_and_empty_contexts_are_exact(tiny_tokenizer, a
             [model(input_ids=torch.tensor([seq])).logits[0, 0].item() for e in examples for seq in e["completion_ids"]]
         )
         for batch in ([examples[0]], [examples[1]], examples):
-            inputs = DataCollatorForSharedContext(tiny_tokenizer.pad_token_id)(batch)
+            inputs = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id, layout=KV_CACHE)(batch)
             scores, _ = shared_context_scores(model, inputs)
             expected = reference[: len(scores)] if batch[0] is examples[0] else reference[3:]
             torch.testing.assert_close(scores, expected, atol=1e-4, rtol=0)
@@ -132,7 +133,7 @@ def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_nam
     loss_ref = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"]).loss
     grads_ref = torch.autograd.grad(loss_ref, list(model.parameters()))
 
-    shared = DataCollatorForSharedContext(tokenizer.pad_token_id, pad_to_multiple_of=8)(examples)
+    shared = DataCollatorForRankedPreference(tokenizer.pad_token_id, pad_to_multiple_of=8, layout=KV_CACHE)(examples)
     assert shared["prefix_ids"].shape[1] % 8 == 0 and shared["completion_ids"].shape[1] % 8 == 0
     tokens = shared["prefix_mask"].sum() + shared["completion_mask"].sum()
     assert tokens < plain["attention_mask"].sum()  # each context once
@@ -150,7 +151,7 @@ def test_peft_lora_scores_and_gradients(tiny_tokenizer):
     reference = model(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"]).logits[:, 0]
     trainable = [p for p in model.parameters() if p.requires_grad]
     grads_ref = torch.autograd.grad(reference.square().sum(), trainable)
-    shared = DataCollatorForSharedContext(tiny_tokenizer.pad_token_id)(examples)
+    shared = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id, layout=KV_CACHE)(examples)
     scores, _ = shared_context_scores(model, shared)
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
     for g, g_ref in zip(torch.autograd.grad(scores.square().sum(), trainable), grads_ref):

@@ -19,12 +19,10 @@ from helpers import _one_thread, ranked_trainer, watch_passes  # noqa: F401
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
 from trl_rm_env.sharing import pack_groups, packed_scores, shared_prefix_length, training_layout
+from trl_rm_env.sharing.layouts import PACKED
 from trl_rm_env.sharing.packed import PACKED_ATTENTION
 from trl_rm_env.tiny_models import build_tiny_reward_model
-from trl_rm_env.trainer.collator import (
-    DataCollatorForPackedContext,
-    DataCollatorForRankedPreference,
-)
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.examples import tokenize_rank_record
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
@@ -111,7 +109,7 @@ def test_varlen_branch_loss_and_gradients_equal_the_plain_path(reference_varlen,
     reference = model(input_ids=plain["input_ids"], attention_mask=plain["attention_mask"]).logits[:, 0]
     pairwise = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"])
     grads_ref = torch.autograd.grad(pairwise.loss, list(model.parameters()))
-    batch = DataCollatorForPackedContext(tiny_tokenizer.pad_token_id)(examples)
+    batch = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id, layout=PACKED)(examples)
     scores, _ = packed_scores(model, batch)
     assert reference_varlen
     packed = ranked_bradley_terry_loss(scores, batch["ranks"], batch["record_index"])
@@ -186,7 +184,7 @@ def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_nam
     pairwise = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"])
     grads_ref = torch.autograd.grad(pairwise.loss, list(model.parameters()))
 
-    batch = DataCollatorForPackedContext(tokenizer.pad_token_id)(examples)
+    batch = DataCollatorForRankedPreference(tokenizer.pad_token_id, layout=PACKED)(examples)
     assert batch["input_ids"].shape == (1, batch["num_tokens"])  # no padding
     assert batch["num_tokens"] < plain["attention_mask"].sum()  # each context once
     scores, _ = packed_scores(model, batch)
@@ -200,7 +198,7 @@ def test_training_loss_and_gradients_equal_the_plain_path(request, tokenizer_nam
 
 def test_pairs_keep_trls_layout(tiny_tokenizer):
     pairs = [{"chosen_ids": [5, 6, 7, 8], "rejected_ids": [5, 6, 9]}, {"chosen_ids": [3, 2], "rejected_ids": [4]}]
-    batch = DataCollatorForPackedContext(tiny_tokenizer.pad_token_id)(pairs)
+    batch = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id, layout=PACKED)(pairs)
     assert "ranks" not in batch and "record_index" not in batch
     tokens = batch["input_ids"][0].tolist()
     # every chosen, then every rejected: each score read at its sequence's last token
@@ -221,7 +219,7 @@ def test_trainer_packed_trains_like_the_plain_path(tmp_path, tiny_tokenizer):
     }.items():
         trainer = ranked_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, max_steps=4, **overrides)
         assert trainer._layout.name == ("plain" if name == "plain" else "packed")
-        assert isinstance(trainer.data_collator, DataCollatorForPackedContext) == (name != "plain")
+        assert (trainer.data_collator.layout is PACKED) == (name != "plain")
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         tokens = [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h]
@@ -321,7 +319,7 @@ def test_auto_is_packed_on_an_accelerator_and_kv_on_the_cpu(tiny_tokenizer):
 
 def test_shared_prefix_length_is_the_packed_context(tiny_tokenizer):
     examples = rank_examples(tiny_tokenizer, 3)
-    batch = DataCollatorForPackedContext(tiny_tokenizer.pad_token_id)(examples)
+    batch = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id, layout=PACKED)(examples)
     expected = sum(shared_prefix_length(e["completion_ids"]) + sum(
         len(s) - shared_prefix_length(e["completion_ids"]) for s in e["completion_ids"]) for e in examples)
     assert batch["num_tokens"] == expected

@@ -9,8 +9,9 @@ from helpers import assert_same_loss_and_gradients, ranked_trainer, watch_passes
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
 from trl_rm_env.compat import CHECKPOINTING_FIELD
 from trl_rm_env.sharing import plan_rows, record_row, shared_prefix_length, shared_prefix_mask, shared_prefix_scores
+from trl_rm_env.sharing.layouts import BLOCK_MASK, KV_CACHE, PLAIN
 from trl_rm_env.tiny_models import build_tiny_reward_model
-from trl_rm_env.trainer.collator import DataCollatorForRankedPreference, DataCollatorForSharedPrefix
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.examples import tokenize_rank_record
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
@@ -75,7 +76,7 @@ def test_scores_loss_and_gradients_equal_the_plain_path(request, tokenizer_name,
     loss_ref = ranked_bradley_terry_loss(reference, plain["ranks"], plain["record_index"]).loss
     grads_ref = torch.autograd.grad(loss_ref, list(model.parameters()))
 
-    shared = DataCollatorForSharedPrefix(tokenizer.pad_token_id, pack_max_tokens=pack)(examples)
+    shared = DataCollatorForRankedPreference(tokenizer.pad_token_id, pack_max_tokens=pack, layout=BLOCK_MASK)(examples)
     assert torch.equal(shared["ranks"], plain["ranks"]) and torch.equal(shared["record_index"], plain["record_index"])
     assert shared["input_ids"].numel() < plain["input_ids"].numel()  # fewer tokens through the model
     if pack:
@@ -94,7 +95,7 @@ def test_plain_text_records(tiny_tokenizer):
     model = build_tiny_reward_model(tiny_tokenizer, seed=4)
     examples = [tokenize_rank_record(r, tiny_tokenizer)[0] for r in records]
     reference, _ = plain_scores(model, tiny_tokenizer, examples)
-    shared = DataCollatorForSharedPrefix(tiny_tokenizer.pad_token_id)(examples)
+    shared = DataCollatorForRankedPreference(tiny_tokenizer.pad_token_id, layout=BLOCK_MASK)(examples)
     scores, _ = shared_prefix_scores(model, shared, torch.float32)
     torch.testing.assert_close(scores, reference, atol=1e-4, rtol=0)
 
@@ -103,22 +104,19 @@ def test_plain_text_records(tiny_tokenizer):
 def test_trainer_with_prefix_sharing_matches_plain_training(tmp_path, tiny_tokenizer):
     """Default ("auto": KV path), forced KV, and the block-mask fallback (forced under activation checkpointing,
     packed) all train exactly like the plain path."""
-    from trl_rm_env.trainer.collator import DataCollatorForSharedContext
-
     train = load_rank_dataset("sample:train").select(range(48))
     eval_sets = {"harder": load_rank_dataset("sample:harder").select(range(21))}
     runs = {}
     layouts = {
-        "plain": ({"prefix_sharing": False}, DataCollatorForRankedPreference),
-        "auto": ({}, DataCollatorForSharedContext),
-        "shared": ({"prefix_sharing": "true"}, DataCollatorForSharedContext),
-        "packed": ({"prefix_sharing": True, "pack_max_tokens": 256, CHECKPOINTING_FIELD: True},
-                   DataCollatorForSharedPrefix),
+        "plain": ({"prefix_sharing": False}, PLAIN),
+        "auto": ({}, KV_CACHE),
+        "shared": ({"prefix_sharing": "true"}, KV_CACHE),
+        "packed": ({"prefix_sharing": True, "pack_max_tokens": 256, CHECKPOINTING_FIELD: True}, BLOCK_MASK),
     }
-    for name, (overrides, collator) in layouts.items():
+    for name, (overrides, layout) in layouts.items():
         trainer = ranked_trainer(tmp_path / name, tiny_tokenizer, train, eval_sets, **overrides)
-        assert isinstance(trainer.data_collator, collator)
-        assert isinstance(trainer.data_collator, DataCollatorForSharedContext) == (name in ("auto", "shared"))
+        assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+        assert trainer.data_collator.layout is layout and trainer._layout is layout
         trainer.train()
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         runs[name] = (losses, trainer.evaluate(), [h["num_tokens"] for h in trainer.state.log_history if "num_tokens" in h])
@@ -146,12 +144,12 @@ def test_a_subclass_with_its_own_compute_loss_gets_the_plain_layout_under_auto(t
                               per_device_train_batch_size=4, disable_tqdm=True, save_strategy="no")
     model = build_tiny_reward_model(tiny_tokenizer, seed=0)
     trainer = MyTrainer(model=model, args=args, train_dataset=train, processing_class=tiny_tokenizer)
-    assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+    assert trainer.data_collator.layout is PLAIN
     trainer.train()
     assert seen and all("input_ids" in keys for keys in seen)
     forced = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", prefix_sharing=True)
     trainer = MyTrainer(model=model, args=forced, train_dataset=train, processing_class=tiny_tokenizer)
-    assert not isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+    assert trainer.data_collator.layout is not PLAIN
 
 
 def test_compute_metrics_with_inputs_gets_input_ids_under_auto(tmp_path, tiny_tokenizer):
@@ -169,7 +167,7 @@ def test_compute_metrics_with_inputs_gets_input_ids_under_auto(tmp_path, tiny_to
     trainer = RankedRewardTrainer(model=build_tiny_reward_model(tiny_tokenizer, seed=0), args=args,
                                   train_dataset=data, eval_dataset=data, processing_class=tiny_tokenizer,
                                   compute_metrics=metrics)
-    assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+    assert trainer.data_collator.layout is PLAIN
     out = trainer.evaluate()
     assert seen and out["eval_rows"] == sum(len(r["completions"]) for r in data)
 
@@ -180,7 +178,7 @@ def test_unsupported_attention_falls_back_with_a_warning(tmp_path, tiny_tokenize
     model.config._attn_implementation = "flex_attention"  # as if loaded with it; only checked, never run here
     args = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", prefix_sharing=True)
     trainer = RankedRewardTrainer(model=model, args=args, train_dataset=train, processing_class=tiny_tokenizer)
-    assert isinstance(trainer.data_collator, DataCollatorForRankedPreference)
+    assert trainer.data_collator.layout is PLAIN
     assert "flex_attention" in caplog.text and "using the plain path" in caplog.text
     for mode, budget in ((False, 128), ("false", 128), ("auto", 0)):  # no shared layout reads it; or not >= 1
         with pytest.raises(ValueError, match=rf"pack_max_tokens={budget} bounds the forwards of prefix sharing"):

@@ -15,7 +15,7 @@ What is compared, per case (one micro-batch of a few groups: a shared context an
   and the errors below are those of computing in bf16, not of rounding the weights;
 - plain: the same weights in bf16, the right-padded batch of `DataCollatorForRankedPreference` with its attention
   mask, `model(...).logits[:, 0]` (what TRL's `RewardTrainer` runs);
-- packed: the same bf16 model on `DataCollatorForPackedContext`'s one padding-free row through `packed_scores`, its
+- packed: the same bf16 model on the packed layout's one padding-free row through `packed_scores`, its
   forward AND backward inside `packed_attention(model)` (as `RankedRewardTrainer.training_step` runs them, so that
   activation checkpointing recomputes under the packed attention). The varlen kernel must have run, in bf16: one
   call per layer in forward (two per layer with activation checkpointing, the recompute), counted by wrapping
@@ -63,9 +63,10 @@ import pytest
 import torch
 
 from trl_rm_env.sharing import kernels, packed_attention, packed_scores
+from trl_rm_env.sharing.layouts import PACKED
 from trl_rm_env.sharing.mode import classifier
 from trl_rm_env.tiny_models import build_tiny_tokenizer, tiny_qwen3_config
-from trl_rm_env.trainer.collator import DataCollatorForPackedContext, DataCollatorForRankedPreference
+from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 
 pytestmark = pytest.mark.gpu
@@ -309,7 +310,7 @@ def plain_bf16(model, examples, params, device, autocast: bool):
 
 
 def packed_batch(examples, device):
-    batch = DataCollatorForPackedContext(tokenizer().pad_token_id)(examples)
+    batch = DataCollatorForRankedPreference(tokenizer().pad_token_id, layout=PACKED)(examples)
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
@@ -447,7 +448,7 @@ def test_a_broken_layout_fails_the_check(device, varlen_calls, leak):
     model32.to(device)
     examples = make_examples(SHORT_GROUPS, model32.config.vocab_size)
     sequences = [seq for example in examples for seq in example["completion_ids"]]
-    batch = DataCollatorForPackedContext(tokenizer().pad_token_id)(examples)
+    batch = DataCollatorForRankedPreference(tokenizer().pad_token_id, layout=PACKED)(examples)
     # The row's segments: each group's context, then its completions. Group 2 (a context of 8, completions of 20
     # and 5 tokens): its second completion also sees the first.
     sibling = sum(1 + len(own) for _, own, _ in SHORT_GROUPS[:2]) + 1  # past groups 0 and 1, and group 2's context

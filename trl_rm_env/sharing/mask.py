@@ -61,7 +61,7 @@ def plan_rows(lengths: Sequence[int], max_tokens: int | None) -> list[list[int]]
 
 
 def shared_prefix_mask(record_ids: torch.Tensor, segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The attention mask `(R, 1, L, L)` for rows built by `DataCollatorForSharedPrefix`: additive in `dtype`, or
+    """The attention mask `(R, 1, L, L)` for rows built in the block-mask layout (`BLOCK_MASK`): additive in `dtype`, or
     boolean (True = attend) when `dtype` is `torch.bool`.
 
     Query q may attend to key k when both belong to the same record, k is not after q, and k is in the shared

@@ -8,19 +8,19 @@ Examples come in two forms (see `trl_rm_env.trainer.examples`):
   `DataCollatorForPreference` lays it out (every chosen, then every rejected) and carries no `ranks`: the trainer
   reads that layout as "row i is better than row i + B".
 
-A missing or `None` margin is 0. Four layouts (`trl_rm_env.sharing.layouts`, which own how each lays a batch out),
-one collator each, every one taking ranked and pair examples alike:
+A missing or `None` margin is 0. One collator, `DataCollatorForRankedPreference`, lays out a batch in any of the
+four layouts (`trl_rm_env.sharing.layouts`, which own how each lays a batch out), ranked and pair examples alike:
 
-- plain (`DataCollatorForRankedPreference`): every completion its own padded row, `record_index` tells which record
-  it belongs to, and the loss forms every ordered pair from that;
-- packed (`DataCollatorForPackedContext`, the default on a GPU): the whole batch in one padding-free row, each
-  record's context once, its completions after it (`trl_rm_env.sharing.packed`);
-- shared context by KV cache (`DataCollatorForSharedContext`, the default on the CPU): each record's context once,
-  its completions against it (`trl_rm_env.sharing.kv`);
-- block-mask rows (`DataCollatorForSharedPrefix`, `prefix_sharing=True` under activation checkpointing or FSDP):
-  context and completions in one row under a block mask, optionally packed (`trl_rm_env.sharing.mask`).
+- plain (`PLAIN`, the default): every completion its own padded row, `record_index` tells which record it belongs
+  to, and the loss forms every ordered pair from that;
+- packed (`PACKED`, the trainer's default on a GPU): the whole batch in one padding-free row, each record's context
+  once, its completions after it (`trl_rm_env.sharing.packed`);
+- shared context by KV cache (`KV_CACHE`, the default on the CPU): each record's context once, its completions
+  against it (`trl_rm_env.sharing.kv`);
+- block-mask rows (`BLOCK_MASK`, `prefix_sharing=True` under activation checkpointing or FSDP): context and
+  completions in one row under a block mask, optionally packed (`trl_rm_env.sharing.mask`).
 
-With `pack_max_tokens`, the packed and KV collators bound each forward: a batch whose records hold more tokens
+With `pack_max_tokens`, the packed and KV layouts bound each forward: a batch whose records hold more tokens
 (context once, completions' own tokens) is cut into `chunks`, runs of consecutive records under the budget, each a batch
 of the layout; the trainer runs one forward and backward per chunk in the same step (`RankedRewardTrainer`).
 
@@ -35,12 +35,12 @@ Regression examples (`input_ids`, `targets`) have their own, `DataCollatorForReg
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from transformers.data.data_collator import DataCollatorMixin
 
-from ..sharing.layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN, Layout, right_padded
+from ..sharing.layouts import PLAIN, Layout, right_padded
 from ..sharing.planning import contiguous_runs, record_tokens
 from .ensemble import bootstrap_weights
 
@@ -54,7 +54,8 @@ def _margins(examples: list[dict[str, Any]]) -> torch.Tensor | None:
 
 def _record_fields(examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """What the shared layouts' batches carry beside their tokens: `ranks` and `record_index` `(C,)` (completions in
-    record order), and `margin` `(B,)` when the examples have one (`_SharedLayoutCollator` puts one in every example when any has one)."""
+    record order), and `margin` `(B,)` when the examples have one (a shared layout's batch puts one in every example
+    when any has one)."""
     fields = _ranks_and_records(examples)
     if "margin" in examples[0]:
         fields["margin"] = torch.tensor([example["margin"] for example in examples], dtype=torch.float)
@@ -116,29 +117,51 @@ class _RightPadding(DataCollatorMixin):
 
 @dataclass
 class DataCollatorForRankedPreference(_RightPadding):
-    """Pad the completions of a batch of rank records into one tensor (the plain layout, `PLAIN`).
+    """Collate rank records (or TRL pairs) into the batches of a layout (`trl_rm_env.sharing.layouts`): one collator
+    for every layout, the layout object saying how the tokens are laid out.
 
     Each example holds `completion_ids` (one list of token ids per completion) and `ranks`, or TRL's `chosen_ids`
-    and `rejected_ids`. The batch holds:
+    and `rejected_ids`; pairs become two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0).
+    Every batch holds its layout's tokens (`Layout.collate`), `ranks` and `record_index` `(C,)` (each completion's
+    rank and record, completions in record order) and `margin` `(B,)` when any example has one. With the plain
+    layout (`PLAIN`, the default):
 
     - `input_ids`, `attention_mask`: `(C, L)`, right-padded, C = total completions in the batch;
-    - `ranks`: `(C,)` the rank of each row; `record_index`: `(C,)` the record (0..B-1) each row belongs to;
-    - `margin`: `(B,)` when any example has a `margin` (missing ones are 0).
+    - a batch made only of TRL pairs is exactly what TRL's `DataCollatorForPreference` returns (rows: every chosen,
+      then every rejected; no `ranks`/`record_index`), so the trainer handles it as TRL does.
 
-    A batch made only of TRL pairs is exactly what TRL's `DataCollatorForPreference` returns (rows: every chosen,
-    then every rejected; no `ranks`/`record_index`), so the trainer handles it as TRL does.
+    With a shared layout (`PACKED`, `KV_CACHE`, `BLOCK_MASK`: each record's context once), a batch made only of pairs
+    has its `score_index` put in TRL's pair layout (every chosen, then every rejected; a batch cut into `chunks`
+    carries that order as `score_order` instead) and no `ranks`/`record_index`. Where the layout `cuts_chunks`
+    (packed, KV) and `pack_max_tokens` is set, a batch whose records hold more tokens (`record_tokens`: context once,
+    each completion's own tokens) is cut into runs of consecutive records under the budget (a record over it alone is
+    a run), each laid out on its own: the batch is then `{"chunks": [batch, ...], "ranks", "record_index",
+    "margin"}` (the whole batch's, for metrics); each chunk has its own `ranks`, `record_index` (from 0) and
+    `margin`.
 
-    Args: `pad_token_id`, `pad_to_multiple_of` (the padded length's multiple), `return_tensors` (only `"pt"`),
-    `ensemble_heads`, `ensemble_seed` (above 1 head: each record's bootstrap weights, `bootstrap_weights` `(B, K)`;
-    `trl_rm_env.trainer.ensemble`; every collator of a layout takes them).
+    Args:
+        pad_token_id: Token id used for padding.
+        pad_to_multiple_of: If set, pad lengths to a multiple of this value (the packed row's padding attends to
+            itself only).
+        return_tensors: Only `"pt"`.
+        layout: The layout of the batches (`PLAIN`, `PACKED`, `KV_CACHE`, `BLOCK_MASK`).
+        pack_max_tokens: Packed and KV: the most tokens of records (each context once) in one forward, a batch with
+            more cut into `chunks`; block mask: pack several records into a row of up to this many tokens.
+        split_passes: KV: run contexts (and completions) of similar lengths in separate passes (`plan_passes`:
+            little padding). Off under DeepSpeed ZeRO-3, where every rank must run the same number of layer calls.
+        ensemble_heads, ensemble_seed: Above 1 head, each record's bootstrap weights, `bootstrap_weights` `(B, K)`
+            (`trl_rm_env.trainer.ensemble`).
     """
 
-    layout: ClassVar[Layout] = PLAIN
-
+    layout: Layout = PLAIN
+    pack_max_tokens: int | None = None
+    split_passes: bool = True
     ensemble_heads: int = 1
     ensemble_seed: int = 0
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if self.layout.shares_contexts:
+            return self._shared(examples)
         margin = _margins(examples)
         if all(is_pair_example(example) for example in examples):
             output = self._pad(
@@ -155,29 +178,8 @@ class DataCollatorForRankedPreference(_RightPadding):
             output["margin"] = margin
         return output
 
-
-class _SharedLayoutCollator(DataCollatorMixin):
-    """A shared layout's collator: ranked examples, or TRL pair examples (`chosen_ids`/`rejected_ids`), laid out by
-    the collator's `layout` (`trl_rm_env.sharing.layouts`), with `ranks`, `record_index` `(C,)` (completions in record
-    order) and `margin` `(B,)` beside the tokens.
-
-    Pairs become two-way ranked examples (chosen rank 0, rejected rank 1; a missing margin is 0). A batch made only
-    of pairs has its `score_index` put in TRL's pair layout (every chosen, then every rejected; a batch cut into
-    `chunks` carries that order as `score_order` instead) and no `ranks`/`record_index`, so the trainer reads it as
-    TRL pairs.
-
-    Where the layout `cuts_chunks` (packed, KV) and `pack_max_tokens` is set, a batch whose records hold more tokens
-    (`record_tokens`: context once, each completion's own tokens) is cut into runs of consecutive records under the
-    budget (a record over it alone is a run), each laid out on its own: the batch is then `{"chunks": [batch, ...],
-    "ranks", "record_index", "margin"}` (the whole batch's, for metrics); each chunk has its own `ranks`,
-    `record_index` (from 0) and `margin`.
-    """
-
-    layout: ClassVar[Layout]
-    ensemble_heads: int
-    ensemble_seed: int
-
-    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    def _shared(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        """A shared layout's batch (each record's context once)."""
         pairs = all(is_pair_example(example) for example in examples)
         margin = _margins(examples)
         examples = [pair_to_ranked(e) if is_pair_example(e) else e for e in examples]
@@ -207,93 +209,6 @@ class _SharedLayoutCollator(DataCollatorMixin):
             return self.layout.collate(examples, self) | _record_fields(examples)
         chunks = [self.layout.collate(examples[a:b], self) | _record_fields(examples[a:b]) for a, b in runs]
         return {"chunks": chunks, **_record_fields(examples)}
-
-
-@dataclass
-class DataCollatorForSharedPrefix(_SharedLayoutCollator):
-    """Collate rank records into block-mask rows, optionally several records to a row (`BLOCK_MASK`).
-
-    The batch holds `input_ids`, `position_ids`, `record_ids`, `segment_ids` (all `(R, L)`, right-padded),
-    `score_index` `(C, 2)` (row, column of each completion's last token, completions in record order), `ranks` and
-    `record_index` `(C,)` as in `DataCollatorForRankedPreference`, and `margin` `(B,)` when present. The trainer
-    builds the 4-D mask from `record_ids` and `segment_ids`.
-
-    Args:
-        pad_token_id: Token id used for padding.
-        pack_max_tokens: If set, pack several records into a row of up to this many tokens.
-        pad_to_multiple_of: If set, pad the row length to a multiple of this value.
-    """
-
-    layout: ClassVar[Layout] = BLOCK_MASK
-    pad_token_id: int
-    pack_max_tokens: int | None = None
-    pad_to_multiple_of: int | None = None
-    return_tensors: str = "pt"
-    ensemble_heads: int = 1
-    ensemble_seed: int = 0
-
-
-@dataclass
-class DataCollatorForSharedContext(_SharedLayoutCollator):
-    """Collate rank records for the shared-context (KV cache) layout (`KV_CACHE`).
-
-    Each record's completions share its longest common token prefix (the rendered context), encoded once; the batch
-    holds the tensors of `collate_shared_context`, `score_index` `(C, 2)` (completion row, column of its last token;
-    completions in record order), `ranks`, `record_index` (and `margin`) as in `DataCollatorForRankedPreference`.
-    The contexts of a batch are one padded forward, the completions another (records never attend to each other).
-
-    Args:
-        pad_token_id: Token id used for padding.
-        pack_max_tokens: If set, the most tokens of records (each context once) in one forward: a batch with more
-            is cut into `chunks` of consecutive records.
-        pad_to_multiple_of: If set, pad both lengths to a multiple of this value (one pass each).
-        split_passes: Run contexts (and completions) of similar lengths in separate passes (`plan_passes`: little
-            padding). Off under DeepSpeed ZeRO-3, where every rank must run the same number of layer calls.
-    """
-
-    layout: ClassVar[Layout] = KV_CACHE
-    pad_token_id: int
-    pack_max_tokens: int | None = None
-    pad_to_multiple_of: int | None = None
-    return_tensors: str = "pt"
-    split_passes: bool = True
-    ensemble_heads: int = 1
-    ensemble_seed: int = 0
-
-
-@dataclass
-class DataCollatorForPackedContext(_SharedLayoutCollator):
-    """Collate rank records into ONE packed, padding-free row per forward (`PACKED`).
-
-    Each record's context (its completions' longest common token prefix) once, then each completion's own tokens,
-    positions restarting after the context (`trl_rm_env.sharing.pack_groups`). The batch holds `input_ids` and
-    `position_ids` `(1, T)`, `packed` (the `PackedAttention` layout, built here on the CPU), `num_tokens` (real
-    tokens), `score_index` `(C, 2)` (row 0, column of each completion's last token; completions in record order),
-    `ranks`, `record_index` (and `margin`) as in `DataCollatorForRankedPreference`.
-
-    Args:
-        pad_token_id: Token id used for padding.
-        pad_to_multiple_of: If set, pad the row to a multiple of this length (the padding attends to itself only).
-        pack_max_tokens: If set, the most tokens in one packed row: a batch with more is cut into `chunks` of
-            consecutive records, one packed row each.
-    """
-
-    layout: ClassVar[Layout] = PACKED
-    pad_token_id: int
-    pad_to_multiple_of: int | None = None
-    pack_max_tokens: int | None = None
-    return_tensors: str = "pt"
-    ensemble_heads: int = 1
-    ensemble_seed: int = 0
-
-
-LAYOUT_COLLATORS = {
-    layout: cls
-    for cls in (DataCollatorForRankedPreference, DataCollatorForPackedContext, DataCollatorForSharedContext,
-                DataCollatorForSharedPrefix)
-    for layout in [cls.layout]
-}  # fmt: skip
-"""The one collator of each layout."""
 
 
 @dataclass

@@ -50,7 +50,7 @@ from ..sharing.mode import packs_fast
 from .bounded import BoundedForwardsMixin
 from .checkpoints import AtomicCheckpointMixin
 from .classifier import load_classifier, one_label_view
-from .collator import LAYOUT_COLLATORS
+from .collator import DataCollatorForRankedPreference
 from .config import RankedRewardConfig
 from .ensemble import ensemble_loss, head_statistics
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
@@ -69,9 +69,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
     Args:
         model: Model id or path, or a sequence-classification model (`num_labels=1`), or a `PeftModel`.
         args: A [`RankedRewardConfig`] (a plain TRL `RewardConfig` is upgraded with the defaults of the new fields).
-        data_collator: Defaults to the collator of the layout `prefix_sharing` resolves to
-            ([`DataCollatorForRankedPreference`] for the plain one); any of ours runs its own layout, and any other
-            (TRL's `DataCollatorForPreference`, for TRL pair data) is read as the plain layout, as TRL reads it.
+        data_collator: Defaults to [`DataCollatorForRankedPreference`] in the layout `prefix_sharing` resolves to;
+            one of ours runs its own layout, and any other (TRL's `DataCollatorForPreference`, for TRL pair data) is
+            read as the plain layout, as TRL reads it.
         train_dataset: Rank-schema records, TRL preference data, or already tokenized data.
         eval_dataset: The same, or a dict `{name: dataset}` for named validation sets.
         processing_class: The tokenizer; loaded from the model when None.
@@ -127,8 +127,8 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             super().__init__(model, args, data_collator, *a, **kwargs)
         self._layout = self._check_prefix_sharing()  # what prefix_sharing resolves to (a `sharing.layouts` object)
         self._forward_budget = self._check_forward_budget(user_collator)  # `BoundedForwardsMixin`
-        if user_collator is None:  # the one collator of the layout
-            settings = {"pad_token_id": self.processing_class.pad_token_id}
+        if user_collator is None:  # our collator, in the layout
+            settings = {"pad_token_id": self.processing_class.pad_token_id, "layout": self._layout}
             settings["pad_to_multiple_of"] = args.pad_to_multiple_of
             if self._layout.shares_contexts:  # the packed and KV forwards' budget; the block-mask rows' length
                 settings["pack_max_tokens"] = self._forward_budget if self._layout.cuts_chunks else args.pack_max_tokens
@@ -137,15 +137,15 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
             if self._heads > 1:  # each record's bootstrap weights, one per head
                 settings["ensemble_heads"] = self._heads
                 settings["ensemble_seed"] = args.seed if args.ensemble_seed is None else args.ensemble_seed
-            self.data_collator = LAYOUT_COLLATORS[self._layout](**settings)
-        elif self._heads > 1 and getattr(self.data_collator, "ensemble_heads", 1) != self._heads:
+            self.data_collator = DataCollatorForRankedPreference(**settings)
+        else:  # a user's collator of ours runs its own layout; any other (TRL's) is read as the plain one, as TRL does
+            self._layout = getattr(self.data_collator, "layout", PLAIN)
+        if self._heads > 1 and getattr(self.data_collator, "ensemble_heads", 1) != self._heads:
             raise ValueError(
                 f"ensemble_heads={self._heads} trains each head on its own bootstrap resample, which our collators "
                 f"draw; the data_collator given ({type(self.data_collator).__name__}) draws none: give one of ours "
                 f"with ensemble_heads={self._heads}, or no data_collator."
             )
-        # The batches' layout: our collator's, a user's collator of ours, or (any other collator) TRL's plain one.
-        self._layout = getattr(self.data_collator, "layout", PLAIN)
 
     @staticmethod
     def _ensemble_model(model, args: RankedRewardConfig, kwargs: dict):
