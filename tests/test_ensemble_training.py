@@ -16,8 +16,8 @@ from helpers import reference_text, training_args
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, RewardModelEnvironment, load_rank_dataset
+from trl_rm_env.runtime.engines import HFEngine
 from trl_rm_env.runtime.model_options import ScoringOptions
-from trl_rm_env.scoring.hf import HFEngine
 from trl_rm_env.sharing import shared_prefix_length
 from trl_rm_env.sharing.layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN
 from trl_rm_env.tiny_models import build_tiny_reward_model
@@ -129,7 +129,7 @@ def test_scoring_reads_every_head_from_one_forward(tiny_tokenizer, sharing):
     groups = records(2, 4)
     sequences = [seq for group in groups for seq in group]
     context_lengths = [shared_prefix_length(group) for group in groups for _ in group]
-    engine = HFEngine(model, tiny_tokenizer.pad_token_id, ScoringOptions(prefix_sharing=sharing))
+    engine = HFEngine(model, tiny_tokenizer, ScoringOptions(prefix_sharing=sharing))
     torch.testing.assert_close(engine.outputs(sequences, context_lengths), per_head_reference(model, groups),
                                atol=1e-5, rtol=0)  # fmt: skip
 

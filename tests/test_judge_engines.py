@@ -1,4 +1,4 @@
-"""`VLLMJudgeEngine`'s own logic, without vLLM: stub `vllm` / `vllm.inputs` modules (a `SamplingParams` and a
+"""The vLLM engine's judge logic (`VLLMEngine(kind="judge")`), without vLLM: stub `vllm` / `vllm.inputs` modules (a `SamplingParams` and a
 `TokensPrompt` that record their keyword arguments) and a fake `LLM` whose `generate` records its arguments and
 answers objects shaped like vLLM's `RequestOutput` (`outputs[0].text`, `outputs[0].logprobs[0][token_id].logprob`).
 The engine on a real vLLM is held to the transformers engine's numbers in tests/test_judges_vllm.py.
@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 import torch
 
-from trl_rm_env.judges import engines
-from trl_rm_env.judges.engines import HFJudgeEngine, VLLMJudgeEngine
+from trl_rm_env.runtime import loading
+from trl_rm_env.runtime.engines import vllm_engine as engines
+from trl_rm_env.runtime.engines.transformers_engine import HFEngine
+from trl_rm_env.runtime.engines.vllm_engine import VLLMEngine
 from trl_rm_env.runtime.model_options import ModelOptions
 from trl_rm_env.runtime.plan import ModelPlan
 
@@ -87,24 +89,24 @@ def fake_vllm(monkeypatch):
 def test_vllm_engine_starts_from_the_runtimes_arguments_and_stops(fake_vllm):
     config = SimpleNamespace(max_position_embeddings=4096)
     options = ModelOptions(show_progress=True)
-    engine = VLLMJudgeEngine("judge", config, options)
+    engine = VLLMEngine("judge", config, options, kind="judge")
     # The runtime plans the engine's arguments for a generating runner; vLLM starts with them, owned by the engine.
     assert fake_vllm["engine_arguments"] == [((config, options), {"runner": "generate"})]
     (started,) = fake_vllm["start_llm"]
     assert started[0] == "judge" and started[1] == {"max_model_len": 77, "model": "ignored"} and started[2] is engine
     assert engine.llm is fake_vllm["llm"]
-    assert engine.max_length == 77 and engine.show_progress is True and engine.device == "cuda:3"
+    assert engine.max_length == 77 and engine.show_progress is True and engine.device == torch.device("cuda:3")
     engine.close()
     assert len(fake_vllm["stop_llm"]) == 1 and fake_vllm["stop_llm"][0][0] is fake_vllm["llm"]
 
     # No options: the defaults (show_progress None), handed to the runtime as an object.
-    default = VLLMJudgeEngine("judge", config)
+    default = VLLMEngine("judge", config, kind="judge")
     ((_, given), _kwargs) = fake_vllm["engine_arguments"][-1]
     assert given == ModelOptions() and default.show_progress is None
 
 
 def test_vllm_label_logprobs_read_the_first_step_of_the_first_output(fake_vllm):
-    engine = VLLMJudgeEngine("judge", None, ModelOptions())
+    engine = VLLMEngine("judge", None, ModelOptions(), kind="judge")
     llm = fake_vllm["llm"]
     labels = [np.int64(5), np.int64(6), np.int64(7)]  # 6: not among vLLM's logprobs -> -inf
     got = engine.label_logprobs([[1, 2, 3], np.array([4, 5])], labels)
@@ -121,7 +123,7 @@ def test_vllm_label_logprobs_read_the_first_step_of_the_first_output(fake_vllm):
 
 
 def test_vllm_generate_samples_each_prompt_with_its_own_seed(fake_vllm):
-    engine = VLLMJudgeEngine("judge", None, ModelOptions())
+    engine = VLLMEngine("judge", None, ModelOptions(), kind="judge")
     llm = fake_vllm["llm"]
     got = engine.generate([[1, 2], [3]], 12, 0.7, np.array([11, 12]))
     assert got == ["verdict 0", "verdict 1"]
@@ -143,7 +145,7 @@ def test_vllm_generate_samples_each_prompt_with_its_own_seed(fake_vllm):
     [(None, 256, False), (None, 257, True), (True, 1, True), (False, 300, False)],
 )
 def test_vllm_progress_bar_is_show_progress_else_more_than_256_prompts(fake_vllm, show_progress, prompts, bar):
-    engine = VLLMJudgeEngine("judge", None, ModelOptions(show_progress=show_progress))
+    engine = VLLMEngine("judge", None, ModelOptions(show_progress=show_progress), kind="judge")
     engine.label_logprobs([[1]] * prompts, [5])
     assert fake_vllm["llm"].calls[-1][2] is bar
 
@@ -162,36 +164,37 @@ def test_a_judge_loaded_here_names_its_engine(policy, tiny_tokenizer):
     assert repr(env) == "JudgeEnvironment(name='local', mode='pointwise', scoring='logprobs', engine='hf')"
 
 
-def test_judge_engine_builds_the_engine_its_plan_names(fake_vllm, monkeypatch, policy, tiny_tokenizer):
+def test_load_engine_builds_the_judge_engine_its_plan_names(fake_vllm, monkeypatch, policy, tiny_tokenizer):
     logged, loads, shards = [], [], []
-    monkeypatch.setattr(engines, "log_engine_choice", logged.append)
-    monkeypatch.setattr(engines, "load_weights", lambda plan: loads.append(plan) or policy)
-    monkeypatch.setattr(engines, "shard_if_requested", lambda *args: shards.append(args) or "zero3")
+    monkeypatch.setattr(loading, "log_engine_choice", logged.append)
+    monkeypatch.setattr(loading, "load_weights", lambda plan: loads.append(plan) or policy)
+    monkeypatch.setattr(loading, "shard_if_requested", lambda *args: shards.append(args) or "zero3")
     config, options = SimpleNamespace(max_position_embeddings=64), ModelOptions(batch_size=3)
     vllm = ModelPlan("judge-dir", None, config, options, "judge", None, "vllm", "asked")
-    engine = engines.judge_engine(vllm, tiny_tokenizer)
-    assert isinstance(engine, VLLMJudgeEngine) and logged == [vllm]
+    engine = loading.load_engine(vllm, tiny_tokenizer, shard=True)
+    assert isinstance(engine, VLLMEngine) and engine.kind == "judge" and logged == [vllm]
     assert fake_vllm["engine_arguments"] == [((config, options), {"runner": "generate"})]
     assert fake_vllm["start_llm"][0][0] == "judge-dir" and not loads and not shards
     # A judge given loaded runs as it is; one named by path is loaded by the runtime. Either is sharded if asked.
     loaded = ModelPlan(None, policy, policy.config, options, "judge", None, "hf", "asked")
-    engine = engines.judge_engine(loaded, tiny_tokenizer)
-    assert isinstance(engine, engines.HFJudgeEngine) and logged == [vllm, loaded] and not loads
+    engine = loading.load_engine(loaded, tiny_tokenizer, shard=True)
+    assert isinstance(engine, HFEngine) and engine.kind == "judge" and logged == [vllm, loaded] and not loads
     assert engine.model is policy and engine.tokenizer is tiny_tokenizer and engine.options is options
-    assert engine.sharding == "zero3" and shards == [(policy, None, engines.logger)]
+    assert engine.sharding == "zero3" and shards == [(policy, None, loading.logger)]
     named = ModelPlan("judge-dir", None, policy.config, options, "judge", None, "hf", "asked")
-    assert engines.judge_engine(named, tiny_tokenizer).model is policy and loads == [named]
+    assert loading.load_engine(named, tiny_tokenizer).model is policy and loads == [named]
+    assert len(shards) == 1  # sharding only where asked (`shard=True`: a reward function on every process)
 
 
 def test_hf_engine_pads_with_the_tokenizers_pad_else_eos_else_0_and_bounds_by_options(policy):
     def tokenizer(pad, eos):
         return SimpleNamespace(pad_token_id=pad, eos_token_id=eos)
 
-    assert [HFJudgeEngine(policy, tokenizer(*ids)).pad_token_id for ids in ((7, 3), (None, 3), (None, None))] == [7, 3, 0]
-    alone = HFJudgeEngine(policy, tokenizer(7, 3))
+    assert [HFEngine(policy, tokenizer(*ids), kind="judge").pad_token_id for ids in ((7, 3), (None, 3), (None, None))] == [7, 3, 0]
+    alone = HFEngine(policy, tokenizer(7, 3), kind="judge")
     assert alone.options == ModelOptions() and alone.max_length == policy.config.max_position_embeddings
     options = ModelOptions(max_length=100, batch_size=5)
-    given = HFJudgeEngine(policy, tokenizer(7, 3), options)
+    given = HFEngine(policy, tokenizer(7, 3), options, kind="judge")
     assert given.options is options and given.max_length == 100
 
 
@@ -211,12 +214,12 @@ def test_hf_engine_equals_a_plain_forward_per_prompt_in_batches_within_the_token
     shapes = []
     hook = policy.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
     try:
-        budget = HFJudgeEngine(policy, tiny_tokenizer, ModelOptions(batch_size=3, max_tokens_per_batch=14))
+        budget = HFEngine(policy, tiny_tokenizer, ModelOptions(batch_size=3, max_tokens_per_batch=14), kind="judge")
         got = budget.label_logprobs(prompts, labels)
         assert shapes == [(1, 9), (2, 7), (1, 3)]
         torch.testing.assert_close(torch.tensor(got), torch.stack(want), atol=1e-5, rtol=0)
         shapes.clear()
-        rows = HFJudgeEngine(policy, tiny_tokenizer, ModelOptions(batch_size=2))
+        rows = HFEngine(policy, tiny_tokenizer, ModelOptions(batch_size=2), kind="judge")
         torch.testing.assert_close(torch.tensor(rows.label_logprobs(prompts, labels)), torch.stack(want), atol=1e-5, rtol=0)
         assert shapes == [(2, 9), (2, 5)]
         shapes.clear()
@@ -244,6 +247,6 @@ class DeviceModel(torch.nn.Module):
 
 def test_hf_engine_moves_each_batch_to_the_models_device():
     model = DeviceModel()
-    got = HFJudgeEngine(model, SimpleNamespace(pad_token_id=0, eos_token_id=1)).label_logprobs([[1, 2], [3]], [4])
+    got = HFEngine(model, SimpleNamespace(pad_token_id=0, eos_token_id=1), kind="judge").label_logprobs([[1, 2], [3]], [4])
     assert model.seen == [("meta", "meta")]
     assert [row for rows in got for row in rows] == pytest.approx([-math.log(8)] * 2, abs=1e-6)

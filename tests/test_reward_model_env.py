@@ -348,7 +348,7 @@ def test_checkpoint_normalization_reads_the_configs_statistics(tiny_tokenizer):
 def test_an_unpickled_copy_is_rebuilt_with_every_argument_given(tiny_dir, tiny_tokenizer, monkeypatch):
     """The tokenizer (here one whose chat template shouts the roles), the `ScoringOptions` (an over-long completion
     given `overlength_reward`) and `fsdp_shard` (seen by a stand-in for the sharding step) come along."""
-    from trl_rm_env.rewards import reward_model_scorer
+    from trl_rm_env.runtime import loading
     from trl_rm_env.runtime.model_options import ScoringOptions
 
     path = str(tiny_dir / "reward_model")
@@ -362,7 +362,7 @@ def test_an_unpickled_copy_is_rebuilt_with_every_argument_given(tiny_dir, tiny_t
         sharded.append(fsdp_shard)
         return "none"
 
-    monkeypatch.setattr(reward_model_scorer, "shard_if_requested", shard_if_requested)
+    monkeypatch.setattr(loading, "shard_if_requested", shard_if_requested)
     env = RewardModelEnvironment(path, shouting, device="cpu", options=options, fsdp_shard=False)
     prompts = [[{"role": "user", "content": "Hi"}]] * 2
     completions = [say("Hello."), say("Hello. " * 20)]  # 28 and 143 tokens: the second over 64
@@ -405,14 +405,14 @@ def test_the_local_scorer_reports_where_its_weights_are(tiny_rm, tiny_tokenizer,
         "then RewardModelEnvironment (as recipes/grpo_rm.py does), to partition it."
     ]
 
-    def not_called(*args):
-        raise AssertionError("a model the engine holds is not sharded here")
-
-    engine_held = SimpleNamespace(model=None)
+    # The scorer is loaded asking for its weights to be held as the launch says, and says how they are held (a
+    # model an engine holds, vLLM's, is never sharded: tests/test_judge_engines.py, `load_engine`).
+    asked = []
+    held = SimpleNamespace(engine=SimpleNamespace(sharding="fsdp2"))
     monkeypatch.setattr(reward_model_scorer, "plan_model", lambda *args, **kwargs: "plan")
-    monkeypatch.setattr(reward_model_scorer, "load_scorer", lambda plan, tokenizer: engine_held)
-    monkeypatch.setattr(reward_model_scorer, "shard_if_requested", not_called)
-    assert reward_model_scorer.local_scorer("org/rm", None, ScoringOptions(), None) == (engine_held, "none")
+    monkeypatch.setattr(reward_model_scorer, "load_scorer", lambda plan, tokenizer, **kw: asked.append(kw) or held)
+    assert reward_model_scorer.local_scorer("org/rm", None, ScoringOptions(), True) == (held, "fsdp2")
+    assert asked == [{"shard": True, "fsdp_shard": True, "log": reward_model_scorer.logger}]
 
 
 def test_from_config_sends_the_blocks_model_and_tokenizer_to_servers(served_rm, tiny_rm, tiny_tokenizer, tiny_dir):

@@ -110,10 +110,10 @@ def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monke
     rebuilt as given, without a warning."""
     from trl_rm_env.rewards import judge as judge_module
 
-    real = judge_module.judge_engine
-    monkeypatch.setattr(judge_module, "judge_engine", lambda plan, tokenizer: reporting_cuda(real(plan, tokenizer)))
+    real = judge_module.load_engine
+    monkeypatch.setattr(judge_module, "load_engine", lambda *args, **kwargs: reporting_cuda(real(*args, **kwargs)))
     built_on_gpu = JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", name="gpu_judge")
-    monkeypatch.setattr(judge_module, "judge_engine", real)
+    monkeypatch.setattr(judge_module, "load_engine", real)
     assert built_on_gpu.__getstate__()["built_on"] == "cuda"
     monkeypatch.setattr(pickling, "_available", lambda device_type: device_type == "cpu")
     monkeypatch.setattr(pickling, "_warned", set())

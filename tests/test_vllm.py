@@ -141,7 +141,7 @@ def test_environment_on_vllm_equals_environment_on_transformers(tiny_dir, vllm_s
     prompt = [{"role": "user", "content": "What is 3 + 5?"}]
     answers = ["8", "It is 8.", "3 + 5 = 8, because adding five to three gives eight.", "9", "", "eight"]
     prompts, completions = [prompt] * len(answers), [[{"role": "assistant", "content": a}] for a in answers]
-    with caplog.at_level(logging.INFO, logger="trl_rm_env.scoring.loading"):
+    with caplog.at_level(logging.INFO, logger="trl_rm_env.runtime.loading"):
         env = RewardModelEnvironment(tiny_dir / "reward_model", prefix_sharing=False, vllm_enforce_eager=EAGER)
     try:
         assert env.engine == "vllm" and env.model is None and env.sharding == "none"

@@ -183,18 +183,16 @@ class Reward:
         return self._drive_async(steps) if self.is_async else self._drive_sync(steps)
 
     def _drive_sync(self, steps: Generator[Any, Any, Any]) -> Any:
+        """`_drive_async`'s one loop, run to its end at once: a synchronous reward's answers are never awaitable, so
+        the coroutine never suspends."""
         with self._holding():
+            coroutine = self._drive_async(steps)
             try:
-                request = next(steps)
-                while True:
-                    try:
-                        answer = self._answer(request)
-                    except Exception as error:  # raised where it was asked for
-                        request = steps.throw(error)
-                    else:
-                        request = steps.send(answer)
+                coroutine.send(None)
             except StopIteration as done:
                 return done.value
+            coroutine.close()
+            raise TypeError(f"{type(self).__name__} is synchronous, but one of its answers was awaitable")
 
     async def _drive_async(self, steps: Generator[Any, Any, Any]) -> Any:
         try:

@@ -15,7 +15,6 @@ from transformers import PreTrainedModel
 
 from ..distributed import full_weights
 from ..judges import templates as T
-from ..judges.engines import judge_engine
 from ..judges.judge_mode import EvalPair, JudgeMode, PairVerdicts
 from ..judges.judge_options import JudgeOptions
 from ..judges.judging import (
@@ -32,7 +31,7 @@ from ..judges.modes import mode_of
 from ..judges.remote import RemoteJudgeEngine, remote_judge_tokenizer
 from ..judges.verdicts import label_token_ids
 from ..options import build, names, route, spelled
-from ..runtime.loading import load_tokenizer
+from ..runtime.loading import load_engine, load_tokenizer
 from ..runtime.model_options import ModelOptions
 from ..runtime.plan import plan_model
 from ..serving.client.remote_options import RemoteOptions, local_only
@@ -145,7 +144,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             plan = plan_model(model, scoring, kind="judge")
             self.tokenizer, self.tokens, self.remote_url = load_tokenizer(plan, tokenizer), True, None
             self._labels_of(judge, reward.name)  # a verdict that is not one token fails before the model loads
-            self.engine = judge_engine(plan, self.tokenizer)
+            self.engine = load_engine(plan, self.tokenizer, shard=True, log=logger)
             self._built_on = accelerator_type(self.engine.device)
         else:
             remote = RemoteOptions(**remote_values)

@@ -12,7 +12,6 @@ from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..distributed import shard_if_requested
 from ..runtime.model_options import ScoringOptions
 from ..runtime.plan import plan_model
 from ..scoring.loading import load_scorer
@@ -33,9 +32,9 @@ def local_scorer(
     """`(scorer, sharding)`: the reward model on the engine its plan chooses (`fsdp_shard=True` keeps it on
     transformers), and how its weights are held (`none`, `zero3`, `fsdp2`; see `shard_if_requested`)."""
     hf_only = "fsdp_shard=True shards a transformers model" if fsdp_shard else None
-    scorer = load_scorer(plan_model(model, options, hf_only=hf_only), tokenizer)
-    sharding = shard_if_requested(scorer.model, fsdp_shard, logger) if scorer.model is not None else "none"
-    return scorer, sharding
+    scorer = load_scorer(plan_model(model, options, hf_only=hf_only), tokenizer, shard=True, fsdp_shard=fsdp_shard,
+                         log=logger)  # fmt: skip
+    return scorer, scorer.engine.sharding
 
 
 def checkpoint_statistics(config: Any) -> tuple[float, float] | None:

@@ -1,8 +1,11 @@
-"""Loading a planned model (`trl_rm_env.runtime.plan.ModelPlan`) with transformers, and its tokenizer: the one
-place a reward model or a judge gets its weights in this process (vLLM loads its own: `trl_rm_env.runtime.vllm`)."""
+"""Loading a planned model (`trl_rm_env.runtime.plan.ModelPlan`): its engine (`load_engine`, vLLM or transformers,
+for a reward model and a judge alike), its weights with transformers and its tokenizer. The one place a reward model
+or a judge gets its weights in this process (vLLM loads its own: `trl_rm_env.runtime.vllm`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 
 from transformers import (
@@ -13,7 +16,12 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from .plan import ModelPlan, default_device, load_dtype
+from ..distributed import shard_if_requested
+from .engines.transformers_engine import HFEngine
+from .engines.vllm_engine import VLLMEngine
+from .plan import ModelPlan, default_device, engine_specific, load_dtype, log_engine_choice
+
+logger = logging.getLogger(__name__)
 
 AUTO_CLASSES = {"reward": AutoModelForSequenceClassification, "judge": AutoModelForCausalLM}
 
@@ -40,3 +48,40 @@ def load_tokenizer(
         source = str(tokenizer or plan.source)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=plan.options.trust_remote_code)
     return tokenizer
+
+
+def load_engine(
+    plan: ModelPlan,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    shard: bool = False,
+    fsdp_shard: bool | None = None,
+    log: logging.Logger = logger,
+) -> HFEngine | VLLMEngine:
+    """The engine of a plan, a reward model's or a judge's (`plan.kind`): `VLLMEngine`, or `HFEngine` on the weights
+    `load_weights` loads. Under `engine="auto"` with no vLLM option given, a vLLM that fails to start is a warning and
+    transformers runs the model instead. A judge given loaded runs as it was given (not frozen or moved: it may be a
+    model that is still training).
+
+    `shard`: hold the weights as the launch says, for a reward function called on every process (`zero3`: already
+    partitioned by DeepSpeed as they loaded; `fsdp2`: sharded here under an FSDP2 launch, or with `fsdp_shard=True`;
+    `distributed.shard_if_requested`), each call gathering them; the engine's `sharding` says which. `log`: the
+    caller's logger (the reward function's: its users filter on it)."""
+    if plan.engine == "vllm":
+        try:
+            engine = VLLMEngine(plan.model, plan.config, plan.options, kind=plan.kind)
+        except Exception as err:
+            if plan.options.engine == "vllm" or engine_specific(plan.options):
+                raise
+            doing = "scoring" if plan.kind == "reward" else "judging"
+            log.warning("vLLM could not start (%s: %s); %s with transformers instead.", type(err).__name__, err, doing)
+            plan = dataclasses.replace(plan, engine="hf", why="vLLM failed to start")
+        else:
+            log_engine_choice(plan)
+            return engine
+    log_engine_choice(plan)
+    as_given = plan.kind == "judge" and plan.loaded is not None
+    engine = HFEngine(plan.loaded if as_given else load_weights(plan), tokenizer, plan.options, kind=plan.kind)
+    if shard:
+        engine.sharding = shard_if_requested(engine.model, fsdp_shard, log)
+    return engine

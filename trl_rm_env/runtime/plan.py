@@ -1,7 +1,7 @@
 """What loads a model and how, resolved once per call path: `plan_model` checks the model's source, reads its
 config, tells its kind (a reward model, `*ForSequenceClassification`, or a judge, a causal LM), resolves a reward
-model's head and chooses the engine (`choose_engine`), into an immutable `ModelPlan`. The reward model's scorer
-(`trl_rm_env.scoring.load_scorer`), the judge's engines (`trl_rm_env.judges.engines`) and `trl-rm-env serve`
+model's head and chooses the engine (`choose_engine`), into an immutable `ModelPlan`. The engine of a plan
+(`trl_rm_env.runtime.loading.load_engine`: the reward model's scorer and the judge alike) and `trl-rm-env serve`
 (`trl_rm_env.serving.plan`) all start from one.
 """
 

@@ -1,11 +1,9 @@
-"""Scoring conversations with a reward model: the `Scorer` seam, the local scorer and its engines (loaded through
-`trl_rm_env.runtime`, which also declares `ScoringOptions` and `ModelOptions`).
+"""Scoring conversations with a reward model: the `Scorer` seam and the local scorer (its engines, loading and
+options are the model runtime's: `trl_rm_env.runtime`).
 
 - `interfaces.py`: the `Scorer` protocol (what the environment, `eval` and the server use), the `ScoredPairs` each
   call returns, and the `Engine` protocol;
 - `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);
-- `hf.py`: `HFEngine`, the model run by transformers in this process;
-- `vllm_engine.py`: `VLLMEngine`, vLLM's pooling runner fed with our token ids;
 - `loading.py`: the scorer of a planned reward model (`trl_rm_env.runtime.plan_model`).
 
 Conversations become token ids in `trl_rm_env.tokenization`; shared contexts are planned in `trl_rm_env.sharing`.
@@ -16,12 +14,11 @@ from __future__ import annotations
 from ..lazy import lazy_exports
 
 _MODULES = {
-    ".hf": ("HFEngine",),
+    "..runtime.engines": ("HFEngine", "VLLMEngine"),
     ".loading": ("load_reward_scorer", "load_scorer"),
     "..runtime.model_options": ("ScoringOptions",),
     ".interfaces": ("Engine", "NonfiniteScores", "ScoredPairs", "Scorer"),
     ".scorer": ("EncodedBatch", "RewardScorer", "as_pairs", "split_conversation"),
-    ".vllm_engine": ("VLLMEngine",),
 }
 """Public names, imported on first use (importing the package loads no engine)."""
 

@@ -1,46 +1,40 @@
-"""The `RewardScorer` of a planned reward model (`trl_rm_env.runtime.plan_model(..., kind="reward")`): vLLM's engine
-or the model loaded with transformers. The GRPO environment, `trl-rm-env eval` and `trl-rm-env serve` (which hands a
-vLLM plan to vLLM's own server instead) all go through `plan_model` then `load_scorer`.
+"""The `RewardScorer` of a planned reward model (`trl_rm_env.runtime.plan_model(..., kind="reward")`), on the engine
+`trl_rm_env.runtime.loading.load_engine` builds: vLLM's, or the model loaded with transformers. The GRPO
+environment, `trl-rm-env eval` and `trl-rm-env serve` (which hands a vLLM plan to vLLM's own server instead) all go
+through `plan_model` then `load_scorer`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from ..runtime.loading import load_tokenizer, load_weights
+from ..runtime.loading import load_engine, load_tokenizer
 from ..runtime.model_options import ScoringOptions
-from ..runtime.plan import ModelPlan, engine_specific, log_engine_choice, plan_model
+from ..runtime.plan import ModelPlan, plan_model
 from .scorer import RewardScorer
-from .vllm_engine import VLLMEngine
 
 logger = logging.getLogger(__name__)
 
 
 def load_scorer(
-    plan: ModelPlan, tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None
+    plan: ModelPlan,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+    *,
+    shard: bool = False,
+    fsdp_shard: bool | None = None,
+    log: logging.Logger = logger,
 ) -> RewardScorer:
-    """The `RewardScorer` of `plan`: vLLM's engine, or the model loaded with transformers. Under `engine="auto"`
-    with no vLLM option given, a vLLM that fails to start is a warning and transformers scores instead."""
-    if plan.engine == "vllm":
-        try:
-            engine = VLLMEngine(plan.model, plan.config, plan.options)
-        except Exception as err:
-            if plan.options.engine == "vllm" or engine_specific(plan.options):
-                raise
-            logger.warning("vLLM could not start (%s: %s); scoring with transformers instead.", type(err).__name__, err)
-            plan = dataclasses.replace(plan, engine="hf", why="vLLM failed to start")
-        else:
-            log_engine_choice(plan)
-            return RewardScorer(
-                None, load_tokenizer(plan, tokenizer), plan.options, engine=engine, config=plan.config, head=plan.head
-            )
-    log_engine_choice(plan)
-    return RewardScorer(load_weights(plan), load_tokenizer(plan, tokenizer), plan.options, head=plan.head)
+    """The `RewardScorer` of `plan`, on the engine `load_engine` builds (vLLM's, or the model loaded with
+    transformers; under `engine="auto"` with no vLLM option given, a vLLM that fails to start is a warning and
+    transformers scores instead; `shard`, `fsdp_shard`, `log`: `load_engine`'s)."""
+    tokenizer = load_tokenizer(plan, tokenizer)
+    engine = load_engine(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard, log=log)
+    config = plan.config if engine.model is None else None  # a loaded model's own config, else the plan's
+    return RewardScorer(engine.model, tokenizer, plan.options, engine=engine, config=config, head=plan.head)
 
 
 def load_reward_scorer(

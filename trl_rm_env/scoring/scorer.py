@@ -21,11 +21,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, check_label_index, reward_head
+from ..runtime.engines.transformers_engine import HFEngine
 from ..runtime.model_options import ScoringOptions
 from ..sharing import shared_prefixes_in
 from ..sharing.mode import forces_sharing
 from ..tokenization import Message, encode_pairs, left_truncate
-from .hf import HFEngine
 from .interfaces import NonfiniteScores, ScoredPairs
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class RewardScorer:
             tokenizer.pad_token = tokenizer.eos_token
         if model is not None and getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = tokenizer.pad_token_id
-        self.engine = engine or HFEngine(model, tokenizer.pad_token_id, o)
+        self.engine = engine or HFEngine(model, tokenizer, o)
 
     # ------------------------------------------------------------------ options and what the engine reports
     @property

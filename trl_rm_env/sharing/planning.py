@@ -115,7 +115,7 @@ def greedy_batches(
 def padded_batches(lengths: Sequence[int], max_rows: int | None, max_tokens: int | None) -> list[list[int]]:
     """Item indices in padded micro-batches, longest first: at most `max_rows` rows and `max_tokens` tokens, padding
     included, per batch (an item longer than the budget gets a batch of its own). The one token-budget batching of
-    every padded forward: reward models (`HFEngine`) and judges (`HFJudgeEngine`)."""
+    every padded forward: reward models and judges (`HFEngine`)."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
     def fits(current: list[int], i: int) -> bool:  # longest first: the batch's longest is its first
