@@ -186,6 +186,34 @@ def test_load_engine_builds_the_judge_engine_its_plan_names(fake_vllm, monkeypat
     assert len(shards) == 1  # sharding only where asked (`shard=True`: a reward function on every process)
 
 
+@pytest.mark.parametrize("kind, doing", [("judge", "judging"), ("reward", "scoring")])
+def test_a_vllm_that_fails_to_start_falls_back_to_transformers_unless_vllm_was_asked(
+    fake_vllm, monkeypatch, policy, tiny_tokenizer, caplog, kind, doing
+):
+    """`engine="auto"` chose vLLM, which fails to start: one warning naming the error, and transformers runs the
+    model, a judge's as a reward model's (the plan says why). Asked for by name (`engine="vllm"`) or with a vLLM
+    option given, the error is raised."""
+    import logging
+
+    def failing(*args):
+        raise RuntimeError("no device")
+
+    monkeypatch.setattr(engines, "start_llm", failing)
+    monkeypatch.setattr(loading, "load_weights", lambda plan: policy)
+    config = SimpleNamespace(max_position_embeddings=64)
+    auto = ModelPlan("dir", None, config, ModelOptions(), kind, None, "vllm", "vLLM is installed")
+    with caplog.at_level(logging.WARNING, logger=loading.logger.name):
+        engine = loading.load_engine(auto, tiny_tokenizer)
+    assert isinstance(engine, HFEngine) and engine.kind == kind and engine.model is policy
+    assert [r.getMessage() for r in caplog.records if r.name == loading.logger.name] == [
+        f"vLLM could not start (RuntimeError: no device); {doing} with transformers instead."
+    ]
+    for options in (ModelOptions(engine="vllm"), ModelOptions(vllm_enforce_eager=True)):
+        asked = ModelPlan("dir", None, config, options, kind, None, "vllm", "asked")
+        with pytest.raises(RuntimeError, match="no device"):
+            loading.load_engine(asked, tiny_tokenizer)
+
+
 def test_hf_engine_pads_with_the_tokenizers_pad_else_eos_else_0_and_bounds_by_options(policy):
     def tokenizer(pad, eos):
         return SimpleNamespace(pad_token_id=pad, eos_token_id=eos)
