@@ -96,3 +96,24 @@ def test_the_ensemble_loss_keeps_the_scores_dtype_and_device():
     # Scores on an accelerator (meta), the collator's weights on the CPU: moved to the scores, the loss there.
     loss, _, heads = ensemble_loss(scores.to("meta"), ranks, record_index, None, 0.01, weights.float())
     assert loss.device.type == "meta" and heads[1].loss.device.type == "meta"
+
+
+@pytest.mark.parametrize(
+    "given, ensemble, weights",
+    [
+        ({}, 3, [1 / 3, 1 / 3, 1 / 3]),  # an ensemble checkpoint: the mean of its 3 heads
+        ({"label_index": 1}, 1, None),  # head 1 alone: its column is the reward
+        ({"kind": "bradley_terry"}, 1, None),  # one head declared: column 0
+    ],
+)
+def test_an_ensembles_reward_is_read_in_one_place_the_mean_of_its_heads_unless_asked_otherwise(given, ensemble, weights):
+    """`heads.reward_head` decides once how an ensemble checkpoint's outputs become its reward, for scoring, the
+    reward function and `eval` alike (they read `RewardHead.ensemble` and `output_weights`)."""
+    from trl_rm_env.heads import RewardHead, reward_head
+
+    config = SimpleNamespace(num_labels=3, ensemble_heads=3, id2label={0: "head_0", 1: "head_1", 2: "head_2"})
+    head = reward_head(config, **given)
+    assert head.ensemble == ensemble and head.output_weights(3) == weights
+    assert reward_head(SimpleNamespace(num_labels=1)).output_weights(1) is None  # a one-head model: column 0
+    regression = RewardHead(("helpful", "safe"), (1.0, -0.5))
+    assert regression.output_weights(2) == [1.0, -0.5]

@@ -2,8 +2,9 @@
 
 A Bradley-Terry reward model has one output, the reward. A regression reward model (saved by
 `RegressionRewardTrainer`: `reward_model_type: "regression"`, `id2label` naming the attributes) has one output per
-attribute; its reward is a weighted sum of them. Inference (the GRPO environment, `eval`, the server) reads these
-rules here, without the trainer.
+attribute; its reward is a weighted sum of them. An ensemble (saved by `RankedRewardTrainer` with
+`ensemble_heads=K`: `ensemble_heads` in its config) has K score heads; its reward is their mean. Inference (the GRPO
+environment, `eval`, the server) reads these rules here, once, without the trainer.
 """
 
 from __future__ import annotations
@@ -124,12 +125,22 @@ def regression_reward_weights(
 
 @dataclass(frozen=True)
 class RewardHead:
-    """How a model's outputs become one reward: output `label_index` (a Bradley-Terry head: no attributes), or
-    `sum_a weights[a] * output[a]` over a regression head's `attributes` (no `weights`: no single reward, only the
-    outputs; see `reward_head(..., one_reward=False)`)."""
+    """How a model's outputs become one reward: output `label_index` (a Bradley-Terry head: no attributes), the mean
+    of an ensemble's first `ensemble` outputs, or `sum_a weights[a] * output[a]` over a regression head's
+    `attributes` (no `weights`: no single reward, only the outputs; see `reward_head(..., one_reward=False)`)."""
 
     attributes: tuple[str, ...] = ()
     weights: tuple[float, ...] | None = None
+    ensemble: int = 1  # score heads whose mean is the reward (an ensemble checkpoint's `ensemble_heads`), else 1
+
+    def output_weights(self, num_labels: int) -> list[float] | None:
+        """The weights of the outputs whose sum is the reward (`outputs @ weights`): a regression head's, or an
+        ensemble's `1/K` on each of its K heads; None: one output column is the reward (`label_index`)."""
+        if self.weights is not None:
+            return list(self.weights)
+        if self.ensemble > 1:
+            return [1.0 / self.ensemble] * self.ensemble + [0.0] * (num_labels - self.ensemble)
+        return None
 
 
 def reward_head(
@@ -137,12 +148,17 @@ def reward_head(
     attribute_weights: Mapping[str, float] | Sequence[float] | None = None,
     kind: str | None = None,
     one_reward: bool = True,
+    label_index: int | None = None,
 ) -> RewardHead:
     """The `RewardHead` of a model config, given weights and a declared kind (`regression_reward_weights`; with
-    `one_reward=False` a regression head may have no weights: only its outputs are read)."""
+    `one_reward=False` a regression head may have no weights: only its outputs are read). An ensemble checkpoint
+    (`config.ensemble_heads` K > 1) is rewarded the mean of its K heads unless the caller reads it otherwise: a
+    declared `kind` (`bradley_terry`: one head) or a `label_index` (head k alone)."""
     resolved = regression_reward_weights(config, attribute_weights, kind, required=one_reward)
     if resolved is None:
-        return RewardHead()
+        heads = int(getattr(config, "ensemble_heads", None) or 1)  # `RankedRewardConfig(ensemble_heads=K)`
+        mean = heads > 1 and kind is None and label_index is None
+        return RewardHead(ensemble=heads if mean else 1)
     names, weights = resolved
     return RewardHead(tuple(names), None if weights is None else tuple(weights))
 

@@ -271,8 +271,8 @@ def evaluate_with_scores(
                 contexts.append(record["context"])
                 completions.append(item["completion"])
     per_head = None
-    if getattr(scorer, "ensemble_mean", False):  # an ensemble's heads from the one forward; the reward: their mean
-        heads = int(scorer.config.ensemble_heads)
+    heads = getattr(getattr(scorer, "head", None), "ensemble", 1)  # `heads.RewardHead`: K for an ensemble's mean
+    if heads > 1:  # an ensemble's heads from the one forward; the reward: their mean
         per_head = scorer.attribute_outputs(contexts, completions, progress)[:, :heads].double()
         scores = per_head.mean(dim=1).tolist()
     else:

@@ -117,10 +117,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 raise ValueError(
                     f"ensemble aggregates the heads of a multi-head model; {scorer.config._name_or_path} has one output"
                 )
-            if self.ensemble.ensemble is None and getattr(scorer, "ensemble_mean", False):
+            if self.ensemble.ensemble is None and scorer.head.ensemble > 1:
                 logger.info("%s is an ensemble of %d heads (ensemble_heads): its reward is their mean (ensemble='mean'; "
                             "label_index=k reads head k alone).",
-                            scorer.config._name_or_path, scorer.config.ensemble_heads)  # fmt: skip
+                            scorer.config._name_or_path, scorer.head.ensemble)  # fmt: skip
                 self.ensemble = EnsembleOptions("mean")  # their metrics too (`ensemble_std`)
         else:
             if fsdp_shard:

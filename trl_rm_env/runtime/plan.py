@@ -229,7 +229,8 @@ def plan_model(
     head = None
     if kind == "reward":
         options = ScoringOptions.of(options)
-        head = reward_head(config, options.attribute_weights, options.reward_model_type, one_reward=one_reward)
+        head = reward_head(config, options.attribute_weights, options.reward_model_type, one_reward=one_reward,
+                           label_index=options.label_index)  # fmt: skip
         check_label_index(config, options.label_index)  # before any weights load or engine starts
     plan = ModelPlan(path, loaded, config, options, kind, head, engine="", why="")
     if callable(hf_only):

@@ -93,16 +93,12 @@ class RewardScorer:
         self.config = config if config is not None else (model.config if model is not None else engine.config)
         self.tokenizer = tokenizer
         self.max_length = o.longest_sequence(self.config)  # resolved from the options and the model's config
-        self.head = head if head is not None else reward_head(self.config, o.attribute_weights, o.reward_model_type)
-        weights = self.head.weights
+        if head is None:
+            head = reward_head(self.config, o.attribute_weights, o.reward_model_type, label_index=o.label_index)
+        self.head = head  # a regression head's weights, an ensemble's mean of heads, or one output column
+        weights = head.output_weights(self.config.num_labels)
         self.output_weights = None if weights is None else torch.tensor(weights, dtype=torch.float32)
         check_label_index(self.config, o.label_index)  # (`plan_model` refuses it before loading, for a path)
-        heads = int(getattr(self.config, "ensemble_heads", None) or 1)  # `RankedRewardConfig(ensemble_heads=K)`
-        self.ensemble_mean = (heads > 1 and weights is None and not self.head.attributes
-                              and o.reward_model_type is None and o.label_index is None)  # fmt: skip
-        if self.ensemble_mean:  # an ensemble's reward is the mean of its heads (`reward_model_type`: one head)
-            self.output_weights = torch.zeros(self.config.num_labels, dtype=torch.float32)
-            self.output_weights[:heads] = 1.0 / heads
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         if model is not None and getattr(model.config, "pad_token_id", None) is None:
