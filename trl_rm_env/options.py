@@ -206,6 +206,18 @@ def changed(obj: Any) -> dict[str, Any]:
 PREFIX_SHARING_TEXT: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False, "packed": "packed"}
 """`prefix_sharing`'s values by their text (a command line's, a YAML file's)."""
 
+PrefixSharing = str | None
+"""`prefix_sharing` as every options class declares it (`ScoringOptions`, `RankedRewardConfig`: `prefix_sharing_option`):
+its text, `auto`, `true`, `false` or `packed` (what TRL's parser and a YAML file give; None: `auto`), or True/False
+from Python. A built options object holds it normalized (`normalize_prefix_sharing`): True, False, "auto" or
+"packed"; the layout that runs is resolved from it once (`trl_rm_env.sharing`)."""
+
+
+def prefix_sharing_option(help: str, **spelling: Any) -> Any:
+    """The one declaration of `prefix_sharing` (default `auto`, its four values as text), for every options class;
+    the class normalizes it in `__post_init__` (`normalize_prefix_sharing`) and leaves it out of `check_choices`."""
+    return option("auto", choices=tuple(PREFIX_SHARING_TEXT), help=help, **spelling)
+
 
 def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
     """`prefix_sharing`'s four values, `True`, `False`, `"auto"` or `"packed"`, from a bool, None (auto) or the

@@ -19,6 +19,7 @@ from ..heads import parse_attribute_weights
 from ..options import (
     ENGINES,
     TRUNCATION,
+    PrefixSharing,
     build,
     changed,
     check_choices,
@@ -26,6 +27,7 @@ from ..options import (
     normalize_prefix_sharing,
     option,
     option_fields,
+    prefix_sharing_option,
     refuse_renamed,
     spelling,
 )
@@ -118,9 +120,7 @@ class ModelOptions:
         text=dict,
         remote=True,
     )
-    prefix_sharing: bool | str = option(
-        "auto",
-        choices=("auto", True, False, "packed"),
+    prefix_sharing: PrefixSharing = prefix_sharing_option(
         help="Score the completions that share a context (a GRPO group) against one encoding of it, exactly. "
         "`auto`: on a GPU, every group in one packed padding-free forward per micro-batch; on the CPU, against a KV "
         "cache where a cost model says it pays; `true`: every group; `packed`: the GPU's packed layout on any "
@@ -178,7 +178,7 @@ class ModelOptions:
         for name, value in normalize.items():
             object.__setattr__(self, name, value)
         refuse_renamed(self)
-        check_choices(self)
+        check_choices(self, skip=("prefix_sharing",))  # normalized above, each bad value refused there
         if self.vllm_gpu_memory_utilization is not None and not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         for name in ("batch_size", "max_tokens_per_batch", "max_length", "vllm_tensor_parallel_size"):

@@ -9,7 +9,15 @@ from trl import RewardConfig
 
 from ..data.rows import ON_INVALID_MODES
 from ..data.schema import MAX_COMPLETIONS_PER_RECORD
-from ..options import TRUNCATION, check_choices, normalize_prefix_sharing, option, refuse_renamed
+from ..options import (
+    TRUNCATION,
+    PrefixSharing,
+    check_choices,
+    normalize_prefix_sharing,
+    option,
+    prefix_sharing_option,
+    refuse_renamed,
+)
 from ..sharing.mode import forces_sharing
 
 TRUNCATION_MODES = TRUNCATION  # training's and scoring's one vocabulary (`trl_rm_env.options.TRUNCATION`)
@@ -97,11 +105,9 @@ class RankedRewardConfig(RewardConfig):
         help="Write the mean/std of validation rewards into the saved model config (`reward_mean`, `reward_std`, "
         "`reward_stats`) when training ends.",
     )
-    # `str` for the parser (it would parse `bool | str` as a bool); __post_init__ maps "true"/"false" to bools, as
-    # scoring's `prefix_sharing` reads them.
-    prefix_sharing: str | None = option(
-        "auto",
-        choices=("auto", "true", "false", "packed"),
+    # Declared as every options class declares it (text for TRL's parser, which would read `bool | str` as a bool);
+    # __post_init__ maps "true"/"false" to bools, as scoring's `prefix_sharing` holds them.
+    prefix_sharing: PrefixSharing = prefix_sharing_option(
         help="Encode each record's context once (exact: scores, loss and gradients equal the plain path). 'auto': on "
         "a GPU, each micro-batch in one packed padding-free forward; on the CPU, completions against the context's "
         "KV cache; 'true': always (warns when it cannot); 'packed': the GPU's packed layout on any device; 'false': "
