@@ -75,10 +75,12 @@ class Scorer(Protocol):
 
 class Engine(Protocol):
     """What runs a local reward model's forward passes for `RewardScorer`: token ids in, `(N, num_labels)` fp32
-    outputs out, in input order, each equal to running that sequence alone (fp32: within 1e-4).
+    outputs out, in input order, each equal to running that sequence alone (fp32: within 1e-4). The scorer hands it
+    each item's context length (`context_lengths`; None for token ids that came without them): an engine that shares
+    contexts uses them, or finds shared prefixes in the ids, and one that does not ignores them.
 
-    Optional members, read when present: `prefix_sharing` (truthy: the engine uses `context_lengths` to score the
-    items that share a context against one encoding of it) and `device` (`HFEngine` has both).
+    Optional members, read when present, for logs and placement: `prefix_sharing` (the sharing that runs) and
+    `device` (`HFEngine` has both).
     """
 
     name: str

@@ -23,8 +23,6 @@ from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, check_label_index, reward_head
 from ..runtime.engines.transformers_engine import HFEngine
 from ..runtime.model_options import ScoringOptions
-from ..sharing import shared_prefixes_in
-from ..sharing.mode import forces_sharing
 from ..tokenization import Message, encode_pairs, left_truncate
 from .interfaces import NonfiniteScores, ScoredPairs
 
@@ -111,8 +109,8 @@ class RewardScorer:
         """The `Scorer` protocol's reward for a NaN/inf score (`options.nonfinite_reward`)."""
         return self.options.nonfinite_reward
 
-    # What an engine may report (`Engine`'s optional members); an engine without them shares nothing itself.
-    prefix_sharing = property(lambda self: getattr(self.engine, "prefix_sharing", False))  # the mode that runs
+    # What an engine may report (`Engine`'s optional members), for logs and tests: the prefix sharing that runs.
+    prefix_sharing = property(lambda self: getattr(self.engine, "prefix_sharing", False))
     device = property(lambda self: getattr(self.engine, "device", torch.device("cpu")))
 
     # ------------------------------------------------------------------ encoding
@@ -152,13 +150,10 @@ class RewardScorer:
     def score_ids(self, sequences: Sequence[Sequence[int]], progress: bool | None = None) -> torch.Tensor:
         """Rewards (fp32, CPU, input order) of already-encoded sequences; `progress` overrides `show_progress`.
 
-        Where the engine shares prefixes (`prefix_sharing`), the sequences that begin with the same tokens (a GRPO
-        group's prompt) are found in the ids themselves (`trl_rm_env.sharing.shared_prefixes_in`) and scored against
-        one encoding of that prefix, as `score_ids_shared` does with given context lengths; scores stay those of
-        each sequence run alone."""
-        if self.prefix_sharing and len(sequences) > 1:
-            found = shared_prefixes_in(sequences, self.engine.cost_ratio, always=forces_sharing(self.prefix_sharing))
-            return self.score_ids_shared(sequences, found, progress)
+        Where the engine shares prefixes (`prefix_sharing`), it finds the sequences that begin with the same tokens
+        (a GRPO group's prompt) in the ids themselves (`trl_rm_env.sharing.shared_prefixes_in`) and scores them
+        against one encoding of that prefix, as `score_ids_shared` does with given context lengths; scores stay those
+        of each sequence run alone."""
         return self._reward_of(self.engine.outputs(sequences, None, progress))
 
     def score_ids_shared(
@@ -189,7 +184,7 @@ class RewardScorer:
         outputs = torch.full((len(encoded.ids), self.config.num_labels), float("nan"), dtype=torch.float32)
         if present:
             ids = [encoded.ids[i] for i in present]
-            context_lengths = [encoded.context_lengths[i] for i in present] if self.prefix_sharing else None
+            context_lengths = [encoded.context_lengths[i] for i in present]  # the engine shares them where it can
             outputs[torch.tensor(present)] = self.engine.outputs(ids, context_lengths, progress)
         return outputs, present, encoded.overlength
 

@@ -32,7 +32,7 @@ import torch
 from ...sharing import scoring_mode
 from ...sharing.layouts import Sizing, scoring_layout
 from ...sharing.mode import forces_sharing
-from ...sharing.planning import linear_to_attention_cost, padded_batches
+from ...sharing.planning import linear_to_attention_cost, padded_batches, shared_prefixes_in
 from ..model_options import ModelOptions
 
 
@@ -87,13 +87,18 @@ class HFEngine:
         progress: bool | None = None,
     ) -> torch.Tensor:
         """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`; with `context_lengths` (how many leading
-        tokens of each are its context) the items that share one may be scored against it (`prefix_sharing`). The
-        layout plans the forward passes and runs each (`Layout.plan_scoring`, `Layout.score_pass`)."""
+        tokens of each are its context) the items that share one may be scored against it (`prefix_sharing`);
+        without them, the prefixes the sequences share are found in their ids (`shared_prefixes_in`: a server's
+        token-id requests). The layout plans the forward passes and runs each (`Layout.plan_scoring`,
+        `Layout.score_pass`)."""
+        always = forces_sharing(self.prefix_sharing)
+        if context_lengths is None and self.prefix_sharing and len(sequences) > 1:
+            context_lengths = shared_prefixes_in(sequences, self.cost_ratio, always=always)
         sizing = Sizing(
             rows=self.options.rows_per_pass(),
             tokens=self.options.max_tokens_per_batch,
             row_sequences=self.options.batch_size,
-            always_share=forces_sharing(self.prefix_sharing),
+            always_share=always,
             cost_ratio=self.cost_ratio,
         )
         outputs = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
