@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
 from trl_rm_env.rewards.reward_model import OPTION_CLASSES
-from trl_rm_env.rewards.sources import RewardSources
+from trl_rm_env.rewards.reward_sources import RewardSources
 from trl_rm_env.runtime.model_options import ScoringOptions
 
 from .spellings import options_from_recipe, recipe_fields, recipe_options, recipe_spellings
@@ -119,7 +119,7 @@ class RewardModelRecipeArguments:
         return dict(kwargs, remote_url=list(self.reward_remote_url), tokenizer=tokenizer)
 
     def reward_sources(self) -> RewardSources:
-        """What the run is rewarded by (`trl_rm_env.rewards.sources`): the reward model and the judge with their
+        """What the run is rewarded by (`trl_rm_env.rewards.reward_sources`): the reward model and the judge with their
         options (`environment_kwargs`, `judge_kwargs`), the cascade, the per-attribute split and the ensemble.
 
         Raises:

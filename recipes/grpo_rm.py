@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 
 def main(rm_args: RewardModelArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
     from trl import GRPOTrainer, get_peft_config
-    from trl_rm_env.recipes import steps
+    from trl_rm_env.recipes import shared_steps as steps
 
     from trl_rm_env.data.loaders import load_prompt_dataset
     from trl_rm_env.model_source import check_model_source

@@ -36,9 +36,9 @@ def options_reference() -> str:
     writes them; `tests/test_options.py` checks the page is current)."""
     from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
     from trl_rm_env.rewards.base import RewardOptions
-    from trl_rm_env.rewards.bounded import ReferenceBound
     from trl_rm_env.rewards.ensemble import EnsembleOptions
     from trl_rm_env.rewards.nemo import NEMO_OPTIONS, NEMO_SHAPING_KEYS
+    from trl_rm_env.rewards.reference_bound import ReferenceBound
     from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
     from trl_rm_env.runtime.model_options import ScoringOptions
     from trl_rm_env.serving.client.remote_options import RemoteOptions
@@ -60,7 +60,7 @@ def options_reference() -> str:
          "DAPO's overlong buffer, the stop-properly penalty), for a reward model or a judge "
          "(`trl_rm_env.rewards.shaping`)."),
         ("`ReferenceBound`", ReferenceBound, "A reward model's reward bounded against the dataset's reference answer "
-         "(Preference As Reward; `trl_rm_env.rewards.bounded`)."),
+         "(Preference As Reward; `trl_rm_env.rewards.reference_bound`)."),
         ("`EnsembleOptions`", EnsembleOptions, "A multi-head reward model's heads, read in one forward, aggregated "
          "into one reward (`trl_rm_env.rewards.ensemble`; separate reward models: `EnsembleReward`)."),
         ("`RemoteOptions`", RemoteOptions, "How the client reaches reward-model servers, with `remote_url` "

@@ -59,7 +59,7 @@ def add_serve_parser(sub: Any) -> None:
 def serve(args: argparse.Namespace) -> int:
     """Run `trl-rm-env serve` with parsed `args`; return the exit status."""
     from trl_rm_env.runtime.model_options import ScoringOptions
-    from trl_rm_env.scoring.loading import load_scorer
+    from trl_rm_env.scoring.scorer import load_scorer
     from trl_rm_env.serving.dialects import default_served_name
     from trl_rm_env.serving.plan import plan_serving
     from trl_rm_env.serving.server import run_server

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 
 
 def main(data_args: RegressionDataArguments, training_args: RegressionRewardConfig, model_args: ModelConfig) -> dict:
-    from trl_rm_env.recipes import steps
+    from trl_rm_env.recipes import shared_steps as steps
 
     from trl_rm_env.data.regression import dataset_attributes, mean_baseline_rmse
     from trl_rm_env.trainer import model_flags

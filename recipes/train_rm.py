@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the heavy imports happen in main()/make_parser(), after the
 
 
 def main(data_args: RankedDataArguments, training_args: RankedRewardConfig, model_args: ModelConfig) -> dict:
-    from trl_rm_env.recipes import steps
+    from trl_rm_env.recipes import shared_steps as steps
 
     from trl_rm_env.trainer import RankedRewardTrainer, model_flags
     from trl_rm_env.trainer.saving import format_metrics_table

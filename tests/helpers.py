@@ -448,7 +448,7 @@ def judge_reference(model, tok, prompts, completions, mode, max_score=9):
     tokens `1..max_score`; pairwise (`pairs="all"`, `swap=True`), each completion's mean preference over its
     comparisons in both orders; listwise (`swap=True`), each completion's mean probability of being the best over the
     group as given and reversed."""
-    from trl_rm_env.judges.modes import MODES
+    from trl_rm_env.judges.builtin_modes import MODES
 
     def distribution(text, labels):
         rendered = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False)

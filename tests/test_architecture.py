@@ -324,10 +324,10 @@ def test_only_the_modes_module_tests_a_judge_modes_name(tmp_path):
     offenders = [
         f"{path.relative_to(ROOT)}:{line}"
         for path in [*package_modules().values(), *RECIPES.rglob("*.py")]
-        if path != PACKAGE / "judges" / "modes.py"
+        if path != PACKAGE / "judges" / "builtin_modes.py"
         for line in mode_name_tests(path)
     ]
-    assert not offenders, f"a judge mode's name tested outside judges/modes.py (ask the mode instead): {offenders}"
+    assert not offenders, f"a judge mode's name tested outside judges/builtin_modes.py (ask the mode instead): {offenders}"
 
 
 def _importable(module, name: str) -> bool:

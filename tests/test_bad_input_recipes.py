@@ -232,18 +232,18 @@ def test_log_level_info_shows_our_info_messages(capsys):
     default level leaves them out, as before."""
     import logging
 
-    from trl_rm_env.recipes import steps
+    from trl_rm_env.recipes import shared_steps as steps
 
     package = logging.getLogger("trl_rm_env")
     before = (package.level, list(package.handlers))
     try:
         steps.show_logs(logging.WARNING)
-        logging.getLogger("trl_rm_env.sharing.mode").info("not shown")
+        logging.getLogger("trl_rm_env.sharing.model_support").info("not shown")
         steps.show_logs(logging.INFO)
         steps.show_logs(logging.INFO)  # a second recipe start adds no second handler
-        logging.getLogger("trl_rm_env.sharing.mode").info("shown")
+        logging.getLogger("trl_rm_env.sharing.model_support").info("shown")
         err = capsys.readouterr().err
-        assert "not shown" not in err and err.count("INFO trl_rm_env.sharing.mode: shown") == 1, err
+        assert "not shown" not in err and err.count("INFO trl_rm_env.sharing.model_support: shown") == 1, err
     finally:
         package.setLevel(before[0])
         package.handlers[:] = before[1]

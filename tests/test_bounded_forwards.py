@@ -1,4 +1,4 @@
-"""`BoundedForwardsMixin`'s checks and transformers hooks (`trl_rm_env.trainer.bounded`) on a fake trainer: where
+"""`BoundedForwardsMixin`'s checks and transformers hooks (`trl_rm_env.trainer.bounded_forwards`) on a fake trainer: where
 `pack_max_tokens` is refused (the whole message, naming why and the fix), where it is sized from the GPU's free
 memory (`training_token_budget` stubbed: what it is asked with, the log line), which collators make the processes
 even out their forwards, and transformers' token count and FLOP estimate over a batch's chunks (the base's hooks
@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trl_rm_env.trainer import bounded
-from trl_rm_env.trainer.bounded import BoundedForwardsMixin
+from trl_rm_env.trainer import bounded_forwards as bounded
+from trl_rm_env.trainer.bounded_forwards import BoundedForwardsMixin
 
 
 class Base:
@@ -76,7 +76,7 @@ def test_pack_max_tokens_is_refused_where_nothing_reads_it(budget_asked):
 
 
 def test_an_unset_budget_is_sized_from_the_gpus_free_memory_only_where_read(budget_asked, caplog):
-    with caplog.at_level(logging.INFO, logger="trl_rm_env.trainer.bounded"):
+    with caplog.at_level(logging.INFO, logger="trl_rm_env.trainer.bounded_forwards"):
         assert Trainer()._check_forward_budget(None) == 4096
     # the unwrapped model, activation checkpointing (on here), the attention's dtype and the device
     assert budget_asked == [(("unwrapped", "the model"), True, torch.bfloat16, SimpleNamespace(type="cuda"))]

@@ -12,7 +12,7 @@ from trl_rm_env.recipes.cli import main as cli_main
 
 from trl_rm_env.data.loaders import load_rank_records
 from trl_rm_env.data.schema import iter_pairs
-from trl_rm_env.judges.modes import MODES
+from trl_rm_env.judges.builtin_modes import MODES
 from trl_rm_env.judges.templates import PAIRWISE, POINTWISE
 
 LLMBAR = [
@@ -304,14 +304,14 @@ class FakeJudge:
     def __init__(self, mode, swap=True, prefer=None, rate=None):
         from types import SimpleNamespace
 
-        from trl_rm_env.judges.modes import MODES
+        from trl_rm_env.judges.builtin_modes import MODES
 
         self.mode = MODES[mode]
         self.options = SimpleNamespace(mode=mode, swap=swap, scoring="logprobs", pairs="all")
         self.prefer, self.rate, self.asked = prefer, rate, []
 
     def judge_items(self, contexts, shown):
-        from trl_rm_env.judges.judging import JudgeVerdicts
+        from trl_rm_env.judges.judgements import JudgeVerdicts
 
         texts = [[c[0]["content"] for c in item] for item in shown]
         if all(len(item) == 1 for item in texts):

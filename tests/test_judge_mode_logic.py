@@ -1,4 +1,4 @@
-"""The judge modes' logic without a model (`judges/modes.py`, `judges/judge_mode.py`, `judges/judging.py`,
+"""The judge modes' logic without a model (`judges/builtin_modes.py`, `judges/mode_base.py`, `judges/judgements.py`,
 `judges/templates.py`, `judges/verdicts.py`): which positions of a group are compared, the mode registry and its
 template view, the judgements each mode asks for, how preference pairs are judged for `trl-rm-env eval --judge`
 (driven by a scripted `ask` that returns chosen verdicts), the one-line error of samples left without a verdict, a
@@ -18,10 +18,19 @@ from types import SimpleNamespace
 import pytest
 
 from trl_rm_env.judges import templates as T
+from trl_rm_env.judges.builtin_modes import (
+    MODES,
+    TEMPLATES,
+    Listwise,
+    Pairwise,
+    Pointwise,
+    mode_of,
+    pairs_of,
+    register_mode,
+)
 from trl_rm_env.judges.genrm import Comparison, GenRM
-from trl_rm_env.judges.judge_mode import EvalPair, JudgeMode, PairVerdicts
 from trl_rm_env.judges.judge_options import JudgeOptions
-from trl_rm_env.judges.judging import (
+from trl_rm_env.judges.judgements import (
     Judgement,
     aggregate,
     ask_verdicts,
@@ -30,7 +39,7 @@ from trl_rm_env.judges.judging import (
     group_samples,
     template_columns,
 )
-from trl_rm_env.judges.modes import MODES, TEMPLATES, Listwise, Pairwise, Pointwise, mode_of, pairs_of, register_mode
+from trl_rm_env.judges.mode_base import EvalPair, JudgeMode, PairVerdicts
 from trl_rm_env.judges.templates import (
     check_template,
     completion_text,

@@ -11,8 +11,8 @@ import torch
 from helpers import judge_conversations, judge_prompt_text
 
 from trl_rm_env import JudgeEnvironment
-from trl_rm_env.judges.judge_mode import JudgeMode
-from trl_rm_env.judges.modes import MODES, register_mode
+from trl_rm_env.judges.builtin_modes import MODES, register_mode
+from trl_rm_env.judges.mode_base import JudgeMode
 from trl_rm_env.tiny_models import build_tiny_policy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import re
 import pytest
 
 from trl_rm_env.judges import judge_options
+from trl_rm_env.judges.builtin_modes import mode_of
 from trl_rm_env.judges.judge_options import JudgeOptions, JudgeSource
-from trl_rm_env.judges.modes import mode_of
 from trl_rm_env.options import flag_of, recipe_key
 
 FIELDS = ["mode", "scoring", "pairs", "swap", "max_score", "template", "single_reward", "max_new_tokens", "temperature",

@@ -340,7 +340,7 @@ def test_judge_items_shows_each_answer_in_order_its_reasoning_stripped_where_ask
 
 
 def test_an_item_asked_again_in_one_call_is_sampled_apart_by_its_seed(server):
-    """The rule of `SEED_STRIDE` (trl_rm_env/judges/judging.py: seed = attempt + 1000 * copy): an item's first
+    """The rule of `SEED_STRIDE` (trl_rm_env/judges/judgements.py: seed = attempt + 1000 * copy): an item's first
     judgement keeps the attempt's seed 0; the same item (same request, same answers in the same order) asked again in
     the call gets 1000, then 2000; another request or another order is another item, seed 0."""
     url, script = server

@@ -44,7 +44,7 @@ from trl_rm_env.rewards import judge as judge_module
 from trl_rm_env.rewards import whole_groups
 from trl_rm_env.rewards.judge import JudgeCall
 from trl_rm_env.rewards.whole_groups import GATHER, _raise_any, processes, shared_values, whole_call
-from trl_rm_env.trainer.bounded import BoundedForwardsMixin
+from trl_rm_env.trainer.bounded_forwards import BoundedForwardsMixin
 
 
 @pytest.fixture(autouse=True)
@@ -570,7 +570,7 @@ def test_forwards_even_out_the_chunks_and_divide_the_global_pairs_by_the_process
 
 
 def test_a_chunked_step_weights_each_real_chunk_by_its_pairs_over_the_global_pairs_per_process():
-    # Rule (bounded.py and compute_loss): the step's loss is the mean over all pairs of all processes, DDP averaging
+    # Rule (bounded_forwards.py and compute_loss): the step's loss is the mean over all pairs of all processes, DDP averaging
     # the processes' gradients. With P processes and N pairs over all of them, a chunk's loss (mean over its n
     # pairs) gets weight n / (N / P): sum over processes of sum_chunks (n / (N / P)) * (S_chunk / n), averaged over
     # P, is S_all / N. Here N = (3 + 1) + (2 + 2 + 2) = 10, P = 2: total = 5.
@@ -732,7 +732,7 @@ def test_every_tensor_of_the_step_goes_to_the_scores_device(monkeypatch):
     # The meta device stands in for an accelerator: the chunks' scores are there, the collator's ranks, record
     # indices and margins on the CPU. The loss (stubbed: meta tensors hold no data to pair) and the metrics get them
     # all on the scores' device; the chunk counts are gathered on the process's device (NCCL gathers no CPU tensor).
-    from trl_rm_env.trainer import bounded
+    from trl_rm_env.trainer import bounded_forwards as bounded
 
     seen = []
 

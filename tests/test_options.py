@@ -25,8 +25,8 @@ from trl_rm_env.recipes.reference import command_flags, options_reference
 from trl_rm_env.recipes.serve import SERVE_DEFAULTS
 from trl_rm_env.recipes.spellings import options_from_flags, options_from_recipe, text_choices, text_type
 
+from trl_rm_env.judges.builtin_modes import mode_of
 from trl_rm_env.judges.judge_options import JudgeOptions
-from trl_rm_env.judges.modes import mode_of
 from trl_rm_env.options import SPELLING, default_of, flag_of, option_fields, recipe_key, spelling
 from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.rewards.judge import OWN_ARGUMENTS as JUDGE_ARGUMENTS
@@ -284,7 +284,7 @@ def test_the_judge_engine_has_its_own_key_and_flag():
 
 
 def test_recipe_options_for_the_wrong_place_are_refused_by_their_keys():
-    from trl_rm_env.rewards.sources import RewardSources
+    from trl_rm_env.rewards.reward_sources import RewardSources
 
     with pytest.raises(ValueError, match="^reward_remote_timeout apply with reward_remote_url"):
         RewardModelArguments(reward_remote_timeout=5.0).reward_sources()
@@ -406,7 +406,7 @@ def test_a_regression_head_without_weights_gives_its_outputs_not_one_reward(tmp_
     from trl_rm_env.evaluation import evaluate_regression_model
     from trl_rm_env.heads import set_regression_labels
     from trl_rm_env.runtime.plan import plan_model
-    from trl_rm_env.scoring.loading import load_reward_scorer
+    from trl_rm_env.scoring.scorer import load_reward_scorer
     from trl_rm_env.tiny_models import build_tiny_reward_model
 
     model = build_tiny_reward_model(tiny_tokenizer, num_labels=2)

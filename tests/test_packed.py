@@ -672,7 +672,7 @@ def test_a_forward_that_never_ran_the_packed_attention_raises(tiny_tokenizer, mo
 def test_training_token_budget_from_free_memory(tiny_tokenizer, monkeypatch):
     """The default `pack_max_tokens` on CUDA: half the free memory less the gradients and Adam's moments to come,
     over a token's activations in every layer (one hidden state per layer under checkpointing), clamped."""
-    from trl_rm_env.trainer.memory import MAX_TRAINING_TOKENS, MIN_TRAINING_TOKENS, training_token_budget
+    from trl_rm_env.trainer.token_budget import MAX_TRAINING_TOKENS, MIN_TRAINING_TOKENS, training_token_budget
 
     model = build_tiny_reward_model(tiny_tokenizer, hidden_size=1024, intermediate_size=3072, num_attention_heads=16,
                                     num_key_value_heads=8, head_dim=128, num_hidden_layers=28)

@@ -122,7 +122,7 @@ def test_cli_validate_names_the_bad_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_no_nested_evaluation_bar_in_logs(tmp_path, tiny_tokenizer, monkeypatch, capsys):
     from transformers.trainer_callback import ProgressCallback
-    from trl_rm_env.recipes.steps import tty_aware_progress
+    from trl_rm_env.recipes.shared_steps import tty_aware_progress
 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer, load_rank_dataset
     from trl_rm_env.tiny_models import build_tiny_reward_model

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from trl_rm_env.rewards.base import RewardFunction, RewardOptions
-from trl_rm_env.rewards.bounded import ReferenceBound
 from trl_rm_env.rewards.ensemble import EnsembleReward, aggregate
+from trl_rm_env.rewards.reference_bound import ReferenceBound
 
 
 def full(message: str) -> str:

@@ -49,12 +49,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trl_rm_env.judges.genrm import aggregate_verdicts, comparison_pairs, received
-from trl_rm_env.judges.judging import Judgement, aggregate, group_samples
+from trl_rm_env.judges.judgements import Judgement, aggregate, group_samples
 from trl_rm_env.rewards.base import RewardFunction, RewardOptions, diagnostics
-from trl_rm_env.rewards.bounded import ReferenceBound
 from trl_rm_env.rewards.ensemble import aggregate as aggregate_members
 from trl_rm_env.rewards.ensemble import ensemble_metrics
 from trl_rm_env.rewards.nemo import length_shaping_arguments
+from trl_rm_env.rewards.reference_bound import ReferenceBound
 from trl_rm_env.rewards.shaping import GroupShaping, LengthShaping
 
 BASE = settings(deadline=None, database=None, derandomize=True, max_examples=20)

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from trl_rm_env import CascadeReward, JudgeEnvironment, RewardModelEnvironment
-from trl_rm_env.rewards.sources import RewardSources
+from trl_rm_env.rewards.reward_sources import RewardSources
 from trl_rm_env.runtime.model_options import ScoringOptions
 
 

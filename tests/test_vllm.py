@@ -20,7 +20,7 @@ from helpers import ServerProcess, reference_ids
 from trl_rm_env.runtime.model_options import ScoringOptions
 from trl_rm_env.runtime.plan import choose_engine
 from trl_rm_env.runtime.vllm import vllm_device
-from trl_rm_env.scoring.loading import load_reward_scorer
+from trl_rm_env.scoring.scorer import load_reward_scorer
 from trl_rm_env.tokenization import encode_conversation
 
 if importlib.util.find_spec("vllm") is None:

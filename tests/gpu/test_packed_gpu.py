@@ -64,7 +64,7 @@ import torch
 
 from trl_rm_env.sharing import kernels, packed_attention, packed_scores
 from trl_rm_env.sharing.layouts import PACKED
-from trl_rm_env.sharing.mode import classifier
+from trl_rm_env.sharing.model_support import classifier
 from trl_rm_env.tiny_models import build_tiny_tokenizer, tiny_qwen3_config
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss

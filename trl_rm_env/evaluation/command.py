@@ -162,7 +162,7 @@ def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> Eval
     from ..data.regression import REGRESSION_FORMATS
     from ..heads import is_regression_model
     from ..runtime.plan import plan_model
-    from ..scoring.loading import load_scorer
+    from ..scoring.scorer import load_scorer
     from .preference import evaluate_with_scores, write_scores_file
     from .regression import evaluate_regression_model
     from .tables import format_regression_results_table, format_results_table

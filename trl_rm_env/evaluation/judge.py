@@ -13,7 +13,7 @@ in GRPO:
 - listwise, and any mode registered later without its own rule: the pair is a GRPO group of two (the better answer
   first in every other pair), judged as GRPO judges a group, and it goes to the completion with the higher reward.
 
-Each mode says how (`trl_rm_env.judges.modes.JudgeMode.judge_pairs`).
+Each mode says how (`trl_rm_env.judges.builtin_modes.JudgeMode.judge_pairs`).
 
 A pair without a verdict (unparseable, or over-length) is counted as such and as wrong. Costs are measured: judgements,
 prompt tokens and seconds per 1,000 pairs, and the peak memory during each source's run (CUDA's peak allocation, or
@@ -60,7 +60,7 @@ def judge_pair_verdicts(
     `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`).
     `indices`: each pair's position in `pairs_of_sets` (default: its position here), which decides its order when the
     mode shows one (better first at even ones), so a pair is shown the same way whoever asks."""
-    from ..judges.judge_mode import EvalPair
+    from ..judges.mode_base import EvalPair
 
     reset_peak_memory()
     start = time.perf_counter()

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ..data.schema import iter_pairs
-from ..scoring.loading import load_reward_scorer
+from ..scoring.scorer import load_reward_scorer
 from .rewardbench import rewardbench_sections
 from .rewardbench2 import rewardbench2_scores
 

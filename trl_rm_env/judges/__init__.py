@@ -10,13 +10,14 @@ every other reward function in `trl_rm_env.rewards`.
     trainer = GRPOTrainer(model=..., reward_funcs=[judge], ...)
 
 - `judge_options.py`: `JudgeOptions` (mode, scoring, pairs, swap, template, ...);
-- `modes.py`: each mode (`pointwise`, `pairwise`, `listwise`) as an object: its template, verdicts, judgements and
-  aggregation; `register_mode` adds one;
+- `mode_base.py`: `JudgeMode`, what every mode answers; `builtin_modes.py`: each built-in mode (`pointwise`,
+  `pairwise`, `listwise`) as an object (its template, verdicts, judgements and aggregation) and the registry,
+  `register_mode` adding one;
 - `templates.py`: the built-in prompts' text and how prompts and completions fill them;
 - `verdicts.py`: verdict tokens, and parsing a written verdict;
-- `engines.py`: the judge run here (transformers, vLLM), planned and loaded by `trl_rm_env.runtime`; `remote.py`:
-  on OpenAI-compatible servers;
-- `judging.py`: judging a batch (groups, aggregation); `genrm.py`: NeMo Gym's `genrm_compare` protocol.
+- `remote.py`: the judge on OpenAI-compatible servers (run here, it is `trl_rm_env.runtime.engines`', planned and
+  loaded as a reward model is);
+- `judgements.py`: judging a batch (groups, aggregation); `genrm.py`: NeMo Gym's `genrm_compare` protocol.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..lazy import lazy_exports
 
 _MODULES = {
     ".judge_options": ("JudgeOptions", "JudgeSource"),
-    ".modes": ("JudgeMode", "TEMPLATES", "register_mode"),
+    ".builtin_modes": ("JudgeMode", "TEMPLATES", "register_mode"),
 }
 """Public names, imported on first use (the command line reads `JudgeOptions` without loading torch)."""
 

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..data.messages import reasoning_and_answer, strip_reasoning_text
-from .judge_mode import JudgeMode
+from .mode_base import JudgeMode
 
 logger = logging.getLogger(__name__)
 _warned_ranges: list[bool] = []  # the out-of-range warning, once per process

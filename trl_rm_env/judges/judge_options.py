@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import ENGINES, build, changed, check_choices, document, option
+from .builtin_modes import MODES
 from .genrm import AGGREGATORS, FAILED_JUDGEMENTS, PAIR_STRATEGIES, VERDICT_RANGES
-from .modes import MODES
 
 SCORINGS = ("logprobs", "generate")
 PAIRINGS = ("all", "circular")
@@ -40,7 +40,7 @@ class JudgeOptions:
         choices=MODES,
         help="`pointwise`: one judgement per completion; `pairwise`: the completions of a GRPO group compared in "
         "pairs; `listwise`: one judgement over the whole group; or a mode registered with "
-        "`trl_rm_env.judges.modes.register_mode`.",
+        "`trl_rm_env.judges.builtin_modes.register_mode`.",
         **_judge("mode"),
     )
     scoring: str | None = option(

@@ -1,4 +1,4 @@
-"""The judge's prompt: the built-in templates' text (each mode's, `modes.py`, says which it uses), a user's template with named fields, and how TRL's prompts
+"""The judge's prompt: the built-in templates' text (each mode's, `builtin_modes.py`, says which it uses), a user's template with named fields, and how TRL's prompts
 and completions become the text of those fields.
 
 The judge reads exactly one user message, the filled template, rendered with the judge tokenizer's chat template and
@@ -64,7 +64,7 @@ def template_fields(template: str) -> set[str]:
 
 
 def check_template(template: str, mode: Any) -> set[str]:
-    """The dataset columns `template` reads (its fields that the mode, a `trl_rm_env.judges.modes.JudgeMode`, does
+    """The dataset columns `template` reads (its fields that the mode, a `trl_rm_env.judges.builtin_modes.JudgeMode`, does
     not fill).
 
     Raises:

@@ -18,14 +18,14 @@
 - `cascade.py`: `CascadeReward`, reward functions chained (a rule check, then a judge; or a reward model's margin);
 - `ensemble.py`: `EnsembleReward`, reward functions aggregated as an ensemble (and a multi-head model's heads:
   `RewardModelEnvironment(..., ensemble=...)`);
-- `bounded.py`: a reward bounded against a reference answer (PAR: `reference_column`);
+- `reference_bound.py`: a reward bounded against a reference answer (PAR: `reference_column`);
 - `base.py`: `Reward` (TRL's call, sync or awaited; `call(...)` returns the whole `RewardCall`), `RewardFunction`
   (TRL's input checks, empty completions, NaN/inf, normalization, clipping, metrics) and its `RewardOptions`;
 - `shaping.py`: group shaping of any reward (NeMo Gym's bonuses and adjustments) and NeMo RL's length shaping;
-- `sources.py`: a GRPO run's reward functions from its sources, and their weights (`RewardSources`);
+- `reward_sources.py`: a GRPO run's reward functions from its sources, and their weights (`RewardSources`);
 - `pickling.py`: `PicklesByArguments` (a reward function crosses to AsyncGRPO's spawned workers as the arguments it
   was built with);
-- `placement.py`: where a reward function's model runs, loaded here or behind servers (`loaded_here`).
+- `local_or_remote.py`: where a reward function's model runs, loaded here or behind servers (`loaded_here`).
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from transformers import PreTrainedModel
 
 from ..distributed import full_weights
 from ..judges import templates as T
-from ..judges.judge_mode import EvalPair, JudgeMode, PairVerdicts
+from ..judges.builtin_modes import mode_of
 from ..judges.judge_options import JudgeOptions
-from ..judges.judging import (
+from ..judges.judgements import (
     Judgement,
     JudgeVerdicts,
     aggregate,
@@ -27,7 +27,7 @@ from ..judges.judging import (
     group_samples,
     template_columns,
 )
-from ..judges.modes import mode_of
+from ..judges.mode_base import EvalPair, JudgeMode, PairVerdicts
 from ..judges.remote import RemoteJudgeEngine, remote_judge_tokenizer
 from ..judges.verdicts import label_token_ids
 from ..options import build, names, route, spelled
@@ -37,8 +37,8 @@ from ..runtime.plan import plan_model
 from ..serving.client.remote_options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from .base import Ids, RewardCall, RewardFunction, RewardOptions, Samples
+from .local_or_remote import loaded_here
 from .pickling import PicklesByArguments, accelerator_type
-from .placement import loaded_here
 from .shaping import GroupShaping, LengthShaping
 from .whole_groups import GATHER, gather, own_group, processes, shared_values, whole_call
 

@@ -19,10 +19,10 @@ from ..serving.client.remote_options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
 from .base import Ids, RewardFunction, RewardOptions, Samples
-from .bounded import ReferenceBound
 from .ensemble import EnsembleOptions, aggregate, ensemble_metrics
+from .local_or_remote import loaded_here
 from .pickling import PicklesByArguments, accelerator_type
-from .placement import loaded_here
+from .reference_bound import ReferenceBound
 from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
 from .shaping import GroupShaping, LengthShaping
 

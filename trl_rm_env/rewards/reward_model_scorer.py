@@ -14,8 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..runtime.model_options import ScoringOptions
 from ..runtime.plan import plan_model
-from ..scoring.loading import load_scorer
-from ..scoring.scorer import RewardScorer
+from ..scoring.scorer import RewardScorer, load_scorer
 from ..serving.client import RemoteScorer
 from ..serving.client.remote_options import RemoteOptions
 from ..serving.client.tokenizer import client_tokenizer

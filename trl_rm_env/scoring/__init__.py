@@ -3,8 +3,8 @@ options are the model runtime's: `trl_rm_env.runtime`).
 
 - `interfaces.py`: the `Scorer` protocol (what the environment, `eval` and the server use), the `ScoredPairs` each
   call returns, and the `Engine` protocol;
-- `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model);
-- `loading.py`: the scorer of a planned reward model (`trl_rm_env.runtime.plan_model`).
+- `scorer.py`: `RewardScorer`, the local backend (templates, truncation, fallbacks; an engine runs the model), and
+  the scorer of a planned reward model (`load_scorer`, `load_reward_scorer`: `trl_rm_env.runtime.plan_model`).
 
 Conversations become token ids in `trl_rm_env.tokenization`; shared contexts are planned in `trl_rm_env.sharing`.
 """
@@ -15,10 +15,9 @@ from ..lazy import lazy_exports
 
 _MODULES = {
     "..runtime.engines": ("HFEngine", "VLLMEngine"),
-    ".loading": ("load_reward_scorer", "load_scorer"),
     "..runtime.model_options": ("ScoringOptions",),
     ".interfaces": ("Engine", "NonfiniteScores", "ScoredPairs", "Scorer"),
-    ".scorer": ("EncodedBatch", "RewardScorer", "as_pairs", "split_conversation"),
+    ".scorer": ("EncodedBatch", "RewardScorer", "as_pairs", "load_reward_scorer", "load_scorer", "split_conversation"),
 }
 """Public names, imported on first use (importing the package loads no engine)."""
 

@@ -1,4 +1,7 @@
-"""`RewardScorer`: exact, memory-bounded scoring of (context, completion) pairs with a sequence-classification RM.
+"""`RewardScorer`: exact, memory-bounded scoring of (context, completion) pairs with a sequence-classification RM;
+and the scorer of a planned reward model (`load_scorer`, `load_reward_scorer`: `trl_rm_env.runtime.plan_model`, then
+the engine `trl_rm_env.runtime.loading.load_engine` builds). The GRPO environment, `trl-rm-env eval` and
+`trl-rm-env serve` (which hands a vLLM plan to vLLM's own server instead) all go through them.
 
 Data path: `(context, completion)` -> token ids with the RM's own chat template (`trl_rm_env.tokenization`) ->
 over-length handling (left truncation or a fallback reward) -> the engine's outputs, `(N, num_labels)` fp32 in input
@@ -12,6 +15,7 @@ the parity tests); batching, padding and prefix sharing never change a score.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +26,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, check_label_index, reward_head
 from ..runtime.engines.transformers_engine import HFEngine
+from ..runtime.loading import load_engine, load_tokenizer
 from ..runtime.model_options import ScoringOptions
+from ..runtime.plan import ModelPlan, plan_model
 from ..tokenization import Message, encode_pairs, left_truncate
 from .interfaces import NonfiniteScores, ScoredPairs
 
@@ -265,6 +271,42 @@ class RewardScorer:
                 values[torch.tensor(present)] = self._reward_of(outputs[torch.tensor(present)])
         values, bad = self._with_fallbacks(values, present, overlength)
         return ScoredPairs(values, outputs if present else None, bad)
+
+
+def load_scorer(
+    plan: ModelPlan,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+    *,
+    shard: bool = False,
+    fsdp_shard: bool | None = None,
+    log: logging.Logger = logger,
+) -> RewardScorer:
+    """The `RewardScorer` of `plan`, on the engine `load_engine` builds (vLLM's, or the model loaded with
+    transformers; under `engine="auto"` with no vLLM option given, a vLLM that fails to start is a warning and
+    transformers scores instead; `shard`, `fsdp_shard`, `log`: `load_engine`'s)."""
+    tokenizer = load_tokenizer(plan, tokenizer)
+    engine = load_engine(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard, log=log)
+    config = plan.config if engine.model is None else None  # a loaded model's own config, else the plan's
+    return RewardScorer(engine.model, tokenizer, plan.options, engine=engine, config=config, head=plan.head)
+
+
+def load_reward_scorer(
+    model: str | os.PathLike, options: ScoringOptions | None = None, *, one_reward: bool = True, **values: Any
+) -> RewardScorer:
+    """Load a `*ForSequenceClassification` checkpoint (path or Hub id) and its tokenizer into a `RewardScorer`, on
+    the engine `options.engine` picks (`trl_rm_env.runtime.choose_engine`; `"auto"` by default):
+    `load_scorer(plan_model(...))`.
+
+    Args:
+        model: Local folder or Hub id of the reward model.
+        options, **values: The `ScoringOptions` (`batch_size`, `max_tokens_per_batch`, `precision`, `engine`, ...).
+        one_reward: False to read a regression model's attributes without weights (`RewardScorer.outputs`).
+
+    Raises:
+        ValueError: a bad option value.
+        ImportError: `engine="vllm"` without vLLM installed.
+    """
+    return load_scorer(plan_model(model, options, one_reward=one_reward, **values))
 
 
 def split_conversation(conversation: Sequence[Message]) -> tuple[list[Message], list[Message]]:

@@ -1,7 +1,7 @@
 """Prefix sharing: the context shared by several completions goes through the model once, with the same scores,
 losses and gradients as scoring each completion alone (to float rounding).
 
-- `mode.py`: whether it can run for a model (`prefix_sharing="auto" | True | False | "packed"`), for training and
+- `model_support.py`: whether it can run for a model (`prefix_sharing="auto" | True | False | "packed"`), for training and
   scoring;
 - `packed.py`: the packed layout (the GPU's default): one padding-free row per micro-batch, contexts once, one
   attention call per layer;
@@ -18,7 +18,7 @@ The collators (one per layout, each naming its layout) are in `trl_rm_env.traine
 from .kv import collate_shared_context, shared_context_scores
 from .layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN, Layout, scoring_layout, training_layout
 from .mask import plan_rows, record_row, shared_prefix_mask, shared_prefix_scores
-from .mode import (
+from .model_support import (
     KV_ATTENTION,
     SUPPORTED_ATTENTION,
     find_score_head,

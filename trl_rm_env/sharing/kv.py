@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
-from .mode import cache_argument, classifier, find_score_head, kv_sharing_unsupported
+from .model_support import cache_argument, classifier, find_score_head, kv_sharing_unsupported
 from .planning import pooled_index
 
 

@@ -25,7 +25,7 @@ import torch
 
 from .kv import collate_shared_context, pad_to_multiple, shared_context_scores
 from .mask import plan_rows, record_row, shared_prefix_scores
-from .mode import (
+from .model_support import (
     SUPPORTED_ATTENTION,
     classifier,
     find_score_head,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .mode import find_score_head
+from .model_support import find_score_head
 from .planning import pooled_index, shared_prefix_length
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from . import kernels
-from .mode import classifier, find_score_head, packs_fast
+from .model_support import classifier, find_score_head, packs_fast
 from .planning import pooled_index
 
 logger = logging.getLogger(__name__)

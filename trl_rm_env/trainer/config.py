@@ -18,7 +18,7 @@ from ..options import (
     prefix_sharing_option,
     refuse_renamed,
 )
-from ..sharing.mode import forces_sharing
+from ..sharing.model_support import forces_sharing
 
 TRUNCATION_MODES = TRUNCATION  # training's and scoring's one vocabulary (`trl_rm_env.options.TRUNCATION`)
 

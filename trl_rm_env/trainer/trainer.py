@@ -46,8 +46,8 @@ from ..compat import checkpointing_enabled
 from ..metrics import record_statistics, summarize_statistics
 from ..sharing import training_layout
 from ..sharing.layouts import KV_CACHE, PLAIN, Layout
-from ..sharing.mode import packs_fast
-from .bounded import BoundedForwardsMixin
+from ..sharing.model_support import packs_fast
+from .bounded_forwards import BoundedForwardsMixin
 from .checkpoints import AtomicCheckpointMixin
 from .classifier import load_classifier, one_label_view
 from .collator import DataCollatorForRankedPreference

@@ -31,7 +31,7 @@ import torch
 
 from ...sharing import scoring_mode
 from ...sharing.layouts import Sizing, scoring_layout
-from ...sharing.mode import forces_sharing
+from ...sharing.model_support import forces_sharing
 from ...sharing.planning import linear_to_attention_cost, padded_batches, shared_prefixes_in
 from ..model_options import ModelOptions
 

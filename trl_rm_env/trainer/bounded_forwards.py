@@ -17,7 +17,7 @@ import torch
 
 from ..compat import checkpointing_enabled
 from .loss import pair_layout, ranked_bradley_terry_loss, ranked_pairs
-from .memory import training_token_budget
+from .token_budget import training_token_budget
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The base of every judge mode (`JudgeMode`) and what a mode hands `trl-rm-env eval` (`EvalPair`, `PairVerdicts`).
-The modes themselves and their registry are `modes.py`."""
+The built-in modes and their registry are `builtin_modes.py`."""
 
 from __future__ import annotations
 

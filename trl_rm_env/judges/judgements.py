@@ -1,6 +1,6 @@
 """From a batch to judgements and back, without a model: GRPO groups, the judgements of each (as its mode lists them),
 a verdict from log-probabilities, and each sample's reward as the mean of its share of the verdicts
-(`JudgeEnvironment` renders the prompts and runs the engine around these; `modes.py` says what differs by mode)."""
+(`JudgeEnvironment` renders the prompts and runs the engine around these; `builtin_modes.py` and `genrm.py` say what differs by mode)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .judge_mode import JudgeMode
+from .mode_base import JudgeMode
 from .verdicts import distribution
 
 

@@ -1,5 +1,5 @@
 """Judge modes as objects: everything that differs between a pointwise, a pairwise and a listwise judge, in one class
-each (on `judge_mode.JudgeMode`), and their registry; the GenRM mode (NeMo Gym's `genrm_compare`) is `genrm.py`'s,
+each (on `mode_base.JudgeMode`), and their registry; the GenRM mode (NeMo Gym's `genrm_compare`) is `genrm.py`'s,
 registered here. Nothing outside the modes tests a mode's name: the judge, the evaluation and the cascade ask the
 mode.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from . import templates as T
 from .genrm import GenRM
-from .judge_mode import Ask, EvalPair, JudgeMode, PairVerdicts
+from .mode_base import Ask, EvalPair, JudgeMode, PairVerdicts
 from .verdicts import parse_ranking, parse_score, parse_winner
 
 MAX_LIST = 9
