@@ -224,6 +224,28 @@ def only_reexports(source: str) -> bool:
     return bool(rest) and all(isinstance(node, (ast.Import, ast.ImportFrom)) for node in rest)
 
 
+def test_a_module_name_repeats_only_where_the_architecture_page_says_why():
+    """Two modules share a basename only when they hold the same kind of thing for different layers, and
+    docs/architecture.md ("Names that repeat") names every place of each such name."""
+    import collections
+    import re
+
+    places = collections.defaultdict(list)
+    for path in [*PACKAGE.rglob("*.py"), *RECIPES.glob("*.py")]:
+        if path.name != "__init__.py":
+            folder = "recipes" if path.is_relative_to(RECIPES) else path.parent.relative_to(PACKAGE).as_posix()
+            places[path.name].append(folder)
+    repeated = {name: sorted(dirs) for name, dirs in places.items() if len(dirs) > 1}
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page.split("### Names that repeat", 1)[1].split("\n## ", 1)[0]
+    explained = {}
+    for row in section.splitlines():
+        cells = row.split("|")
+        if len(cells) > 3 and cells[1].strip().startswith("`"):
+            explained[cells[1].strip().strip("`")] = sorted(re.findall(r"`([\w/]+)/`", cells[2]))
+    assert repeated == explained, f"repeated basenames {repeated}; the page explains {explained}"
+
+
 def test_no_module_only_reexports_another():
     assert only_reexports('"""Moved."""\nfrom .other import a, b  # noqa: F401\n')
     assert not only_reexports('"""Real."""\nfrom .other import a\n\nB = a + 1\n')
