@@ -143,10 +143,13 @@ def test_a_subclass_with_its_own_compute_loss_gets_the_plain_layout_under_auto(t
     args = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", max_steps=1,
                               per_device_train_batch_size=4, disable_tqdm=True, save_strategy="no")
     model = build_tiny_reward_model(tiny_tokenizer, seed=0)
-    trainer = MyTrainer(model=model, args=args, train_dataset=train, processing_class=tiny_tokenizer)
+    trainer = MyTrainer(model=model, args=args, train_dataset=train, eval_dataset=train, processing_class=tiny_tokenizer)
     assert trainer.data_collator.layout is PLAIN
     trainer.train()
     assert seen and all("input_ids" in keys for keys in seen)
+    trained = len(seen)
+    metrics = trainer.evaluate()  # evaluation goes through the subclass's compute_loss too, as transformers' does
+    assert len(seen) > trained and 0.0 <= metrics["eval_accuracy"] <= 1.0
     forced = RankedRewardConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", prefix_sharing=True)
     trainer = MyTrainer(model=model, args=forced, train_dataset=train, processing_class=tiny_tokenizer)
     assert trainer.data_collator.layout is not PLAIN

@@ -13,7 +13,7 @@ in GRPO:
 - listwise, and any mode registered later without its own rule: the pair is a GRPO group of two (the better answer
   first in every other pair), judged as GRPO judges a group, and it goes to the completion with the higher reward.
 
-Each mode says how (`trl_rm_env.judges.builtin_modes.JudgeMode.judge_pairs`).
+Each mode says how (`trl_rm_env.judges.mode_base.JudgeMode.judge_pairs`).
 
 A pair without a verdict (unparseable, or over-length) is counted as such and as wrong. Costs are measured: judgements,
 prompt tokens and seconds per 1,000 pairs, and the peak memory during each source's run (CUDA's peak allocation, or

@@ -64,7 +64,7 @@ def template_fields(template: str) -> set[str]:
 
 
 def check_template(template: str, mode: Any) -> set[str]:
-    """The dataset columns `template` reads (its fields that the mode, a `trl_rm_env.judges.builtin_modes.JudgeMode`, does
+    """The dataset columns `template` reads (its fields that the mode, a `trl_rm_env.judges.mode_base.JudgeMode`, does
     not fill).
 
     Raises:

@@ -111,6 +111,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         self._full_evaluation: tuple[int, dict[str, float], bool] | None = None  # (step, metrics, silent)
         self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
         self._silent_logs = False
+        self._predicted_scores: torch.Tensor | None = None  # one evaluation batch's, from compute_loss to prediction_step
         user_collator = data_collator
         self._heads = args.ensemble_heads
         self._eval_head_stats: list[torch.Tensor] = []
@@ -211,7 +212,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
 
     # ------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, _, outputs = self._loss_and_scores(model, inputs)
+        loss, scores, outputs = self._loss_and_scores(model, inputs)
+        if not self.model.training:  # handed to `prediction_step`, which called this (through a subclass's override,
+            self._predicted_scores = scores  # as transformers' own calls it) and takes them at once
         return (loss, outputs) if return_outputs else loss
 
     def _loss_and_scores(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor, object]:
@@ -334,8 +337,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         inputs = self._prepare_inputs(inputs)
         ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
         with torch.no_grad(), self.compute_loss_context_manager():
-            loss, scores, _ = self._loss_and_scores(model, inputs)
+            loss = self.compute_loss(model, inputs)  # a subclass's own compute_loss runs in evaluation too
         loss = loss.detach()
+        scores, self._predicted_scores = self._predicted_scores, None
         if prediction_loss_only:
             return loss, None, None
         if ranks is None:  # TRL's layout, TRL's shapes
