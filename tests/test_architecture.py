@@ -246,6 +246,16 @@ def test_a_module_name_repeats_only_where_the_architecture_page_says_why():
     assert repeated == explained, f"repeated basenames {repeated}; the page explains {explained}"
 
 
+def test_every_package_folder_ships_in_the_wheel():
+    """pyproject.toml lists the packages the wheel carries: a new folder of modules missing there imports from a
+    checkout and fails once installed."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(init) for init in PACKAGE.rglob("__init__.py")}
+    assert folders - listed == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
 def test_no_module_only_reexports_another():
     assert only_reexports('"""Moved."""\nfrom .other import a, b  # noqa: F401\n')
     assert not only_reexports('"""Real."""\nfrom .other import a\n\nB = a + 1\n')

@@ -58,7 +58,8 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_recipes_their_configs_and_the_sample_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for recipe in ("train_rm", "train_regression_rm", "grpo_rm", "cli", "launch", "steps", "grpo_args", "spellings"):
+    for recipe in ("train_rm", "train_regression_rm", "grpo_rm", "cli", "launch", "shared_steps", "grpo_args",
+                   "spellings"):
         assert f"trl_rm_env/recipes/{recipe}.py" in names
     for config in (ROOT / "recipes" / "configs").glob("*.yaml"):
         assert f"trl_rm_env/recipes/configs/{config.name}" in names
