@@ -22,12 +22,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-RECIPES = {"train": "train_rm", "train-regression": "train_regression_rm", "grpo": "grpo_rm"}
+RECIPES = {
+    "train": "train_rm", "train-regression": "train_regression_rm", "grpo": "grpo_rm", "train-genrm": "train_genrm",
+}
 """Each command and the recipe script it runs."""
 HELP = {
     "train": "Train a Bradley-Terry reward model (recipes/train_rm.py) through accelerate launch.",
     "train-regression": "Train a regression reward model (recipes/train_regression_rm.py) through accelerate launch.",
     "grpo": "GRPO with a reward model as the reward (recipes/grpo_rm.py) through accelerate launch.",
+    "train-genrm": "Train a generative reward model with GRPO on ranked data (recipes/train_genrm.py) through "
+    "accelerate launch.",
 }
 
 

@@ -27,12 +27,12 @@ those pairs only, where it is smaller (the count of pairs sent is reported and e
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..data.schema import iter_pairs
+from .listwise import format_listwise_table, judge_listwise, rounds_by_context
 from .memory import peak_mb, reset_peak_memory
 from .rewardbench import rewardbench_sections
 from .rewardbench2 import rewardbench2_scores
@@ -103,10 +103,14 @@ def _pick(preference: float | None, neutral: float) -> str | None:
 
 
 def verdict_metrics(
-    pairs: Sequence[tuple[str, int, int, int]], picks: Sequence[str | None], orders: Sequence[Sequence[Any]] | None
+    pairs: Sequence[tuple[str, int, int, int]],
+    picks: Sequence[str | None],
+    orders: Sequence[Sequence[Any]] | None,
+    neutral: float = 0.5,
 ) -> dict[str, dict[str, Any]]:
-    """Per set: `pairs`, `correct`, `verdict_ties`, `no_verdict`, `accuracy` (ties and pairs without a verdict are wrong) and,
-    given both orders of each pair, `position_consistency`."""
+    """Per set: `pairs`, `correct`, `verdict_ties`, `no_verdict`, `accuracy` (ties and pairs without a verdict are
+    wrong) and, given both orders of each pair (preferences for the better one, `neutral` a tie),
+    `position_consistency`: the share of pairs with a verdict in both orders that pick the same one in both."""
     sets: dict[str, dict[str, Any]] = {}
     for n, ((name, *_), pick) in enumerate(zip(pairs, picks)):
         m = sets.setdefault(
@@ -119,7 +123,7 @@ def verdict_metrics(
         if orders is not None and len(orders[n]) == 2 and None not in orders[n]:
             first, second = orders[n]  # preferences for the better one, shown first and shown second
             m["both"] += 1
-            m["consistent"] += (first > 0.5) == (second > 0.5) and first != 0.5 and second != 0.5
+            m["consistent"] += (first > neutral) == (second > neutral) and neutral not in (first, second)
     for m in sets.values():
         m["accuracy"] = m["correct"] / m["pairs"] if m["pairs"] else float("nan")
         both = m["both_orders"] = m.pop("both")  # pairs with a verdict in both orders
@@ -146,12 +150,16 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
         "rewardbench": {...}, "cost": {...}, "per_1k_pairs": {...}, "mode", "scoring"}, picks)`: `picks` is each
         pair's `better` / `worse` / `tie` / None, in `pairs_of_sets` order.
     """
+    if judge.mode.failed_verdict(judge.options) is not None and hasattr(judge, "replace"):
+        judge = judge.replace(failed_judgement="masked")  # a judgement that failed is no verdict here, not a neutral one
     pairs = pairs_of_sets(datasets)
     rows, cost = judge_pair_verdicts(judge, datasets, pairs)
     neutral = judge.mode.neutral
     picks = [_pick(row["preference"], neutral) for row in rows]
     orders = [row["orders"] for row in rows] if all("orders" in row for row in rows) and rows else None
-    sets = verdict_metrics(pairs, picks, orders)
+    sets = verdict_metrics(pairs, picks, orders, neutral)
+    for name, listwise in judge_listwise(judge, datasets).items():  # records with 3+ completions, as GRPO groups
+        sets[name]["listwise"] = listwise
     ratings = cost.pop("ratings")
     cost["memory_mb"] = peak_mb()
     results = {
@@ -199,15 +207,7 @@ def cascade_rounds(
 ) -> list[list[int]]:
     """The pairs (positions in `pairs`) in rounds that hold at most one pair per context: each pair of a round is a
     GRPO group of its own (a group is the samples with equal prompts)."""
-    rounds: list[list[int]] = []
-    seen: dict[str, int] = {}
-    for n, (name, r, _, _) in enumerate(pairs):
-        key = json.dumps(datasets[name][r]["context"], sort_keys=True, default=str)
-        k = seen[key] = seen.get(key, -1) + 1
-        if k == len(rounds):
-            rounds.append([])
-        rounds[k].append(n)
-    return rounds
+    return rounds_by_context([datasets[name][r]["context"] for name, r, _, _ in pairs])
 
 
 def evaluate_cascade(
@@ -356,6 +356,9 @@ def format_comparison_table(sources: Mapping[str, Mapping[str, Any]], agreements
     widths = [max(len(str(x)) for x in column) for column in zip(header, *rows)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows]
+    listwise = format_listwise_table(sources)
+    if listwise:
+        lines += ["", listwise]
     for source, results in sources.items():
         score = (results.get("rewardbench") or {}).get("Score")
         if score is not None:

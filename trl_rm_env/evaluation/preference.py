@@ -42,6 +42,7 @@ import torch
 
 from ..data.schema import iter_pairs
 from ..scoring.scorer import load_reward_scorer
+from .listwise import listwise_metrics
 from .rewardbench import rewardbench_sections
 from .rewardbench2 import rewardbench2_scores
 
@@ -288,6 +289,9 @@ def evaluate_with_scores(
         metrics = _set_metrics(records, by_set[name], lengths[offset : offset + count])
         if per_head is not None:
             metrics["ensemble"] = ensemble_metrics(records, per_head[offset : offset + count])
+        listwise = listwise_metrics(records, by_set[name])
+        if listwise is not None:  # records with 3+ completions: Kendall's tau-b and top-1 accuracy
+            metrics["listwise"] = listwise
         metrics["skipped"] = int((skipped or {}).get(name, 0))
         metrics["ties"] = int((ties or {}).get(name, 0))
         results["sets"][name] = metrics

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from .listwise import format_listwise_table
 from .rewardbench import REWARDBENCH_SUBSET_MAPPING
 from .rewardbench2 import format_rewardbench2_table
 
@@ -44,6 +45,9 @@ def format_results_table(results: Mapping[str, Any]) -> str:
         lines += ["", format_rewardbench2_table(results["rewardbench2"])]
     if all("margin_buckets" in m for m in sets.values()):  # results saved before these metrics existed have none
         lines += ["", format_bias_table(results)]
+    listwise = format_listwise_table({"reward model": results})
+    if listwise:
+        lines += ["", listwise]
     if sets and all("ensemble" in m for m in sets.values()):
         lines += ["", format_ensemble_table(results)]
     return "\n".join(lines)

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..data.messages import reasoning_and_answer, strip_reasoning_text
-from .mode_base import JudgeMode
+from .mode_base import Ask, EvalPair, JudgeMode, PairVerdicts
 
 logger = logging.getLogger(__name__)
 _warned_ranges: list[bool] = []  # the out-of-range warning, once per process
@@ -131,6 +131,11 @@ def _written(candidate: str) -> dict[str, float] | None:
     return written if all(math.isfinite(v) for v in written.values()) else None
 
 
+def written_verdicts(text: str) -> list[tuple[str, dict[str, float]]]:
+    """Every valid verdict object of `text`, in order: its source text and what it writes."""
+    return [(candidate, written) for candidate in _objects(text) if (written := _written(candidate)) is not None]
+
+
 def written_verdict(text: str) -> dict[str, float] | None:
     """What the verdict object of a GenRM's answer writes, chosen as NeMo Gym chooses it (the first valid object of
     the fenced ```json blocks, else the last valid top-level object), or None when it holds none."""
@@ -138,8 +143,8 @@ def written_verdict(text: str) -> dict[str, float] | None:
         for candidate in _objects(block.group(1)):
             if (written := _written(candidate)) is not None:
                 return written
-    valid = [w for c in _objects(text) if (w := _written(c)) is not None]
-    return valid[-1] if valid else None
+    valid = written_verdicts(text)
+    return valid[-1][1] if valid else None
 
 
 def verdict_of(written: Mapping[str, float], default_score: float, default_ranking: float) -> Verdict:
@@ -351,6 +356,28 @@ class GenRM(JudgeMode):
                 "genrm_compare roles (`response_1`, `response_2`, `principle`); use the GenRM's own tokenizer"
                 + (", or no principle" if "principle" in dropped else "")
             )
+
+    def judge_pairs(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> PairVerdicts:
+        """Each pair shown in both orders, the better answer first and then second (`judges_per_comparison` times
+        each): its preference in an order is what the better one received minus what the worse one received (the
+        mean over the judges with a verdict; `neutral` 0 is a tie), its preference the mean over the orders with a
+        verdict, and position consistency reads the two orders."""
+        shown = [(n, first) for n in range(len(pairs)) for first in (True, False)
+                 for _ in range(options.judges_per_comparison)]  # fmt: skip
+        found = ask(
+            [pairs[n].context for n, _ in shown],
+            [(pairs[n].better, pairs[n].worse) if first else (pairs[n].worse, pairs[n].better) for n, first in shown],
+        )
+        received_by: list[tuple[list[float], list[float]]] = [([], []) for _ in pairs]
+        for (n, first), verdict in zip(shown, found.values):
+            if verdict is not None:
+                better, worse = (verdict.value_1, verdict.value_2) if first else (verdict.value_2, verdict.value_1)
+                received_by[n][0 if first else 1].append(better - worse)
+        orders = [[sum(v) / len(v) if v else None for v in both] for both in received_by]
+        preferences = [
+            sum(known) / len(known) if (known := [p for p in order if p is not None]) else None for order in orders
+        ]
+        return PairVerdicts(preferences, orders, {}, found)
 
     def metrics(self, verdicts: Sequence[Any]) -> dict[str, float]:
         """`tiebreak_rate`: the share of the call's comparisons whose two scores were equal."""
