@@ -8,7 +8,7 @@ import json
 import math
 
 import pytest
-import scipy.stats as scipy_stats  # noqa: E402  (a dev dependency: the reference)
+import scipy.stats as scipy_stats  # a dev dependency: the reference
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
