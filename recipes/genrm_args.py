@@ -1,24 +1,27 @@
 """`GenRMArguments`: the data, reward and evaluation section of the GenRM training recipe's `TrlParser`
-(`recipes/train_genrm.py`); the rest is TRL's `GRPOConfig` and `ModelConfig`."""
+(`recipes/train_genrm.py`); the rest is TRL's `GRPOConfig` and `ModelConfig`. Its data keys are the reward-model
+recipe's (`RankedDataArguments`: `train_data`, `eval_data`, `data_format`, `hub_config`, the binary keys), read the
+same way."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trl_rm_env.data.arguments import RankedDataArguments
 from trl_rm_env.data.rows import ON_INVALID_MODES
 from trl_rm_env.judges.genrm_template import GENRM_TEMPLATES
 
 
 @dataclass
-class GenRMArguments:
+class GenRMArguments(RankedDataArguments):
     """Which ranked data the GenRM learns from, how it is shown, how its verdicts are rewarded and evaluated.
 
+    The data keys are `RankedDataArguments`' (`train_data`: the comparisons' source; `eval_data`: held-out sets,
+    `name=source`, on which the GenRM is evaluated at the end, and at the start with `eval_at_start`, as `trl-rm-env
+    eval --judge-mode genrm` evaluates it; `data_format`, `hub_config`, ...); `build_tiny_model` builds the tiny
+    offline models when the model path, a folder named `policy`, is missing.
+
     Args:
-        train_data: Rank-schema source of the comparisons: a local file, `sample:<split>`, or a Hub id[:split].
-        data_format: Format of `train_data` and `eval_data`: rank, binary (TRL's prompt/chosen/rejected),
-            helpsteer3, tulu3, llmbar, pandalm, hh.
-        eval_data: Held-out sets (`name=SOURCE`, or `FILE[:name]`): the GenRM is evaluated on them at the end (and at
-            the start with `eval_at_start`) as `trl-rm-env eval --judge-mode genrm` evaluates it.
         on_invalid: A record that fails validation (fewer than two distinct ranks, a bad message, ...): `skip` counts
             and logs it, `raise` stops at it, naming file, row and field.
         pairs_per_record: Most pairs of one record made into comparisons, sampled with `seed` (None: every pair).
@@ -38,15 +41,10 @@ class GenRMArguments:
             before GRPO; 0: none. Use it when the base model does not yet write a verdict the parser reads (a base
             or tiny model: GRPO has no signal while every verdict fails).
         warm_start_learning_rate: Learning rate of the warm start (None: the GRPO learning rate).
-        eval_at_start: Evaluate the base model on `eval_data` before training too (the learning curve's start).
-        build_tiny_model: Build the tiny offline models when the model path, a folder named `policy`, is missing.
+        eval_at_start: Evaluate the base model on `eval_data` before training too, and after the warm start (the
+            learning curve: `start`, `warm_start`, `final` in `genrm_eval.json`); one-process launches only.
     """
 
-    train_data: str = field(default="sample:train", metadata={"help": "Rank-schema source of the comparisons."})
-    data_format: str = field(default="rank", metadata={"help": "Format of train_data and eval_data."})
-    eval_data: list[str] | None = field(
-        default=None, metadata={"help": "Held-out sets (name=SOURCE or FILE[:name]) the GenRM is evaluated on."}
-    )
     on_invalid: str = field(
         default="skip", metadata={"help": "Invalid records: skip (counted) or raise.", "choices": ON_INVALID_MODES}
     )
@@ -71,9 +69,6 @@ class GenRMArguments:
         default=None, metadata={"help": "Warm-start learning rate (None: the GRPO one)."}
     )
     eval_at_start: bool = field(default=False, metadata={"help": "Evaluate the base model on eval_data too."})
-    build_tiny_model: bool = field(
-        default=False, metadata={"help": "Build the tiny offline models if the model path is missing."}
-    )
 
     def __post_init__(self) -> None:
         if self.warm_start_steps < 0:

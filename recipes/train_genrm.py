@@ -30,8 +30,6 @@ def main(genrm_args: GenRMArguments, training_args: GRPOConfig, model_args: Mode
     from trl import GRPOTrainer, get_peft_config
     from trl_rm_env.recipes import shared_steps as steps
 
-    from trl_rm_env.data.loaders import load_rank_records
-    from trl_rm_env.evaluation.data import load_sets
     from trl_rm_env.judges.genrm_data import genrm_comparisons
     from trl_rm_env.judges.genrm_template import prepare_genrm_tokenizer
     from trl_rm_env.trainer.checkpoints import with_atomic_checkpoints
@@ -43,19 +41,21 @@ def main(genrm_args: GenRMArguments, training_args: GRPOConfig, model_args: Mode
             "reasoning_length_weight"
         )
     rewards, training_args.reward_weights = genrm_args.reward_functions()
+    if genrm_args.eval_at_start and training_args.world_size > 1:
+        raise ValueError(
+            f"eval_at_start: the evaluation before training runs in one process, this launch has "
+            f"{training_args.world_size}; evaluate the base model with `trl-rm-env eval --judge MODEL --judge-mode "
+            "genrm --data ...`, or launch with one process (the held-out evaluation at the end runs either way)"
+        )
 
     # --- data (a bad file fails in one line before any model loads) ------------------------------------------
-    records, report = load_rank_records(
-        genrm_args.train_data, data_format=genrm_args.data_format, on_invalid=genrm_args.on_invalid
-    )
+    train, eval_datasets = genrm_args.load(on_invalid=genrm_args.on_invalid)
     comparisons, counts = genrm_comparisons(
-        records, ties=genrm_args.include_ties, pairs_per_record=genrm_args.pairs_per_record,
+        train.to_list(), ties=genrm_args.include_ties, pairs_per_record=genrm_args.pairs_per_record,
         principle=genrm_args.principle, principle_column=genrm_args.principle_column, seed=training_args.seed,
-        source=report.source,
+        source=genrm_args.train_data,
     )  # fmt: skip
-    eval_sets = {}
-    if genrm_args.eval_data:
-        eval_sets, _, _ = load_sets(genrm_args.eval_data, genrm_args.data_format, genrm_args.on_invalid, False)
+    eval_sets = {name: dataset.to_list() for name, dataset in eval_datasets.items()}
 
     # --- model and its template (the protocol's roles, or the built-in template saved with the model) ---------
     model_path = steps.prepare_model(
@@ -68,7 +68,7 @@ def main(genrm_args: GenRMArguments, training_args: GRPOConfig, model_args: Mode
 
     state = PartialState()
     state.print(
-        f"GenRM data: {report.kept} record(s) ({report.skipped} skipped) -> {counts.pairs} ordered pair(s) and "
+        f"GenRM data: {counts.records} record(s) -> {counts.pairs} ordered pair(s) and "
         f"{counts.ties} tie(s), each in both orders: {counts.comparisons} comparisons"
         + (f" ({counts.sampled_out} pair(s) left out by pairs_per_record)" if counts.sampled_out else "")
         + f"; chat template: {template}"
@@ -80,6 +80,8 @@ def main(genrm_args: GenRMArguments, training_args: GRPOConfig, model_args: Mode
     # --- warm start: supervised verdicts, when the base model cannot yet write them -----------------------------
     if genrm_args.warm_start_steps:
         model_path = warm_start(model_path, tokenizer, comparisons, genrm_args, training_args, model_args)
+        if genrm_args.eval_at_start and eval_sets:
+            results["warm_start"] = evaluate_genrm(model_path, None, eval_sets, training_args, "warm_start")
 
     # --- GRPO -------------------------------------------------------------------------------------------------
     trainer = with_atomic_checkpoints(GRPOTrainer)(  # checkpoints appear complete or not at all
@@ -95,11 +97,19 @@ def main(genrm_args: GenRMArguments, training_args: GRPOConfig, model_args: Mode
     trainer.save_state()
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.print(f"GenRM saved to {training_args.output_dir}")
+    main_process = trainer.accelerator.is_main_process
+    trainer.end()  # the process group ends here: the other processes are done, none waits on the evaluation
 
-    # --- held-out evaluation, as `trl-rm-env eval --judge-mode genrm` ----------------------------------------
-    if eval_sets:
+    # --- held-out evaluation on the main process, as `trl-rm-env eval --judge-mode genrm` ---------------------
+    if eval_sets and main_process:
+        import gc
+
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        del trainer
+        gc.collect()
+        unset_hf_deepspeed_config()  # the saved GenRM loads whole, as one process loads it
         results["final"] = evaluate_genrm(training_args.output_dir, None, eval_sets, training_args, "final")
-    trainer.end()
     return results
 
 
@@ -141,34 +151,29 @@ def warm_start(
 
 
 def evaluate_genrm(model: str, tokenizer: Any, eval_sets: dict, training_args: Any, when: str) -> dict[str, Any]:
-    """The GenRM at `model` judged on `eval_sets` on the main process (the others wait), as `trl-rm-env eval
-    --judge-mode genrm` judges it (greedy, no retries: a verdict it cannot write is a failed one); the table printed
-    and the results added to `output_dir/genrm_eval.json` under `when`."""
-    from accelerate import PartialState
-
-    from trl_rm_env.evaluation.command import close_engine
+    """The GenRM at `model` judged on `eval_sets` in this process, as `trl-rm-env eval --judge-mode genrm` judges it
+    (greedy, no retries: a verdict it cannot write is a failed one); the table printed and the results added to
+    `output_dir/genrm_eval.json` under `when`. One process only (`evaluate_judge`'s group calls would wait for the
+    others): the recipe calls it before the process group exists in a one-process launch, or after it has ended."""
+    from trl_rm_env.evaluation.command import close_engine, nan_to_none
     from trl_rm_env.evaluation.judge import evaluate_judge, format_comparison_table
     from trl_rm_env.rewards.judge import JudgeEnvironment
 
-    state = PartialState()
-    results: dict[str, Any] = {}
-    if state.is_main_process:
-        judge = JudgeEnvironment(
-            model, tokenizer, mode="genrm", max_new_tokens=training_args.max_completion_length, temperature=0.0,
-            parse_retries=0,
-        )  # fmt: skip
-        try:
-            results, _ = evaluate_judge(judge, eval_sets)
-        finally:
-            close_engine(judge.engine)
-        print(f"\nGenRM on the held-out sets ({when}):")
-        print(format_comparison_table({f"judge (genrm, {when})": results}, {}))
-        out = os.path.join(training_args.output_dir, "genrm_eval.json")
-        os.makedirs(training_args.output_dir, exist_ok=True)
-        saved = json.load(open(out)) if os.path.exists(out) and when != "start" else {}
-        with open(out, "w") as f:
-            json.dump({**saved, when: results}, f, indent=2, default=str)
-    state.wait_for_everyone()
+    judge = JudgeEnvironment(
+        model, tokenizer, mode="genrm", max_new_tokens=training_args.max_completion_length, temperature=0.0,
+        parse_retries=0,
+    )  # fmt: skip
+    try:
+        results, _ = evaluate_judge(judge, eval_sets)
+    finally:
+        close_engine(judge.engine)
+    print(f"\nGenRM on the held-out sets ({when}):")
+    print(format_comparison_table({f"judge (genrm, {when})": results}, {}))
+    out = os.path.join(training_args.output_dir, "genrm_eval.json")
+    os.makedirs(training_args.output_dir, exist_ok=True)
+    saved = json.loads(open(out).read()) if os.path.exists(out) and when != "start" else {}
+    with open(out, "w") as f:
+        json.dump(nan_to_none({**saved, when: results}), f, indent=2, default=str)
     return results
 
 

@@ -279,6 +279,13 @@ def launch(
         *(["--num_processes", str(processes)] if processes else []),
         str(ROOT / script), *args,
     ]  # fmt: skip
+    variables = launch_env(port, env)
+    return run_process(cmd, cwd, variables, timeout, f"{config} {script}")
+
+
+def launch_env(port: int, env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launched recipe: this one without Accelerate's and torch's launch variables, offline,
+    one thread per process, quiet bars; `env` added (its `PYTHONPATH` in front of the repository's)."""
     variables = {
         k: v
         for k, v in os.environ.items()
@@ -302,7 +309,7 @@ def launch(
         ),
     )
     variables.update(extra)
-    return run_process(cmd, cwd, variables, timeout, f"{config} {script}")
+    return variables
 
 
 PROBE = ROOT / "tests" / "scripts" / "exit_probe"
@@ -567,3 +574,32 @@ def score_like_async_grpo(funcs) -> dict:
     return result
 
 
+
+
+REFUSALS = ("I cannot help with that.", "I am not sure, sorry.", "Math is hard. Ask someone else.")
+
+
+def visible_cue_records(n: int, seed: int) -> list[dict[str, Any]]:
+    """A preference task a tiny model can learn (the GenRM learning test): arithmetic questions whose better answer
+    works the sum out and whose worse ones (rank 1, tied with each other) refuse; every third record has two refusals
+    (a tie, and three completions for the listwise metrics). Completions in a shuffled order."""
+    import random
+
+    rng = random.Random(seed)
+    records = []
+    for k in range(n):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        good = {"rank": 0, "completion": [{"role": "assistant", "content": f"Adding {a} and {b} gives {a + b}. "
+                                           f"The answer is {a + b}."}]}  # fmt: skip
+        bad = [{"rank": 1, "completion": [{"role": "assistant", "content": text}]}
+               for text in rng.sample(REFUSALS, 2 if k % 3 == 0 else 1)]  # fmt: skip
+        completions = [good, *bad]
+        rng.shuffle(completions)
+        records.append({"context": [{"role": "user", "content": f"How much is {a} plus {b}?"}],
+                        "completions": completions})  # fmt: skip
+    return records
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path

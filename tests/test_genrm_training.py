@@ -6,6 +6,7 @@ recipe end to end (it learns, it rewards GRPO) is tests/test_genrm_recipe.py."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -282,3 +283,55 @@ def test_eval_judge_mode_genrm_reports_consistency_failed_verdicts_and_listwise(
     sets = got["sets"]["three"]
     assert sets["pairs"] == 4 and sets["no_verdict"] == 4 and sets["accuracy"] == 0
     assert sets["listwise"] == {"records": 0, "kendall_tau": None, "top1_accuracy": None, "constant": 0, "failed": 2}
+
+
+# ------------------------------------------------------------------------------------------------------ recipe
+def _recipe_args(tmp_path, *flags):
+    from trl_rm_env.recipes.train_genrm import make_parser
+
+    config = str(Path(__file__).resolve().parent.parent / "recipes" / "configs" / "genrm_tiny.yaml")
+    return make_parser().parse_args_and_config(
+        ["--config", config, "--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(tmp_path / "policy"),
+         *flags]  # fmt: skip
+    )
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--reward_weights", "1.0", "2.0"), "reward_weights: the GenRM recipe weighs its rewards with agreement_weight"),
+        (("--margin_credit", "1.5"), r"margin_credit must be in \[0, 1\], got 1.5"),
+        (("--warm_start_steps", "-1"), "warm_start_steps must be >= 0"),
+        (("--pairs_per_record", "0"), "pairs_per_record must be >= 1"),
+    ],
+)
+def test_recipe_refuses_what_cannot_apply_before_loading_anything(tmp_path, flags, message):
+    from trl_rm_env.recipes.train_genrm import main
+
+    with pytest.raises(ValueError, match=message):
+        main(*_recipe_args(tmp_path, *flags))
+
+
+def test_recipe_refuses_eval_at_start_under_several_processes(tmp_path, monkeypatch):
+    from trl import GRPOConfig
+    from trl_rm_env.recipes.train_genrm import main
+
+    args = _recipe_args(tmp_path, "--eval_at_start", "true")
+    monkeypatch.setattr(GRPOConfig, "world_size", property(lambda self: 2))
+    with pytest.raises(ValueError, match="eval_at_start: .* this launch has 2; evaluate the base model with"):
+        main(*args)
+
+
+def test_recipe_refuses_a_model_whose_template_drops_the_roles_with_template_model(tiny_dir, tmp_path):
+    import shutil
+
+    from trl_rm_env.recipes.train_genrm import main
+
+    policy = tmp_path / "policy"
+    shutil.copytree(tiny_dir / "policy", policy)
+    config = json.loads((policy / "tokenizer_config.json").read_text())
+    (policy / "chat_template.jinja").unlink(missing_ok=True)
+    config["chat_template"] = KNOWN_ROLES_ONLY
+    (policy / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"genrm_template='model': .*\['response_1', 'response_2'\]"):
+        main(*_recipe_args(tmp_path, "--genrm_template", "model", "--train_data", "sample:harder"))

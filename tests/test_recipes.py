@@ -27,6 +27,8 @@ def load_recipe(name: str):
 
 
 def recipe_for(config: Path) -> str:
+    if config.name.startswith("genrm"):
+        return "train_genrm"
     if config.name.startswith("grpo"):
         return "grpo_rm"
     if config.name.startswith("rm_regression"):
@@ -36,7 +38,8 @@ def recipe_for(config: Path) -> str:
 
 def test_there_are_configs_for_both_recipes():
     names = {c.name for c in CONFIGS}
-    assert {"rm.yaml", "rm_tiny.yaml", "grpo_rm.yaml", "grpo_rm_tiny.yaml", "grpo_judge_tiny.yaml"} <= names
+    assert {"rm.yaml", "rm_tiny.yaml", "grpo_rm.yaml", "grpo_rm_tiny.yaml", "grpo_judge_tiny.yaml", "genrm.yaml",
+            "genrm_tiny.yaml"} <= names
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
