@@ -3,6 +3,7 @@
     trl-rm-env train --config rm_tiny.yaml [--accelerate_config ddp_cpu] [--flag value ...]
     trl-rm-env train-regression --config rm_regression_tiny.yaml [...]
     trl-rm-env grpo --config grpo_rm_tiny.yaml [...]
+    trl-rm-env train-genrm --config genrm_tiny.yaml [...]
                                            # the recipes, launched through Accelerate (TRL's `trl reward` shape):
                                            # shipped config names or paths, flags override the YAML
     trl-rm-env make-tiny OUTDIR            # tiny offline reward model + policy (tests, quickstart)

@@ -165,8 +165,10 @@ def _strip_comment(command: str) -> str:
 
 VARIANT = re.compile(r"^(\s+--[\w-]+(\s+[^-\s]\S*)?)+$")  # flags added to a command
 INSTALL_STEP = re.compile(r"^(python3? -m venv |\. \S*activate|(\S*/)?pip3? (un)?install )")
-TRAINING = re.compile(r"(trl-rm-env (train|train-regression|grpo)\b|recipes/(train_rm|train_regression_rm|grpo_rm)\.py)")
-GPU_CONFIGS = ("rm.yaml", "grpo_rm.yaml", "rm_regression.yaml")
+TRAINING = re.compile(
+    r"(trl-rm-env (train|train-regression|grpo|train-genrm)\b|recipes/(train_rm|train_regression_rm|grpo_rm|train_genrm)\.py)"
+)
+GPU_CONFIGS = ("rm.yaml", "grpo_rm.yaml", "rm_regression.yaml", "genrm.yaml")
 
 
 def install_problems(step: str) -> list[str]:
@@ -199,7 +201,7 @@ def substitute_command(command: str, world: Workspace) -> str:
         config = re.search(r"--config\s+(\S+)", command)
         if config and Path(config.group(1)).name in GPU_CONFIGS:
             extra += ["--use_cpu", "true"]
-            if "grpo" in config.group(1):
+            if "grpo" in config.group(1) or "genrm" in config.group(1):
                 extra += ["--max_completion_length", "16"]
         if "--max_steps" not in command:
             extra += ["--max_steps", "2"]
@@ -215,8 +217,8 @@ SUBSTITUTIONS = {
     "install steps": "`python3 -m venv`, `. .venv/bin/activate`, `pip install/uninstall` are skipped (the suite runs "
                      "inside that install), their extras and pins checked against pyproject.toml and .ci/run",  # fmt: skip
     "training length": "`--max_steps 2` appended to a training command without one",
-    "GPU configs": "rm.yaml, grpo_rm.yaml, rm_regression.yaml on the CPU: `--use_cpu true` (and GRPO's "
-                   "`--max_completion_length 16`)",  # fmt: skip
+    "GPU configs": "rm.yaml, grpo_rm.yaml, rm_regression.yaml, genrm.yaml on the CPU: `--use_cpu true` (and "
+                   "GRPO's `--max_completion_length 16`)",  # fmt: skip
     "ports": "8000 and 8001 are free ports",
     "repeats": "a command run before in the lane runs once; one that adds flags to it has those flags checked "
                "(names, as a `parsed` block's), not another run",  # fmt: skip
@@ -639,7 +641,7 @@ LANES = (
     ("README.md", "docs/quickstart.md", "docs/reward_training.md", "docs/environment.md", "docs/reliability.md",
      "docs/coming_from_trl.md", "docs/index.md", "docs/performance.md"),
     ("docs/evaluate_and_serve.md", "docs/regression.md", "docs/judges.md", "docs/data_format.md",
-     "docs/distributed.md"),
+     "docs/distributed.md", "docs/genrm_training.md"),
 )  # fmt: skip
 
 
@@ -791,11 +793,11 @@ def _yaml_keys(text: str) -> list[str]:
 
 
 def recipe_options() -> set[str]:
-    """Every option a recipe takes (train, train-regression, grpo), by its field name."""
+    """Every option a recipe takes (train, train-regression, grpo, train-genrm), by its field name."""
     import importlib
 
     options: set[str] = set()
-    for name in ("train_rm", "train_regression_rm", "grpo_rm"):
+    for name in ("train_rm", "train_regression_rm", "grpo_rm", "train_genrm"):
         parser = importlib.import_module(f"trl_rm_env.recipes.{name}").make_parser()
         options |= {s[2:] for s in parser._option_string_actions if s.startswith("--")}
     return options

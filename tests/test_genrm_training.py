@@ -1,6 +1,6 @@
 """Training a GenRM from ranked data (docs/genrm_training.md): the comparisons a record becomes (both orders, ties),
 the rewards of a verdict against values written down by hand, the chat template that renders the protocol's roles,
-and the GenRM's pairwise evaluation (position consistency). The listwise metrics are tests/test_listwise.py; the
+and the GenRM's pairwise evaluation (position consistency). The listwise metrics are tests/test_listwise_metrics.py; the
 recipe end to end (it learns, it rewards GRPO) is tests/test_genrm_recipe.py."""
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def test_eval_judge_mode_genrm_reports_consistency_failed_verdicts_and_listwise(
     assert got["mode"] == "genrm" and got["cost"]["judgements"] == 4 * 2  # pairs x orders
     sets = got["sets"]["three"]
     assert sets["pairs"] == 4 and sets["no_verdict"] == 4 and sets["accuracy"] == 0
-    assert sets["listwise"] == {"records": 0, "kendall_tau": None, "top1_accuracy": None, "constant": 0, "failed": 2}
+    assert sets["n_way"] == {"records": 0, "kendall_tau": None, "top1_accuracy": None, "constant": 0, "failed": 2}
 
 
 # ------------------------------------------------------------------------------------------------------ recipe

@@ -159,7 +159,7 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
     orders = [row["orders"] for row in rows] if all("orders" in row for row in rows) and rows else None
     sets = verdict_metrics(pairs, picks, orders, neutral)
     for name, listwise in judge_listwise(judge, datasets).items():  # records with 3+ completions, as GRPO groups
-        sets[name]["listwise"] = listwise
+        sets[name]["n_way"] = listwise
     ratings = cost.pop("ratings")
     cost["memory_mb"] = peak_mb()
     results = {

@@ -128,10 +128,10 @@ def rounds_by_context(contexts: Sequence[Any]) -> list[list[int]]:
 def format_listwise_table(sources: Mapping[str, Mapping[str, Any]]) -> str:
     """One row per source and set with listwise metrics: records, Kendall's tau-b, top-1 accuracy; "" when none."""
     rows = [
-        (source, name, m["listwise"])
+        (source, name, m["n_way"])
         for source, results in sources.items()
         for name, m in results["sets"].items()
-        if m.get("listwise")
+        if m.get("n_way")
     ]
     if not rows:
         return ""

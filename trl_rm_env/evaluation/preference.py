@@ -291,7 +291,7 @@ def evaluate_with_scores(
             metrics["ensemble"] = ensemble_metrics(records, per_head[offset : offset + count])
         listwise = listwise_metrics(records, by_set[name])
         if listwise is not None:  # records with 3+ completions: Kendall's tau-b and top-1 accuracy
-            metrics["listwise"] = listwise
+            metrics["n_way"] = listwise
         metrics["skipped"] = int((skipped or {}).get(name, 0))
         metrics["ties"] = int((ties or {}).get(name, 0))
         results["sets"][name] = metrics

@@ -97,7 +97,7 @@ def test_eval_reports_a_reward_models_kendall_tau_as_scipy_computes_it(tiny_dir,
                      str(out), "--scores", str(scores), "--no-progress"]) == 0  # fmt: skip
     printed = capsys.readouterr().out
     assert "Listwise (records with 3+ completions)" in printed and "Kendall tau" in printed
-    got = json.loads(out.read_text())["sets"]["nway"]["listwise"]
+    got = json.loads(out.read_text())["sets"]["nway"]["n_way"]
     rows = [json.loads(line) for line in scores.read_text().splitlines()]
     taus, tops = [], []
     for r in range(len(N_WAY)):  # the reference: scipy on the ranks and scores the file holds
@@ -120,7 +120,7 @@ def test_eval_reports_a_judges_listwise_metrics_from_its_grpo_group_rewards(tiny
     out = tmp_path / "results.json"
     assert cli_main(["eval", "--judge", str(tiny_dir / "policy"), "--judge-mode", "pointwise", "--data",
                      str(n_way_file), "--output", str(out), "--no-progress"]) == 0  # fmt: skip
-    got = json.loads(out.read_text())["judge"]["sets"]["nway"]["listwise"]
+    got = json.loads(out.read_text())["judge"]["sets"]["nway"]["n_way"]
     judge = JudgeEnvironment(str(tiny_dir / "policy"), mode="pointwise")
     taus, tops = [], []
     for record in N_WAY:
