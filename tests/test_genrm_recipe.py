@@ -37,6 +37,7 @@ def test_genrm_learns_the_human_order_from_no_verdict_at_all(trained):
     assert final["accuracy"] >= 0.85
     assert final["position_consistency"] is not None and final["position_consistency"] >= 0.85
     assert final["no_verdict"] == 0
+    assert final["tie_pairs"] == 20 and final["accuracy_with_ties"] >= 0.85  # the tied refusals judged a tie too
     assert final["n_way"]["records"] == 20 and final["n_way"]["top1_accuracy"] >= 0.85
     assert "pos. consistency" in output and "judge (genrm, final)" in output  # the table printed
     # GRPO after the warm start: the agreement of its sampled verdicts rises

@@ -82,8 +82,11 @@ def test_warm_start_targets_are_verdicts_the_judge_reads_on_the_right_side():
     rows, _ = genrm_comparisons([RECORD])
     sft = warm_start_rows(rows)
     assert sft[1] == {"prompt": rows[1]["prompt"], "completion": answer(target_verdict(2))}
-    agreement = VerdictAgreement()
+    agreement = VerdictAgreement(margin_credit=0.0)
     assert agreement([], [r["completion"] for r in sft], preference=[r["preference"] for r in rows]) == [1.0] * 6
+    # the default credits the score margin too: 0.75 * side + 0.25 * (4 - 2) / 4 for a pair, 0.75 + 0.25 * 1 for a tie
+    assert VerdictAgreement()([], [r["completion"] for r in sft], preference=[r["preference"] for r in rows]) == [
+        0.875, 0.875, 0.875, 0.875, 1.0, 1.0]
     assert VerdictFormat()([], [r["completion"] for r in sft]) == [1.0] * 6
 
 
@@ -99,11 +102,12 @@ AGREEMENT_CASES = [  # (text, preference, margin_credit, reward by hand)
     (V(3, 3, 3.5), 0, 0.0, 1.0),
     (V(3, 3, 3), 0, 0.0, 1.0),  # a tie: 1 for 3 to 4
     (V(3, 3, 4), 0, 0.0, 1.0),
-    (V(3, 3, 2), 0, 0.0, 0.5),  # 1 - (1.5 - 0.5) / 2
-    (V(3, 3, 5), 0, 0.0, 0.5),
+    (V(3, 3, 2), 0, 0.0, 0.0),  # 1.5 - 1.5
+    (V(3, 3, 5), 0, 0.0, 0.0),
     (V(3, 3, 1), 0, 0.0, 0.0),
     (V(3, 3, 6), 0, 0.0, 0.0),
-    (V(3, 3, 2.5), 0, 0.0, 0.75),  # 1 - (1 - 0.5) / 2
+    (V(3, 3, 2.5), 0, 0.0, 0.5),  # 1.5 - 1
+    (V(3, 3, 4.25), 0, 0.0, 0.75),  # 1.5 - 0.75
     (V(5, 1, 2), 1, 0.5, 1.0),  # 0.5 * 1 + 0.5 * (4 / 4)
     (V(4, 3, 2), 1, 0.5, 0.625),  # 0.5 * 1 + 0.5 * (1 / 4)
     (V(4, 3, 5), 2, 0.5, 0.5),  # right side, a score margin the wrong way: 0.5 * 1 + 0.5 * 0
@@ -265,6 +269,17 @@ def test_genrm_judges_each_pair_in_both_orders_for_position_consistency():
     assert metrics["both_orders"] == 2 and metrics["position_consistency"] == 0.5
 
 
+def test_genrm_calls_a_tied_pair_a_tie_when_both_orders_rank_it_near_the_middle():
+    pairs = [EvalPair("c", "a", "b", None, None, index=n) for n in range(4)]
+    rankings = [(3, 4), (3.5, 3.5), (3, 5), (4, None)]  # per pair: shown as listed, then swapped
+
+    def ask(contexts, shown):
+        found = [rankings[k // 2][k % 2] for k in range(len(shown))]
+        return JudgeVerdicts([None if r is None else Comparison(3, 3, r, 3, 3) for r in found], {}, [], None)
+
+    assert GenRM().judge_ties(ask, pairs, SimpleNamespace()) == [True, True, False, False]
+
+
 def test_eval_judge_mode_genrm_reports_consistency_failed_verdicts_and_listwise(tiny_dir, tmp_path):
     """`trl-rm-env eval --judge-mode genrm` on the untrained tiny model: it writes no verdict, and each pair counts
     as no verdict (not as the neutral verdict GRPO would give it); both orders asked."""
@@ -282,6 +297,7 @@ def test_eval_judge_mode_genrm_reports_consistency_failed_verdicts_and_listwise(
     assert got["mode"] == "genrm" and got["cost"]["judgements"] == 4 * 2  # pairs x orders
     sets = got["sets"]["three"]
     assert sets["pairs"] == 4 and sets["no_verdict"] == 4 and sets["accuracy"] == 0
+    assert (sets["tie_pairs"], sets["ties_correct"], sets["accuracy_with_ties"]) == (2, 0, 0.0)  # ranks 1 and 1
     assert sets["n_way"] == {"records": 0, "kendall_tau": None, "top1_accuracy": None, "constant": 0, "failed": 2}
 
 

@@ -48,22 +48,26 @@ def pairs_of_sets(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[t
     ]
 
 
-def judge_pair_verdicts(
-    judge: Any,
+def tied_pairs_of_sets(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[tuple[str, int, int, int]]:
+    """Every pair of equally ranked completions of a record, `(set, record index, i, j)`, `i < j`, set by set."""
+    return [
+        (name, r, i, j)
+        for name, records in datasets.items()
+        for r, record in enumerate(records)
+        for i in range(len(record["completions"]))
+        for j in range(i + 1, len(record["completions"]))
+        if record["completions"][i]["rank"] == record["completions"][j]["rank"]
+    ]
+
+
+def eval_pairs(
     datasets: Mapping[str, Sequence[Mapping[str, Any]]],
     pairs: Sequence[tuple[str, int, int, int]],
     indices: Sequence[int] | None = None,
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Judge `pairs` as the judge's mode judges a preference pair (`JudgeMode.judge_pairs`): one row per pair,
-    `{"preference": for the better one (None: no verdict; the mode's `neutral` is a tie), "orders": its preference in
-    each order shown (modes that show both)}`, and the cost (`judgements`, `tokens`, `seconds`, `rating_mass`,
-    `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`).
-    `indices`: each pair's position in `pairs_of_sets` (default: its position here), which decides its order when the
-    mode shows one (better first at even ones), so a pair is shown the same way whoever asks."""
+) -> list[Any]:
+    """`pairs` as the `EvalPair`s a judge's mode judges (`i` as `better`, `j` as `worse`)."""
     from ..judges.mode_base import EvalPair
 
-    reset_peak_memory()
-    start = time.perf_counter()
     asked = []
     for n, (name, r, i, j) in enumerate(pairs):
         record = datasets[name][r]
@@ -77,6 +81,44 @@ def judge_pair_verdicts(
                 index=n if indices is None else indices[n],
             )
         )
+    return asked
+
+
+def tie_metrics(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]], sets: dict[str, dict]) -> None:
+    """Accuracy with ties, for a judge whose mode has a tie verdict (`JudgeMode.judge_ties`, the GenRM's): each set's
+    `tie_pairs` (equally ranked pairs), `ties_correct` (those the judge calls a tie) and `accuracy_with_ties`
+    (`(correct + ties_correct) / (pairs + tie_pairs)`), added to `sets`. Ties the loader dropped (a record whose
+    completions all tie, HelpSteer3's `overall_preference == 0`) are not there to count."""
+    tied = tied_pairs_of_sets(datasets)
+    called = judge.judge_ties(eval_pairs(datasets, tied)) if tied and hasattr(judge, "judge_ties") else None
+    if called is None:
+        return
+    for m in sets.values():
+        m["tie_pairs"] = m["ties_correct"] = 0
+    for (name, *_), tie in zip(tied, called):
+        sets[name]["tie_pairs"] += 1
+        sets[name]["ties_correct"] += bool(tie)
+    for m in sets.values():
+        total = m["pairs"] + m["tie_pairs"]
+        m["accuracy_with_ties"] = (m["correct"] + m["ties_correct"]) / total if total else float("nan")
+
+
+def judge_pair_verdicts(
+    judge: Any,
+    datasets: Mapping[str, Sequence[Mapping[str, Any]]],
+    pairs: Sequence[tuple[str, int, int, int]],
+    indices: Sequence[int] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Judge `pairs` as the judge's mode judges a preference pair (`JudgeMode.judge_pairs`): one row per pair,
+    `{"preference": for the better one (None: no verdict; the mode's `neutral` is a tie), "orders": its preference in
+    each order shown (modes that show both)}`, and the cost (`judgements`, `tokens`, `seconds`, `rating_mass`,
+    `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`).
+    `indices`: each pair's position in `pairs_of_sets` (default: its position here), which decides its order when the
+    mode shows one (better first at even ones), so a pair is shown the same way whoever asks."""
+
+    reset_peak_memory()
+    start = time.perf_counter()
+    asked = eval_pairs(datasets, pairs, indices)
     verdicts = judge.judge_pairs(asked)
     found = verdicts.found
     rows = [
@@ -158,6 +200,7 @@ def evaluate_judge(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]
     picks = [_pick(row["preference"], neutral) for row in rows]
     orders = [row["orders"] for row in rows] if all("orders" in row for row in rows) and rows else None
     sets = verdict_metrics(pairs, picks, orders, neutral)
+    tie_metrics(judge, datasets, sets)  # a GenRM: equally ranked pairs judged a tie or not
     for name, listwise in judge_listwise(judge, datasets).items():  # records with 3+ completions, as GRPO groups
         sets[name]["n_way"] = listwise
     ratings = cost.pop("ratings")
@@ -363,6 +406,10 @@ def format_comparison_table(sources: Mapping[str, Mapping[str, Any]], agreements
         score = (results.get("rewardbench") or {}).get("Score")
         if score is not None:
             lines.append(f"RewardBench v1 score, {source}: {_cell(100 * score['score'], '{:.2f}%')}")
+        for name, m in results["sets"].items():
+            if m.get("tie_pairs"):
+                lines.append(f"accuracy with ties, {source}, {name}: {_cell(100 * m['accuracy_with_ties'], '{:.2f}%')} "
+                             f"({m['ties_correct']} of {m['tie_pairs']} tied pairs judged a tie)")  # fmt: skip
         rb2 = (results.get("rewardbench2") or {}).get("Score")
         if rb2 is not None:
             lines.append(f"RewardBench 2 score, {source}: {_cell(100 * rb2['score'], '{:.2f}%')}")

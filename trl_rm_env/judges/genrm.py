@@ -55,6 +55,7 @@ WIN_POINTS = {1: 1.0, 2: 0.75, 3: 0.6, 4: 0.4, 5: 0.25, 6: 0.0}  # response 1's 
 VERDICT_KEYS = ("score_1", "score_2", "ranking")
 PROTOCOL_RANGES = {"score_1": (1.0, 5.0), "score_2": (1.0, 5.0), "ranking": (1.0, 6.0)}
 VERDICT_RANGES = ("protocol", "any")
+TIE_BAND = 0.5  # a ranking within this of the middle (3 to 4) says the two responses are equal
 FENCED_JSON = re.compile(r"```json\s*([\s\S]*?)\s*```", re.I)
 
 Verdict = tuple[float, float, float]
@@ -378,6 +379,20 @@ class GenRM(JudgeMode):
             sum(known) / len(known) if (known := [p for p in order if p is not None]) else None for order in orders
         ]
         return PairVerdicts(preferences, orders, {}, found)
+
+    def judge_ties(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> list[bool]:
+        """Each tied pair shown in both orders: a tie when every verdict's ranking is within `TIE_BAND` of the
+        middle (3 to 4, the rankings the GenRM's agreement reward gives full credit for a tie); a judgement without a
+        verdict is no tie."""
+        shown = [(n, first) for n in range(len(pairs)) for first in (True, False)]
+        found = ask(
+            [pairs[n].context for n, _ in shown],
+            [(pairs[n].better, pairs[n].worse) if first else (pairs[n].worse, pairs[n].better) for n, first in shown],
+        )
+        tie = [True] * len(pairs)
+        for (n, _), verdict in zip(shown, found.values):
+            tie[n] = tie[n] and verdict is not None and abs(verdict.ranking - DEFAULT_RANKING) <= TIE_BAND
+        return tie
 
     def metrics(self, verdicts: Sequence[Any]) -> dict[str, float]:
         """`tiebreak_rate`: the share of the call's comparisons whose two scores were equal."""

@@ -136,6 +136,11 @@ class JudgeMode:
         """The labels that apply to a judgement showing `shown` (all of them, but for a list of fewer than 9)."""
         return labels
 
+    def judge_ties(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> list[bool] | None:
+        """Whether the judge calls each pair of equally ranked completions (`better` and `worse` tied) a tie, for
+        `eval`'s accuracy with ties; None: the mode has no verdict that means a tie."""
+        return None
+
     def judge_pairs(self, ask: Ask, pairs: Sequence[EvalPair], options: Any) -> PairVerdicts:
         """Judge preference pairs for evaluation. By default each pair is a group of two, judged as GRPO judges a
         group (`judgements`, with the better completion first at even positions), and its preference is the better

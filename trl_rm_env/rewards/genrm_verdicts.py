@@ -9,7 +9,7 @@ outside the protocol's ranges (scores 1-5, ranking 1-6) makes it no verdict, as 
 
 - **`VerdictAgreement`** (`genrm_agreement`), with `r` the written ranking (no ranking written: 0):
   response 1 preferred: `side = 1 if r < 3.5 else 0`; response 2 preferred: `side = 1 if r > 3.5 else 0`; a tie:
-  `side = clip(1 - (|r - 3.5| - 0.5) / 2, 0, 1)` (1 for rankings 3 to 4, 0.5 for 2 and 5, 0 for 1 and 6). With
+  `side = clip(1.5 - |r - 3.5|, 0, 1)` (1 for rankings 3 to 4, 0.5 for 2.5 and 4.5, 0 for 2 and 5 and beyond). With
   `margin_credit = c`, the reward is `(1 - c) side + c margin`, `margin` the score margin the verdict gives the
   preferred response, `clip((s_preferred - s_other) / 4, 0, 1)`, or for a tie `1 - |s_1 - s_2| / 4` (a missing score
   is the protocol's default 3).
@@ -37,6 +37,11 @@ from ..judges.genrm_data import RESPONSE_1, RESPONSE_2, TIE
 from ..judges.templates import completion_text
 
 PREFERENCE_COLUMN = "preference"
+MARGIN_CREDIT = 0.25
+"""The default share of the agreement reward given by the score margin: the `genrm` judge's default aggregator
+(`simple_tiebreaker`) reads the scores first and the ranking only to split equal scores, so a GenRM rewarded on its
+ranking alone lets its scores drift (on the CPU learning task: to equal scores everywhere, and its tied pairs from
+"equal" to "response 1 is better"); this share keeps them with the human order."""
 SCORE_SPAN = 4.0  # the width of the protocol's 1-5 scores
 
 
@@ -68,7 +73,7 @@ def agreement(written: dict[str, float] | None, preference: int, margin_credit: 
     ranking = written["ranking"]
     score_1, score_2 = (written.get(key, DEFAULT_SCORE) for key in VERDICT_KEYS[:2])
     if preference == TIE:
-        side = min(1.0, max(0.0, 1.0 - (abs(ranking - DEFAULT_RANKING) - 0.5) / 2.0))
+        side = min(1.0, max(0.0, 1.5 - abs(ranking - DEFAULT_RANKING)))
         margin = 1.0 - abs(score_1 - score_2) / SCORE_SPAN
     else:
         first = preference == RESPONSE_1
@@ -96,13 +101,14 @@ class VerdictAgreement:
     `preference` column); see the module docstring for the formula.
 
     Args:
-        margin_credit: Weight in [0, 1] of the score margin beside the side of the ranking (0: the side alone).
+        margin_credit: Weight in [0, 1] of the score margin beside the side of the ranking (0: the side alone;
+            default `MARGIN_CREDIT`).
         preference_column: The column holding the human preference.
     """
 
     __name__ = "genrm_agreement"
 
-    def __init__(self, margin_credit: float = 0.0, preference_column: str = PREFERENCE_COLUMN):
+    def __init__(self, margin_credit: float = MARGIN_CREDIT, preference_column: str = PREFERENCE_COLUMN):
         if not (isinstance(margin_credit, (int, float)) and 0.0 <= margin_credit <= 1.0):
             raise ValueError(f"margin_credit must be a number in [0, 1], got {margin_credit!r}")
         self.margin_credit = float(margin_credit)

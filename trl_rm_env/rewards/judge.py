@@ -393,13 +393,17 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
 
     def judge_pairs(self, pairs: Sequence[EvalPair]) -> PairVerdicts:
         """Preference pairs judged as the mode judges them (`JudgeMode.judge_pairs`), for `trl-rm-env eval`."""
+        return self.mode.judge_pairs(self._ask, pairs, self.options)
+
+    def judge_ties(self, pairs: Sequence[EvalPair]) -> list[bool] | None:
+        """Whether the judge calls each tied pair a tie (`JudgeMode.judge_ties`; None: its mode cannot say)."""
+        return self.mode.judge_ties(self._ask, pairs, self.options)
+
+    def _ask(self, contexts: Sequence[Any], shown: Sequence[Sequence[Any]]) -> JudgeVerdicts:
         import asyncio
 
-        def ask(contexts: Sequence[Any], shown: Sequence[Sequence[Any]]) -> JudgeVerdicts:
-            found = self.judge_items(contexts, shown)
-            return asyncio.run(found) if asyncio.iscoroutine(found) else found
-
-        return self.mode.judge_pairs(ask, pairs, self.options)
+        found = self.judge_items(contexts, shown)
+        return asyncio.run(found) if asyncio.iscoroutine(found) else found
 
     def _judgement_prompt(self, context: Any, texts: list[str], row: dict[str, Any]) -> tuple[Any, bool]:
         """A judgement's prompt showing `texts` for `context` (`row`: the dataset columns it reads), as token ids or

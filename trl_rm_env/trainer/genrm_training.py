@@ -62,7 +62,7 @@ class GenRMArguments(RankedDataArguments):
     )
     agreement_weight: float = field(default=1.0, metadata={"help": "Weight of the agreement reward."})
     format_weight: float = field(default=0.25, metadata={"help": "Weight of the format reward."})
-    margin_credit: float = field(default=0.0, metadata={"help": "Share of the agreement from the score margin."})
+    margin_credit: float = field(default=0.25, metadata={"help": "Share of the agreement from the score margin."})
     reasoning_target_words: int | None = field(
         default=None, metadata={"help": "Reasoning words beyond which a length penalty applies (None: none)."}
     )
