@@ -81,12 +81,18 @@ def test_the_trained_genrm_rewards_grpo_as_a_genrm_judge(trained, tmp_path):
 
 @pytest.mark.distributed
 def test_cli_train_genrm_runs_the_shipped_tiny_config_under_two_process_ddp(tmp_path):
+    """The shipped config by name through the installed command, with small data (the bundled sets' 4,000
+    comparisons and 706 held-out pairs would only take longer)."""
+    train = write_jsonl(tmp_path / "train.jsonl", visible_cue_records(60, seed=0))
+    held_out = write_jsonl(tmp_path / "held_out.jsonl", visible_cue_records(9, seed=1))
     port = free_port()
     command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "train-genrm", "--config", "genrm_tiny.yaml",
                "--accelerate_config", "ddp_cpu", "--main_process_port", str(port), "--warm_start_steps", "4",
-               "--max_steps", "2", "--pairs_per_record", "1", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+               "--max_steps", "2", "--train_data", str(train), "--eval_data", f"held_out={held_out}",
+               "--output_dir", str(tmp_path / "out")]  # fmt: skip
     output = run_process(command, tmp_path, launch_env(port), 600, "trl-rm-env train-genrm")
     assert "x2 on cpu" in output, output[-3000:]
     assert (tmp_path / "out" / "model.safetensors").exists()
     curve = json.loads((tmp_path / "out" / "genrm_eval.json").read_text())
     assert set(curve) == {"final"} and curve["final"]["mode"] == "genrm"
+    assert curve["final"]["sets"]["held_out"]["pairs"] == 12  # 9 records, 3 with two refusals: 6 + 3 x 2 pairs
