@@ -49,7 +49,7 @@ def main(genrm_args: GenRMArguments, training_args: GRPOConfig, model_args: Mode
         results["start"] = genrm.evaluate_genrm(model_path, tokenizer, eval_sets, training_args, "start")
 
     # --- warm start: supervised verdicts, when the base model cannot yet write them -----------------------------
-    if genrm_args.warm_start_steps:
+    if genrm_args.warm_start_steps and resume is None:  # resumed: the checkpoint holds the weights GRPO goes on from
         model_path = genrm.warm_start(model_path, tokenizer, comparisons, genrm_args, training_args, model_args)
         if at_start:
             results["warm_start"] = genrm.evaluate_genrm(model_path, None, eval_sets, training_args, "warm_start")

@@ -244,11 +244,12 @@ def test_grpo_renders_the_comparison_as_the_genrm_judge_sends_it(tiny_tokenizer)
 def test_genrm_judges_each_pair_in_both_orders_for_position_consistency():
     from trl_rm_env.evaluation.judge import verdict_metrics
 
-    pairs = [EvalPair("c", "good", "bad", ("s", 0, 0), ("s", 0, 1), index=n) for n in range(3)]
+    pairs = [EvalPair("c", "good", "bad", ("s", 0, 0), ("s", 0, 1), index=n) for n in range(4)]
     asked = []
-    # pair 0: right in both orders; pair 1: "response 1 is better" whatever is shown; pair 2: no verdict when swapped
+    # pair 0: right in both orders; pair 1: "response 1 is better" whatever is shown; pair 2: no verdict when swapped;
+    # pair 3: response 1 a little ahead whatever is shown (+0.25, then -0.25: a position bias below 0.5)
     scripted = {(0, True): (5, 1, 1), (0, False): (1, 5, 6), (1, True): (5, 1, 1), (1, False): (5, 1, 1),
-                (2, True): (4, 2, 2), (2, False): None}  # fmt: skip
+                (2, True): (4, 2, 2), (2, False): None, (3, True): (3.25, 3, 3), (3, False): (3.25, 3, 3)}  # fmt: skip
 
     def ask(contexts, shown):
         asked.extend(shown)
@@ -260,13 +261,13 @@ def test_genrm_judges_each_pair_in_both_orders_for_position_consistency():
 
     options = SimpleNamespace(judges_per_comparison=1)
     found = GenRM().judge_pairs(ask, pairs, options)
-    assert asked == [("good", "bad"), ("bad", "good")] * 3
-    assert found.orders == [[4, 4], [4, -4], [2, None]]
-    assert found.preferences == [4, 0, 2]
+    assert asked == [("good", "bad"), ("bad", "good")] * 4
+    assert found.orders == [[4, 4], [4, -4], [2, None], [0.25, -0.25]]
+    assert found.preferences == [4, 0, 2, 0]
     picks = ["better" if p > 0 else "tie" if p == 0 else "worse" for p in found.preferences]
-    metrics = verdict_metrics([("s", 0, 0, 1)] * 3, picks, found.orders, neutral=0.0)["s"]
-    assert metrics["accuracy"] == pytest.approx(2 / 3) and metrics["verdict_ties"] == 1
-    assert metrics["both_orders"] == 2 and metrics["position_consistency"] == 0.5
+    metrics = verdict_metrics([("s", 0, 0, 1)] * 4, picks, found.orders, neutral=0.0)["s"]
+    assert metrics["accuracy"] == pytest.approx(2 / 4) and metrics["verdict_ties"] == 2
+    assert metrics["both_orders"] == 3 and metrics["position_consistency"] == pytest.approx(1 / 3)
 
 
 def test_genrm_calls_a_tied_pair_a_tie_when_both_orders_rank_it_near_the_middle():

@@ -115,7 +115,6 @@ def judge_pair_verdicts(
     `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`).
     `indices`: each pair's position in `pairs_of_sets` (default: its position here), which decides its order when the
     mode shows one (better first at even ones), so a pair is shown the same way whoever asks."""
-
     reset_peak_memory()
     start = time.perf_counter()
     asked = eval_pairs(datasets, pairs, indices)

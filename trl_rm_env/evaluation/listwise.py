@@ -85,16 +85,18 @@ def judge_listwise(
 ) -> dict[str, dict[str, Any]]:
     """Listwise metrics of a judge (a `JudgeEnvironment`): each record with `MIN_COMPLETIONS` or more completions is
     one GRPO group, judged as GRPO judges a group (its rewards are the scores); records with equal contexts, or with
-    different numbers of completions, go to different calls (a group is the samples with equal prompts). Sets without such records are left out."""
+    different numbers of completions, go to different calls (a group is the samples with equal prompts). Sets
+    without such records are left out."""
     out: dict[str, dict[str, Any]] = {}
     for name, records in datasets.items():
         chosen = [r for r in records if len(r["completions"]) >= MIN_COMPLETIONS]
         if not chosen:
             continue
         rewards: list[list[float | None]] = [[] for _ in chosen]
-        sizes = sorted({len(r["completions"]) for r in chosen})  # one group size per call
-        by_size = [[k for k, r in enumerate(chosen) if len(r["completions"]) == n] for n in sizes]
-        rounds = [[ks[k] for k in round_] for ks in by_size for round_ in rounds_by_context([chosen[k]["context"] for k in ks])]
+        rounds = []
+        for size in sorted({len(r["completions"]) for r in chosen}):  # one group size per call
+            same = [k for k, r in enumerate(chosen) if len(r["completions"]) == size]
+            rounds += [[same[k] for k in round_] for round_ in rounds_by_context([chosen[k]["context"] for k in same])]
         for round_ in rounds:
             prompts, completions, owners = [], [], []
             for k in round_:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..data.arguments import RankedDataArguments
@@ -157,8 +158,9 @@ def warm_start(
     model_path: str, tokenizer: Any, comparisons: list, genrm_args: Any, training_args: Any, model_args: Any
 ) -> str:
     """TRL's `SFTTrainer` on each comparison's target verdict (`genrm_data.warm_start_rows`) for `warm_start_steps`;
-    the model is saved to `output_dir/warm_start` and GRPO starts from it. Its settings are the GRPO run's `TrainingArguments`
-    (batch size, precision, distribution, logging) but the steps, the learning rate and checkpoints (none)."""
+    the model is saved to `output_dir/warm_start` and GRPO starts from it. Its settings are the GRPO run's
+    `TrainingArguments` (batch size, precision, distribution, logging) but the steps, the learning rate and
+    checkpoints (none)."""
     import dataclasses
 
     from datasets import Dataset
@@ -211,7 +213,7 @@ def evaluate_genrm(model: str, tokenizer: Any, eval_sets: dict, training_args: A
     print(format_comparison_table({f"judge (genrm, {when})": results}, {}))
     out = os.path.join(training_args.output_dir, "genrm_eval.json")
     os.makedirs(training_args.output_dir, exist_ok=True)
-    saved = json.loads(open(out).read()) if os.path.exists(out) and when != "start" else {}
+    saved = json.loads(Path(out).read_text()) if os.path.exists(out) and when != "start" else {}
     with open(out, "w") as f:
         json.dump(nan_to_none({**saved, when: results}), f, indent=2, default=str)
     return results
