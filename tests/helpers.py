@@ -574,8 +574,6 @@ def score_like_async_grpo(funcs) -> dict:
     return result
 
 
-
-
 REFUSALS = ("I cannot help with that.", "I am not sure, sorry.", "Math is hard. Ask someone else.")
 
 
