@@ -238,6 +238,17 @@ def aggregate_verdicts(
     return rewards, ties / len(verdicts) if verdicts else 0.0
 
 
+def _in_both_orders(ask: Any, pairs: Sequence[Any], copies: int) -> tuple[list[tuple[int, bool]], Any]:
+    """Every evaluation pair asked in both orders, `better` first and then second, `copies` times each: the
+    judgements as `(pair index, better shown first)`, and what `ask` found for them."""
+    shown = [(n, first) for n in range(len(pairs)) for first in (True, False) for _ in range(copies)]
+    found = ask(
+        [pairs[n].context for n, _ in shown],
+        [(pairs[n].better, pairs[n].worse) if first else (pairs[n].worse, pairs[n].better) for n, first in shown],
+    )
+    return shown, found
+
+
 class Comparison(NamedTuple):
     """One GenRM verdict: the scores and ranking it wrote, and what each shown response receives (`received`)."""
 
@@ -363,12 +374,7 @@ class GenRM(JudgeMode):
         each): its preference in an order is what the better one received minus what the worse one received (the
         mean over the judges with a verdict; `neutral` 0 is a tie), its preference the mean over the orders with a
         verdict, and position consistency reads the two orders."""
-        shown = [(n, first) for n in range(len(pairs)) for first in (True, False)
-                 for _ in range(options.judges_per_comparison)]  # fmt: skip
-        found = ask(
-            [pairs[n].context for n, _ in shown],
-            [(pairs[n].better, pairs[n].worse) if first else (pairs[n].worse, pairs[n].better) for n, first in shown],
-        )
+        shown, found = _in_both_orders(ask, pairs, options.judges_per_comparison)
         received_by: list[tuple[list[float], list[float]]] = [([], []) for _ in pairs]
         for (n, first), verdict in zip(shown, found.values):
             if verdict is not None:
@@ -384,11 +390,7 @@ class GenRM(JudgeMode):
         """Each tied pair shown in both orders: a tie when every verdict's ranking is within `TIE_BAND` of the
         middle (3 to 4, the rankings the GenRM's agreement reward gives full credit for a tie); a judgement without a
         verdict is no tie."""
-        shown = [(n, first) for n in range(len(pairs)) for first in (True, False)]
-        found = ask(
-            [pairs[n].context for n, _ in shown],
-            [(pairs[n].better, pairs[n].worse) if first else (pairs[n].worse, pairs[n].better) for n, first in shown],
-        )
+        shown, found = _in_both_orders(ask, pairs, 1)
         tie = [True] * len(pairs)
         for (n, _), verdict in zip(shown, found.values):
             tie[n] = tie[n] and verdict is not None and abs(verdict.ranking - DEFAULT_RANKING) <= TIE_BAND

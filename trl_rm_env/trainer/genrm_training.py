@@ -14,6 +14,7 @@ from typing import Any
 from ..data.arguments import RankedDataArguments
 from ..data.rows import ON_INVALID_MODES
 from ..judges.genrm_template import GENRM_TEMPLATES
+from ..rewards.genrm_verdicts import MARGIN_CREDIT
 
 
 @dataclass
@@ -63,7 +64,9 @@ class GenRMArguments(RankedDataArguments):
     )
     agreement_weight: float = field(default=1.0, metadata={"help": "Weight of the agreement reward."})
     format_weight: float = field(default=0.25, metadata={"help": "Weight of the format reward."})
-    margin_credit: float = field(default=0.25, metadata={"help": "Share of the agreement from the score margin."})
+    margin_credit: float = field(
+        default=MARGIN_CREDIT, metadata={"help": "Share of the agreement from the score margin."}
+    )
     reasoning_target_words: int | None = field(
         default=None, metadata={"help": "Reasoning words beyond which a length penalty applies (None: none)."}
     )
