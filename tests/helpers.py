@@ -168,11 +168,12 @@ def ranked_trainer(tmp_path, tokenizer, dataset, eval_sets=None, max_steps: int 
     from trl_rm_env import RankedRewardConfig, RankedRewardTrainer
     from trl_rm_env.tiny_models import build_tiny_reward_model
 
-    args = RankedRewardConfig(
+    settings = dict(
         output_dir=str(tmp_path), max_steps=max_steps, per_device_train_batch_size=8, per_device_eval_batch_size=16,
         learning_rate=3e-3, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1, seed=0,
-        disable_tqdm=True, dataloader_num_workers=0, **overrides,
+        disable_tqdm=True, dataloader_num_workers=0,
     )
+    args = RankedRewardConfig(**(settings | overrides))
     model = build_tiny_reward_model(tokenizer, seed=0, num_labels=args.ensemble_heads).train()
     return RankedRewardTrainer(model=model, args=args, train_dataset=dataset, eval_dataset=eval_sets,
                                processing_class=tokenizer)

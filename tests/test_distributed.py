@@ -305,6 +305,33 @@ def test_train_rm_fsdp2_cpu(rm_runs, tiny, data, single_process_losses):
     check_same_losses_as_one_process(output_dir, single_process_losses)
 
 
+WINDOW = ("--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2")
+"""Each process: 2 micro-batches of 8 records a step, the 2 x 2 x 8 = 32 records of the other runs' steps."""
+
+
+@pytest.fixture(scope="module")
+def accumulated_losses(tiny, data, tmp_path_factory) -> list[float]:
+    """Per-step losses of one process with transformers' own accumulation (`window_packing=false`: a forward per
+    micro-batch) over the window runs' micro-batches: 2 of 16 records a step (process p's m-th micro-batch of 8 and
+    the other's are records 16m..16m+15 of the step)."""
+    output_dir = tmp_path_factory.mktemp("rm-one-process-accumulated")
+    train_rm("ddp_cpu.yaml", tiny, data, output_dir, "--gradient_accumulation_steps", "2", "--window_packing", "false",
+             processes=1)  # fmt: skip
+    return step_losses(output_dir)
+
+
+@pytest.mark.parametrize("config", [pytest.param("zero3_cpu.yaml", marks=needs_deepspeed), "fsdp2_cpu.yaml"])
+def test_window_packing_under_zero3_and_fsdp2(config, tiny, data, tmp_path, accumulated_losses):
+    """`window_packing` (on by default under the packed layout) with 2 micro-batches a step, each process's window cut
+    into forwards of at most 400 tokens (`pack_max_tokens`; the processes run different numbers, evened out): every
+    step's loss is the one-process accumulated step's (the pairs of each micro-batch weighted over both processes)."""
+    output = train_rm(config, tiny, data, tmp_path, "--prefix_sharing", "packed", "--pack_max_tokens", "400", *WINDOW,
+                      "--log_level", "info")  # fmt: skip
+    assert "window_packing='auto': the 2 micro-batches of each optimizer step run as few forwards as " \
+           "pack_max_tokens=400 allows." in output
+    check_same_losses_as_one_process(tmp_path, accumulated_losses)
+
+
 @pytest.mark.parametrize(
     "config", ["ddp_cpu.yaml", pytest.param("zero3_cpu.yaml", marks=needs_deepspeed), "fsdp2_cpu.yaml"]
 )

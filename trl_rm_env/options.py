@@ -234,6 +234,31 @@ def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
     raise ValueError(f"prefix_sharing must be True, False, 'auto' or 'packed', got {value!r}.")
 
 
+SWITCH_TEXT: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}
+"""An `auto`/`true`/`false` switch's values by their text (`window_packing`, `fused_kernels`)."""
+
+
+def switch_option(help: str, **spelling: Any) -> Any:
+    """The declaration of an `auto | True | False` switch (default `auto`; text for TRL's parser, which would read
+    `bool | str` as a bool); the class normalizes it in `__post_init__` (`normalize_switch`) and leaves it out of
+    `check_choices`. `auto`: on where it applies (logged); `True`: on, refused in one line where it cannot apply."""
+    return option("auto", choices=tuple(SWITCH_TEXT), help=help, **spelling)
+
+
+def normalize_switch(name: str, value: bool | str | None) -> bool | str:
+    """A switch's three values, `True`, `False` or `"auto"`, from a bool, None (auto) or auto/true/false in any case.
+
+    Raises:
+        ValueError: any other value, naming the option.
+    """
+    if value is None or isinstance(value, bool):
+        return "auto" if value is None else value
+    text = str(value).strip().lower()
+    if text in SWITCH_TEXT:
+        return SWITCH_TEXT[text]
+    raise ValueError(f"{name} must be True, False or 'auto', got {value!r}.")
+
+
 def document(cls: type) -> type:
     """Put an `Args:` section generated from the fields' help into `cls.__doc__` (before its `Raises:`), so that
     the docstring and every parser read the same declaration."""

@@ -88,12 +88,15 @@ class Layout:
         cuts_chunks: Whether `pack_max_tokens` cuts a batch into chunks of consecutive records, a forward each
             (the packed and KV layouts; the block-mask rows read it as their row length instead).
         sized_from_memory: Whether an unset `pack_max_tokens` is sized from the GPU's free memory (packed).
+        packs_windows: Whether `window_packing="auto"` lays out a gradient accumulation window's micro-batches
+            together (packed: its forwards are launch-bound when small; `trl_rm_env.trainer.windows`).
     """
 
     name = "plain"
     shares_contexts = False
     cuts_chunks = False
     sized_from_memory = False
+    packs_windows = False
 
     def __repr__(self) -> str:
         return f"<{self.name} layout>"
@@ -163,7 +166,7 @@ class PackedLayout(Layout):
     positions restarting after the context; one attention call per layer (`trl_rm_env.sharing.packed`)."""
 
     name = "packed"
-    shares_contexts = cuts_chunks = sized_from_memory = True
+    shares_contexts = cuts_chunks = sized_from_memory = packs_windows = True
 
     def attention(self, model: torch.nn.Module) -> AbstractContextManager:
         return packed_attention(model)

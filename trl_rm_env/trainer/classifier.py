@@ -73,3 +73,22 @@ def load_classifier(path: str, args: Any, quantization_config: Any, labels: Sequ
         model = create_model_from_path(path, AutoModelForSequenceClassification, **init_kwargs)
     args.model_init_kwargs = None  # used here; TRL would only warn that they are ignored for a loaded model
     return model
+
+
+def ensemble_model(model: Any, args: Any, kwargs: dict) -> Any:
+    """The model of `ensemble_heads=K` (`args.ensemble_heads`): a path loaded with K outputs (a one-label checkpoint
+    keeps its body and gets K new heads; `kwargs`' `quantization_config` is taken), a model checked to have them;
+    `config.ensemble_heads` set, so the checkpoint says so."""
+    heads = args.ensemble_heads
+    if isinstance(model, str):
+        labels = [f"head_{k}" for k in range(heads)]
+        model = load_classifier(model, args, kwargs.pop("quantization_config", None), labels,
+                                f"for an ensemble of {heads}")  # fmt: skip
+    elif getattr(model.config, "num_labels", None) != heads:
+        raise ValueError(
+            f"ensemble_heads={heads} needs a model with num_labels={heads} (one output per head), got "
+            f"num_labels={model.config.num_labels}: build it with num_labels={heads}, or pass its path and it is "
+            "loaded so."
+        )
+    model.config.ensemble_heads = heads
+    return model

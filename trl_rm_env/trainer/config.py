@@ -14,9 +14,11 @@ from ..options import (
     PrefixSharing,
     check_choices,
     normalize_prefix_sharing,
+    normalize_switch,
     option,
     prefix_sharing_option,
     refuse_renamed,
+    switch_option,
 )
 from ..sharing.model_support import forces_sharing
 
@@ -65,6 +67,15 @@ class RankedRewardConfig(RewardConfig):
             under the packed layout on CUDA, it is sized from the GPU's free memory. Block-mask rows
             (`prefix_sharing=True` under activation checkpointing or FSDP on the CPU): several records packed into
             one row of up to this many tokens. Refused with `prefix_sharing=False`.
+        window_packing (`bool` or `str`, *optional*, defaults to `"auto"`):
+            Under gradient accumulation, lay out the micro-batches of one accumulation window together and run them
+            as few forwards as `pack_max_tokens` allows (one where they fit), each pair keeping the weight it has in
+            its own micro-batch: the loss, gradients, optimizer steps, learning rate schedule and logged metrics are
+            those of the accumulated step (`trl_rm_env.trainer.windows`). Small forwards are launch-bound on a GPU;
+            one large forward is not. `"auto"` (default): on where the packed layout trains and
+            `gradient_accumulation_steps > 1`, logged once. `True`: on under the packed or KV layout, refused where
+            it cannot apply (one micro-batch a step, a plain layout, a data_collator given, `ensemble_heads > 1`).
+            `False`: one forward per micro-batch, as TRL.
         ensemble_heads (`int`, *optional*, defaults to `1`):
             K score heads on one backbone, each with its own Bradley-Terry loss over the same pairs weighted by its
             own bootstrap resample of the records (Poisson(1) weights, by seed), the backbone getting the mean of
@@ -119,6 +130,12 @@ class RankedRewardConfig(RewardConfig):
         "forwards in the same step, gradients accumulated (block-mask rows: the row length). Unset on a GPU: sized "
         "from its free memory.",
     )
+    window_packing: str | None = switch_option(
+        help="Under gradient accumulation, run the window's micro-batches as few forwards as pack_max_tokens allows "
+        "(one where they fit), with the accumulated step's loss, gradients and metrics. 'auto': on where the packed "
+        "layout trains; 'true': on (packed or KV layout), refused where it cannot apply; 'false': a forward per "
+        "micro-batch.",
+    )
     ensemble_heads: int = option(
         1,
         help="Train K score heads on one backbone, each on its own bootstrap resample of the records (an ensemble for "
@@ -142,7 +159,8 @@ class RankedRewardConfig(RewardConfig):
     def __post_init__(self):
         refuse_renamed(self)
         self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)  # "true" (a flag) or True: one value
-        check_choices(self, skip=("prefix_sharing",))
+        self.window_packing = normalize_switch("window_packing", self.window_packing)
+        check_choices(self, skip=("prefix_sharing", "window_packing"))
         if self.max_completions is not None and self.max_completions < 0:
             raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
         self.max_completions = self.max_completions or None

@@ -49,19 +49,20 @@ from ..sharing.layouts import KV_CACHE, PLAIN, Layout
 from ..sharing.model_support import packs_fast
 from .bounded_forwards import BoundedForwardsMixin
 from .checkpoints import AtomicCheckpointMixin
-from .classifier import load_classifier, one_label_view
+from .classifier import ensemble_model, one_label_view
 from .collator import DataCollatorForRankedPreference
 from .config import RankedRewardConfig
 from .ensemble import ensemble_loss, head_statistics
 from .examples import PAIR_COLUMNS, PROCESSED_COLUMNS, ExamplePreparer
 from .loss import pair_layout, ranked_bradley_terry_loss
+from .windows import WINDOW_RECORDS, WINDOW_SLOT, WindowPackingMixin, weighted_pair_loss
 
 logger = logging.getLogger(__name__)
 
 SET_METRICS = ("loss", "accuracy", "margin", "rewards_chosen_mean", "rewards_rejected_mean", "num_pairs")
 
 
-class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTrainer):
+class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForwardsMixin, RewardTrainer):
     """Train a Bradley-Terry reward model on ranked (N-way, ties allowed) preference data.
 
     Takes every argument of TRL's [`RewardTrainer`]; the differences are in the module docstring.
@@ -117,7 +118,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         self._eval_head_stats: list[torch.Tensor] = []
         heads_view = contextlib.nullcontext()
         if self._heads > 1:
-            model = self._ensemble_model(model, args, kwargs)
+            model = ensemble_model(model, args, kwargs)
             heads_view = one_label_view(model.config)  # TRL's __init__ refuses num_labels != 1
         if args.accelerator_config.dispatch_batches is None:
             # Accelerate dispatches iterable datasets by slicing and padding every batch tensor along dim 0 as if it
@@ -147,24 +148,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
                 f"draw; the data_collator given ({type(self.data_collator).__name__}) draws none: give one of ours "
                 f"with ensemble_heads={self._heads}, or no data_collator."
             )
-
-    @staticmethod
-    def _ensemble_model(model, args: RankedRewardConfig, kwargs: dict):
-        """The model of `ensemble_heads=K`: a path loaded with K outputs (a one-label checkpoint keeps its body and
-        gets K new heads), a model checked to have them; `config.ensemble_heads` set, so the checkpoint says so."""
-        heads = args.ensemble_heads
-        if isinstance(model, str):
-            labels = [f"head_{k}" for k in range(heads)]
-            model = load_classifier(model, args, kwargs.pop("quantization_config", None), labels,
-                                    f"for an ensemble of {heads}")  # fmt: skip
-        elif getattr(model.config, "num_labels", None) != heads:
-            raise ValueError(
-                f"ensemble_heads={heads} needs a model with num_labels={heads} (one output per head), got "
-                f"num_labels={model.config.num_labels}: build it with num_labels={heads}, or pass its path and it is "
-                "loaded so."
-            )
-        model.config.ensemble_heads = heads
-        return model
+        self._window_packing = self._check_window_packing(user_collator)  # `WindowPackingMixin`
 
     def _check_prefix_sharing(self) -> Layout:
         """Which layout the model can run (`trl_rm_env.sharing.training_layout`): packed, KV cache, block mask or
@@ -197,7 +181,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         """TRL's step; a packed batch's forward AND backward run under the packed attention (activation
         checkpointing recomputes layers in backward). A batch cut into `chunks` (`pack_max_tokens`) runs one forward
         and backward per chunk, each chunk's loss weighted by its share of the pairs, so the step's gradients and loss
-        are the whole batch's; its metrics are computed once, over the whole batch."""
+        are the whole batch's; its metrics are computed once, over the whole batch. An accumulation window's
+        micro-batches run together (`window_packing`: `WindowPackingMixin`)."""
+        if WINDOW_SLOT in inputs or WINDOW_RECORDS in inputs:
+            return self._window_training_step(model, inputs, num_items_in_batch)
         if "chunks" in inputs or self._even_forwards():
             return self._chunked_training_step(model, inputs, num_items_in_batch)
         with self._layout.attention(model):
@@ -225,6 +212,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
         record_index = inputs.pop("record_index", None)
         margin = inputs.pop("margin", None)
         loss_weight = inputs.pop("loss_weight", None)  # a chunk of a bounded step (`_chunked_training_step`)
+        record_weight = inputs.pop("record_weight", None)  # a forward of an accumulation window: each pair's weight
         score_order = inputs.pop("score_order", None)
         bootstrap = inputs.pop("bootstrap_weights", None)  # `ensemble_heads`: (B, K)
         inputs.pop("context_length", None)
@@ -245,9 +233,13 @@ class RankedRewardTrainer(AtomicCheckpointMixin, BoundedForwardsMixin, RewardTra
                 scores, ranks, record_index, margin, self.args.center_rewards_coefficient
             )
             loss = pairwise.loss
-        if mode == "train" and loss_weight is not None:  # its share of the step's pairs; metrics once per step
+        if mode == "train" and (loss_weight is not None or record_weight is not None):  # a chunk; metrics per step
             self._chunk_outputs.append((scores.detach(), token_count))
-            loss = loss * loss_weight
+            if record_weight is not None:  # each pair by its micro-batch's weight (`trl_rm_env.trainer.windows`)
+                loss = weighted_pair_loss(pairwise, scores, record_index, record_weight,
+                                          self.args.center_rewards_coefficient)
+            else:  # its share of the step's pairs
+                loss = loss * loss_weight
         elif mode == "train":
             summary = self._log_train_metrics(scores, pairwise, record_index, token_count)
             if self.accelerator.num_processes > 1 and summary["num_pairs"] > 0:
