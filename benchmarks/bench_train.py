@@ -15,7 +15,11 @@ checkpointing` is TRL with its default gradient checkpointing; `ours: one micro-
 pairs in one micro-batch. `ours: defaults` sets nothing (`prefix_sharing="auto"`: each record's context once, its completions
 against the context's KV cache), `plain` sets `prefix_sharing=False`, `shared` `prefix_sharing=True`, `packed`
 (opt-in through `--methods`) `prefix_sharing="packed"`, `ensemble` (with `--ensemble-heads K`) our defaults with
-`ensemble_heads=K` (the same backbone, K seeded score heads). A method that fails prints its error in its row. The table shows
+`ensemble_heads=K` (the same backbone, K seeded score heads), `no fused kernels` / `no window packing` our defaults
+with `fused_kernels=False` / `window_packing=False` (each piece's share; both are on by default only on CUDA under the
+packed layout). `TRL RewardTrainer: Liger` is TRL with `use_liger_kernel=True` and Liger's loss kernels off (its
+default `fused_linear_cross_entropy` replaces a classifier's forward): TRL with the kernels our defaults use on CUDA.
+A method that fails prints its error in its row. The table shows
 pairs/s over the timed steps (after one warm-up step), tokens through the model (padded positions and real tokens)
 against the unique tokens of the data, the FLOP floor of the timed steps (forward + backward, 3x the forward FLOPs of
 the unique tokens: context once, each completion once, each completion's causal attention over its context and itself)
@@ -108,8 +112,9 @@ MODELS = {
     "wide": dict(hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128),
     "4b": dict(hidden_size=2560, intermediate_size=9728, num_attention_heads=32, num_key_value_heads=8, head_dim=128),
 }
-METHODS = ["TRL RewardTrainer", "TRL RewardTrainer: checkpointing", "ours: defaults", "ours: plain", "ours: shared",
-           "ours: packed", "ours: one micro-batch", "ours: ensemble"]
+METHODS = ["TRL RewardTrainer", "TRL RewardTrainer: checkpointing", "TRL RewardTrainer: Liger", "ours: defaults",
+           "ours: plain", "ours: shared", "ours: packed", "ours: one micro-batch", "ours: ensemble",
+           "ours: no fused kernels", "ours: no window packing"]
 DEFAULT_METHODS = ["TRL RewardTrainer", "ours: defaults", "ours: plain", "ours: shared"]  # the others: --methods
 
 
@@ -245,11 +250,17 @@ def train_one(name: str, records: list[dict], opts: dict, base) -> dict:
              "rejected": r["completions"][1]["completion"]}
             for r in records
         ]
-        trainer = RewardTrainer(model=model, args=RewardConfig(**common), train_dataset=Dataset.from_list(rows),
-                                processing_class=tokenizer, callbacks=[timer])
+        liger = {}
+        if name.endswith("Liger"):  # Liger's RMSNorm, SwiGLU and RoPE; its default fused linear cross entropy would
+            # replace the classifier's forward with a causal LM's (trl_rm_env.fused_kernels), so it is off here
+            liger = {"use_liger_kernel": True,
+                     "liger_kernel_config": {"fused_linear_cross_entropy": False, "cross_entropy": False}}
+        trainer = RewardTrainer(model=model, args=RewardConfig(**common, **liger),
+                                train_dataset=Dataset.from_list(rows), processing_class=tokenizer, callbacks=[timer])
     else:
         extra = {"defaults": {}, "plain": {"prefix_sharing": False}, "shared": {"prefix_sharing": True},
-                 "packed": {"prefix_sharing": "packed"}, "ensemble": {"ensemble_heads": heads}}
+                 "packed": {"prefix_sharing": "packed"}, "ensemble": {"ensemble_heads": heads},
+                 "no fused kernels": {"fused_kernels": False}, "no window packing": {"window_packing": False}}
         kind = name.split(": ")[1].replace("one micro-batch", "defaults")
         trainer = RankedRewardTrainer(model=model, args=RankedRewardConfig(**common, **extra[kind]),
                                       train_dataset=Dataset.from_list(records), processing_class=tokenizer,
@@ -265,12 +276,15 @@ def train_one(name: str, records: list[dict], opts: dict, base) -> dict:
     steps = opts["steps"]
     seconds = timer.marks[-1] - timer.marks[0]
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    # not the warm-up step's micro-batches, nor the one the data loader fetches ahead
-    timed = counts[accumulation : (steps + 1) * accumulation]
+    # not the warm-up step's micro-batches, nor the one the data loader fetches ahead (with `window_packing` the
+    # collator runs once per step, on the window's records)
+    per_step = 1 if getattr(trainer, "_window_packing", False) else accumulation
+    timed = counts[per_step : (steps + 1) * per_step]
     result = {
         "name": name, "pairs_per_s": steps * batch_size * accumulation / seconds, "seconds": seconds,
         "padded": sum(c[0] for c in timed), "real": sum(c[1] for c in timed), "peak_mb": peak_memory_mb(), "losses": losses,
         "records": n_records, "budget": getattr(trainer, "_forward_budget", None),
+        "fused": getattr(trainer, "_fused_kernels", False), "window": getattr(trainer, "_window_packing", False),
     }
     del trainer, model
     result["gflops"] = matmul_gflops(opts["threads"], opts["precision"])  # the rate after the run
@@ -422,7 +436,9 @@ def print_train_table(runs: dict[str, list[dict]], floor: float, gflops: float, 
         seconds = statistics.median(r["seconds"] for r in good)
         rate = max([gflops] + [r["gflops"] for r in good])
         diff = max((abs(a - b) for r in good for a, b in zip(r["losses"], base_losses)), default=float("nan"))
-        row = [name, text, f"{median / base_median:.2f}x" if base_median else "-", str(good[0]["padded"]),
+        pieces = [piece for piece, key in (("fused kernels", "fused"), ("window packing", "window")) if good[0].get(key)]
+        label = f"{name} ({', '.join(pieces)})" if pieces else name
+        row = [label, text, f"{median / base_median:.2f}x" if base_median else "-", str(good[0]["padded"]),
                str(good[0]["real"]), f"{100 * floor / rate / seconds:.0f}%"]
         if peak:
             row.append(f"{100 * floor / (peak * 1e3) / seconds:.0f}%")

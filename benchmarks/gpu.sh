@@ -11,7 +11,7 @@
 # Making them (here, with network; `/.whl/` and `/.gpudata/` in .git/info/exclude):
 #
 #     for w in trl==1.16.0 transformers==5.24.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 accelerate==1.15.0 \
-#              peft==0.21.2; do python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#              peft==0.21.2 liger-kernel==0.8.5; do python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #              --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 #              --platform manylinux2014_x86_64 -d .whl "$w"; done
 #     mkdir -p .gpudata && cp ../shared/data/hh-rlhf/harmless-base-test.jsonl.gz .gpudata/
@@ -189,7 +189,7 @@ else
 fi
 # shellcheck disable=SC2206  # GPU_SH_LIMITS: words
 [[ -n ${GPU_SH_LIMITS:-} ]] && LIMITS=(${GPU_SH_LIMITS})
-TRAIN_METHODS=${GPU_SH_TRAIN_METHODS:-"TRL RewardTrainer,TRL RewardTrainer: checkpointing,ours: defaults,ours: plain,ours: one micro-batch"}
+TRAIN_METHODS=${GPU_SH_TRAIN_METHODS:-"TRL RewardTrainer,TRL RewardTrainer: checkpointing,TRL RewardTrainer: Liger,ours: defaults,ours: no fused kernels,ours: no window packing,ours: one micro-batch"}
 SCORE_METHODS=${GPU_SH_SCORE_METHODS:-"TRL GRPO model reward,fp32 one at a time,ours: defaults,ours: plain"}
 SCORE_BIG_METHODS=${GPU_SH_SCORE_BIG_METHODS:-"ours: defaults,ours: plain"}
 bench train "${LIMITS[0]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 --threads "$THREADS" \

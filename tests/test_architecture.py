@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("using a reward model", ("judges", "serving", "evaluation", "rewards")),
     ("scoring", ("scoring",)),
     ("model runtime", ("runtime",)),
-    ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics")),
+    ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics", "fused_kernels")),
     ("data", ("data",)),
     ("base", ("errors", "waiting", "model_source", "tiny_models", "distributed", "compat", "lazy", "options", "quiet")),
 )

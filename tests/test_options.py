@@ -57,7 +57,7 @@ def sample(cls: type, f: dataclasses.Field) -> tuple[list[str], object, object]:
         return ["a=1", "b=-0.5"], ["a=1", "b=-0.5"], parsed
     if choices:
         value = next(c for c in choices if c != (str(default).lower() if isinstance(default, bool) else default))
-        parsed = {"true": True, "false": False}.get(value, value) if f.name == "prefix_sharing" else value
+        parsed = {"true": True, "false": False}.get(value, value) if f.name == "prefix_sharing" or set(choices) == {"auto", "true", "false"} else value
         return [value], value, parsed
     if text is int:
         value = (default or 0) + 3

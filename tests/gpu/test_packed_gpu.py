@@ -46,7 +46,8 @@ is 0.02; over seeds 0-2 a single leaked key moved it by 1.1x to 8x the bound, a 
 
 Cases: Qwen3- and Llama-shaped classifiers (hidden 256, 4 heads x 64, GQA with 2 key/value heads and MHA), LoRA
 (trainable parameters only), activation checkpointing (train mode), bf16 autocast over fp32 weights (the Trainer's
-`bf16=True`), an 8,192-token context; every short case's batch holds a group of 4 completions ranked [0, 1, 1, 2]
+`bf16=True`), an 8,192-token context, Liger Kernel's fused kernels on the packed path (`fused_kernels`, CUDA and the
+`liger-kernel` package only; bounded by the plain path's error without them); every short case's batch holds a group of 4 completions ranked [0, 1, 1, 2]
 and a group with two identical (tied) completions, whose packed scores must also be equal (to `eps`).
 """
 
@@ -345,7 +346,29 @@ CASES = {
     "llama-mha-checkpointing": ("llama", 4, 2, {"checkpointing": True}),
     "qwen3-gqa-autocast": ("qwen3", 2, 2, {"autocast": True}),
     "qwen3-gqa-8k-context": ("qwen3", 2, 2, {"long": True}),
+    # `fused_kernels`: Liger Kernel's RMSNorm, SwiGLU and RoPE on the packed path (CUDA only), against the plain
+    # path's error WITHOUT them (the bound the unfused packed path meets)
+    "qwen3-gqa-fused": ("qwen3", 2, 2, {"fused": True}),
+    "llama-gqa-fused": ("llama", 2, 2, {"fused": True}),
+    "qwen3-gqa-fused-checkpointing": ("qwen3", 2, 2, {"fused": True, "checkpointing": True}),
 }
+
+
+@contextlib.contextmanager
+def module_restored(arch: str):
+    """Liger patches the model type's module for the whole process (its RoPE function, RMSNorm and MLP classes):
+    put every name of `transformers.models.<arch>.modeling_<arch>` back after the case."""
+    import importlib
+
+    module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    saved = dict(vars(module))
+    try:
+        yield
+    finally:
+        for name in [n for n in vars(module) if n not in saved]:
+            delattr(module, name)
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def run_case(case: str, device: torch.device, calls: list, seed: int = 0, rounded: bool = ROUNDED_WEIGHTS):
@@ -383,7 +406,16 @@ def run_case(case: str, device: torch.device, calls: list, seed: int = 0, rounde
 
     ref_scores, ref_losses, ref_grads = reference_fp32(model32, sequences, ranks, record_index, params32, device)
     plain_scores, plain_losses, plain_grads, padded = plain_bf16(model16, examples, params16, device, autocast)
-    scores, losses, grads = packed_bf16(model16, batch, params16, autocast, calls, layers, checkpointing)
+    if options.get("fused"):  # the fp32 reference and the plain path above ran without Liger
+        if device.type != "cuda":
+            pytest.skip("Liger Kernel's kernels need CUDA")
+        from trl_rm_env.fused_kernels import use_fused_kernels
+
+        with module_restored(arch):
+            assert use_fused_kernels(True, model16, device, "the GPU tests")
+            scores, losses, grads = packed_bf16(model16, batch, params16, autocast, calls, layers, checkpointing)
+    else:
+        scores, losses, grads = packed_bf16(model16, batch, params16, autocast, calls, layers, checkpointing)
     assert classifier(model16).config._attn_implementation == "sdpa"  # restored after the packed call
 
     ratios = []

@@ -17,6 +17,7 @@ from transformers import (
 )
 
 from ..distributed import shard_if_requested
+from ..fused_kernels import use_fused_kernels
 from .engines.transformers_engine import HFEngine
 from .engines.vllm_engine import VLLMEngine
 from .plan import ModelPlan, default_device, engine_specific, load_dtype, log_engine_choice
@@ -37,7 +38,9 @@ def load_weights(plan: ModelPlan) -> PreTrainedModel:
         kwargs = {"dtype": load_dtype(options.precision, device), "trust_remote_code": options.trust_remote_code}
         model = AUTO_CLASSES[plan.kind].from_pretrained(plan.model, **kwargs | (options.model_init_kwargs or {}))
     model.requires_grad_(False)  # a model we run for rewards is never trained here
-    return model.eval().to(device)
+    model = model.eval().to(device)
+    use_fused_kernels(options.fused_kernels, model, device, "scoring" if plan.kind == "reward" else "judging")
+    return model
 
 
 def load_tokenizer(
@@ -68,6 +71,10 @@ def load_engine(
     `distributed.shard_if_requested`), each call gathering them; the engine's `sharding` says which. `log`: the
     caller's logger (the reward function's: its users filter on it)."""
     if plan.engine == "vllm":
+        if plan.options.fused_kernels is True:
+            raise ValueError("fused_kernels=True applies Liger Kernel's kernels to a model transformers runs, but the "
+                             "engine is vLLM (which runs its own fused kernels); set engine='hf', or fused_kernels to "
+                             "'auto' or False.")
         try:
             engine = VLLMEngine(plan.model, plan.config, plan.options, kind=plan.kind)
         except Exception as err:

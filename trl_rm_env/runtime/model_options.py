@@ -25,11 +25,13 @@ from ..options import (
     check_choices,
     document,
     normalize_prefix_sharing,
+    normalize_switch,
     option,
     option_fields,
     prefix_sharing_option,
     refuse_renamed,
     spelling,
+    switch_option,
 )
 from ..options import names as option_names
 
@@ -127,6 +129,12 @@ class ModelOptions:
         "device; `false`: never (on vLLM: its prefix caching off).",
         text=str,
     )
+    fused_kernels: str | None = switch_option(
+        help="Liger Kernel's fused RMSNorm, SwiGLU and RoPE kernels on a model transformers runs (pip install "
+        "'trl-rm-env[gpu]'). `auto`: on CUDA where Liger supports the model type; `true`: on, refused where it "
+        "cannot apply (the CPU, vLLM, the package missing); `false`: off.",
+        text=str,
+    )
     engine: str = option(
         "auto",
         choices=ENGINES,
@@ -172,13 +180,15 @@ class ModelOptions:
     def __post_init__(self) -> None:
         normalize = {
             "prefix_sharing": normalize_prefix_sharing(self.prefix_sharing),
+            "fused_kernels": normalize_switch("fused_kernels", self.fused_kernels),
             "template_kwargs": json_object(self.template_kwargs),
             "model_init_kwargs": None if self.model_init_kwargs is None else json_object(self.model_init_kwargs),
         }
         for name, value in normalize.items():
             object.__setattr__(self, name, value)
         refuse_renamed(self)
-        check_choices(self, skip=("prefix_sharing",))  # normalized above, each bad value refused there
+        # normalized above (a reward model's `overlap_encoding` by `ScoringOptions`), each bad value refused there
+        check_choices(self, skip=("prefix_sharing", "fused_kernels", "overlap_encoding"))
         if self.vllm_gpu_memory_utilization is not None and not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         for name in ("batch_size", "max_tokens_per_batch", "max_length", "vllm_tensor_parallel_size"):
@@ -236,6 +246,12 @@ class ScoringOptions(ModelOptions):
         ValueError: as `ModelOptions`, or a bad `truncation`, `reward_model_type` or `attribute_weights` value.
     """
 
+    overlap_encoding: str | None = switch_option(
+        help="Encode a scoring call in waves of one forward pass each, the next wave on a worker thread while the "
+        "model runs the current one (same scores). `auto`: where transformers runs the model on CUDA; `true`: also "
+        "on the CPU (refused under vLLM); `false`: encode the whole call, then run it.",
+        text=str,
+    )
     truncation: str = option(
         "left",
         choices=TRUNCATION,
@@ -266,6 +282,7 @@ class ScoringOptions(ModelOptions):
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attribute_weights", attribute_weights(self.attribute_weights))
+        object.__setattr__(self, "overlap_encoding", normalize_switch("overlap_encoding", self.overlap_encoding))
         super().__post_init__()
 
     @classmethod

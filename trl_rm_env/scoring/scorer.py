@@ -31,6 +31,7 @@ from ..runtime.model_options import ScoringOptions
 from ..runtime.plan import ModelPlan, plan_model
 from ..tokenization import Message, encode_pairs, left_truncate
 from .interfaces import NonfiniteScores, ScoredPairs
+from .overlap import overlapped_outputs
 
 logger = logging.getLogger(__name__)
 
@@ -121,9 +122,11 @@ class RewardScorer:
 
     # ------------------------------------------------------------------ encoding
     def encode(
-        self, contexts: Sequence[str | Sequence[Message]], completions: Sequence[str | Sequence[Message]]
+        self, contexts: Sequence[str | Sequence[Message]], completions: Sequence[str | Sequence[Message]], *,
+        first: int = 0,
     ) -> EncodedBatch:
-        """Token ids for each `(context, completion)`, with over-length handling applied."""
+        """Token ids for each `(context, completion)`, with over-length handling applied; `first`: the number of the
+        first item in the call, for error messages (an overlapped call encodes it in waves)."""
         if len(contexts) != len(completions):
             raise ValueError(f"Got {len(contexts)} contexts but {len(completions)} completions; they must match.")
         ids: list[list[int] | None] = []
@@ -144,7 +147,7 @@ class RewardScorer:
                     out.overlength.append(i)
                 else:
                     raise ValueError(
-                        f"Item {i} is {len(seq)} tokens, over max_length={self.max_length}"
+                        f"Item {first + i} is {len(seq)} tokens, over max_length={self.max_length}"
                         + (" even after cutting its whole context" if self.options.truncation == "left" else "")
                         + ". Set `overlength_reward` to give such items a fixed reward, or raise max_length."
                     )
@@ -184,7 +187,11 @@ class RewardScorer:
         self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None
     ) -> tuple[torch.Tensor, list[int], list[int]]:
         """`(outputs, scored, overlength)`: the `(N, num_labels)` outputs (NaN rows for the items not scored), the
-        items scored, and the items over `max_length` given the over-length fallback."""
+        items scored, and the items over `max_length` given the over-length fallback. Encoded in waves, each while
+        the model runs the previous one, where `overlap_encoding` says so (`trl_rm_env.scoring.overlap`)."""
+        bounds = self._overlap_bounds()
+        if bounds is not None and len(contexts) > 1:
+            return overlapped_outputs(self, contexts, completions, bounds)
         encoded = self.encode(contexts, completions)
         present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
         outputs = torch.full((len(encoded.ids), self.config.num_labels), float("nan"), dtype=torch.float32)
@@ -193,6 +200,27 @@ class RewardScorer:
             context_lengths = [encoded.context_lengths[i] for i in present]  # the engine shares them where it can
             outputs[torch.tensor(present)] = self.engine.outputs(ids, context_lengths, progress)
         return outputs, present, encoded.overlength
+
+    def _overlap_bounds(self) -> tuple[int | None, int | None] | None:
+        """The waves' bounds of an overlapped call (`HFEngine.wave_bounds`), or None: `overlap_encoding` off, or
+        `"auto"` off the GPU.
+
+        Raises:
+            ValueError: `overlap_encoding=True` with an engine that does not run passes here (vLLM).
+        """
+        asked = self.options.overlap_encoding
+        if asked is False:
+            return None
+        if not isinstance(self.engine, HFEngine):
+            if asked is True:
+                name = getattr(self.engine, "name", type(self.engine).__name__)
+                raise ValueError(f"overlap_encoding=True encodes a call in waves of the forward passes transformers "
+                                 f"runs here, but the engine is {name!r} (which batches the call itself); set "
+                                 "overlap_encoding to 'auto' or False.")
+            return None
+        if asked == "auto" and self.engine.device.type != "cuda":
+            return None
+        return self.engine.wave_bounds()
 
     def outputs(
         self,

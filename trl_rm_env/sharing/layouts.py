@@ -130,6 +130,11 @@ class Layout:
         batches = padded_batches([len(s) for s in sequences], sizing.rows, sizing.tokens)
         return [ScoringPass(PLAIN, batch) for batch in batches]
 
+    def pass_bounds(self, model: torch.nn.Module, sizing: Sizing) -> tuple[int | None, int | None]:
+        """`(tokens, sequences)`: what one scoring pass of this layout holds at most (None: unbounded), the size of
+        the waves an overlapped scoring call encodes ahead (`trl_rm_env.scoring.overlap`)."""
+        return sizing.tokens, sizing.rows
+
     def score_pass(
         self, model: torch.nn.Module, scoring_pass: ScoringPass, sequences: Sequences, pad_token_id: int, sizing: Sizing
     ) -> torch.Tensor:
@@ -203,13 +208,18 @@ class PackedLayout(Layout):
         rows = plan_packed_rows(units, [len(s) for s in sequences], budget, sizing.row_sequences)
         return [ScoringPass(self, [i for _, items in row for i in items], row) for row in rows]
 
+    def pass_bounds(self, model: torch.nn.Module, sizing: Sizing) -> tuple[int | None, int | None]:
+        return sizing.tokens or device_token_budget(model), sizing.row_sequences
+
     def score_pass(
         self, model: torch.nn.Module, scoring_pass: ScoringPass, sequences: Sequences, pad_token_id: int, sizing: Sizing
     ) -> torch.Tensor:
         row = scoring_pass.plan
         batch = pack_groups([[sequences[i] for i in items] for _, items in row], [p for p, _ in row], pad_token_id)
         device = next(model.parameters()).device
-        batch = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+        if device.type == "cuda":  # pinned, copied without blocking this thread (the row's layout included)
+            batch = {k: v.pin_memory() if torch.is_tensor(v) or k == "packed" else v for k, v in batch.items()}
+        batch = {k: (v.to(device, non_blocking=True) if torch.is_tensor(v) else v) for k, v in batch.items()}
         return packed_scores(model, batch, label_index=None)[0]
 
 

@@ -76,6 +76,12 @@ class RankedRewardConfig(RewardConfig):
             `gradient_accumulation_steps > 1`, logged once. `True`: on under the packed or KV layout, refused where
             it cannot apply (one micro-batch a step, a plain layout, a data_collator given, `ensemble_heads > 1`).
             `False`: one forward per micro-batch, as TRL.
+        fused_kernels (`bool` or `str`, *optional*, defaults to `"auto"`):
+            Liger Kernel's fused RMSNorm, SwiGLU and RoPE Triton kernels on the model (`trl_rm_env.fused_kernels`;
+            `pip install 'trl-rm-env[gpu]'`), its loss kernels off (Liger's fused linear cross entropy would replace
+            a classifier's forward). `"auto"` (default): on where training runs on CUDA, the package is installed
+            and Liger supports the model type, logged once. `True`: on, refused in one line where it cannot apply.
+            `False`: off. TRL's `use_liger_kernel: true` is read as `True`.
         ensemble_heads (`int`, *optional*, defaults to `1`):
             K score heads on one backbone, each with its own Bradley-Terry loss over the same pairs weighted by its
             own bootstrap resample of the records (Poisson(1) weights, by seed), the backbone getting the mean of
@@ -136,6 +142,11 @@ class RankedRewardConfig(RewardConfig):
         "layout trains; 'true': on (packed or KV layout), refused where it cannot apply; 'false': a forward per "
         "micro-batch.",
     )
+    fused_kernels: str | None = switch_option(
+        help="Liger Kernel's fused RMSNorm, SwiGLU and RoPE kernels on the model (pip install 'trl-rm-env[gpu]'). "
+        "'auto': on where training runs on CUDA and Liger supports the model; 'true': on, refused where it cannot "
+        "apply; 'false': off.",
+    )
     ensemble_heads: int = option(
         1,
         help="Train K score heads on one backbone, each on its own bootstrap resample of the records (an ensemble for "
@@ -160,7 +171,11 @@ class RankedRewardConfig(RewardConfig):
         refuse_renamed(self)
         self.prefix_sharing = normalize_prefix_sharing(self.prefix_sharing)  # "true" (a flag) or True: one value
         self.window_packing = normalize_switch("window_packing", self.window_packing)
-        check_choices(self, skip=("prefix_sharing", "window_packing"))
+        self.fused_kernels = normalize_switch("fused_kernels", self.fused_kernels)
+        check_choices(self, skip=("prefix_sharing", "window_packing", "fused_kernels"))
+        if self.use_liger_kernel and self.fused_kernels is False:
+            raise ValueError("use_liger_kernel=True asks for Liger Kernel's kernels and fused_kernels=False for none; "
+                             "set one of them.")
         if self.max_completions is not None and self.max_completions < 0:
             raise ValueError(f"max_completions must be >= 0 (0: no limit), got {self.max_completions}.")
         self.max_completions = self.max_completions or None

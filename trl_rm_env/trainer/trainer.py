@@ -43,6 +43,7 @@ import torch
 from trl import RewardTrainer
 
 from ..compat import checkpointing_enabled
+from ..fused_kernels import use_fused_kernels
 from ..metrics import record_statistics, summarize_statistics
 from ..sharing import training_layout
 from ..sharing.layouts import KV_CACHE, PLAIN, Layout
@@ -125,8 +126,10 @@ class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForw
             # counted examples; our batches (and TRL's: 2B rows for B pairs) do not. TRL turns dispatching off for an
             # iterable train set; we do it for every set, including an iterable passed to `evaluate` later.
             args.accelerator_config.dispatch_batches = False
+        fused, args.use_liger_kernel = (True if args.use_liger_kernel else args.fused_kernels), False  # ours, below
         with heads_view:
             super().__init__(model, args, data_collator, *a, **kwargs)
+        self._fused_kernels = use_fused_kernels(fused, self.model, args.device, "training", args.liger_kernel_config)
         self._layout = self._check_prefix_sharing()  # what prefix_sharing resolves to (a `sharing.layouts` object)
         self._forward_budget = self._check_forward_budget(user_collator)  # `BoundedForwardsMixin`
         if user_collator is None:  # our collator, in the layout

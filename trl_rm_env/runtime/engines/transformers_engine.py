@@ -109,6 +109,13 @@ class HFEngine:
                 outputs[torch.tensor(scoring_pass.items)] = values.float().cpu()
         return outputs
 
+    def wave_bounds(self) -> tuple[int | None, int | None]:
+        """`(tokens, sequences)` one forward pass of a scoring call holds at most (`Layout.pass_bounds`): the size of
+        the waves an overlapped call encodes ahead (`trl_rm_env.scoring.overlap`)."""
+        sizing = Sizing(rows=self.options.rows_per_pass(), tokens=self.options.max_tokens_per_batch,
+                        row_sequences=self.options.batch_size, always_share=False, cost_ratio=self.cost_ratio)
+        return self.layout.pass_bounds(self.model, sizing)
+
     def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Group item indices into padded micro-batches: longest first, within `batch_size` rows and the token
         budget (the plain layout's passes, and a judge's)."""
