@@ -31,7 +31,7 @@
 # GPU_SH_STEPS: timed training steps per round (default 1, of 64 pairs); GPU_SH_REPEATS: timed scoring calls per
 # round (default 2); GPU_SH_ROUNDS: interleaved rounds (default 3); GPU_SH_TOTAL_S: the script's time budget (default
 # 520 s); GPU_SH_TESTS=0 / GPU_SH_PROFILE=0: skip the GPU tests / the profile; GPU_SH_TESTS_S: the tests' limit
-# (default 150 s); GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS, GPU_SH_SCORE_BIG_METHODS: the rows of training, of
+# (default 200 s); GPU_SH_TRAIN_METHODS, GPU_SH_SCORE_METHODS, GPU_SH_SCORE_BIG_METHODS: the rows of training, of
 # 16 x 8 and of 64 x 16 scoring (comma-separated, as the scripts' --methods);
 # GPU_SH_BENCHES: the benchmarks to run (comma-separated names of the tables, default all; always in the script's
 # order); GPU_SH_LIMITS: their limits in seconds (seven numbers: train, score, score_64x16, profile and TRL's 64 x 16,
@@ -153,7 +153,7 @@ if [[ ${GPU_SH_TESTS:-1} == 1 ]]; then
     if [[ $SMOKE == 1 && ! $("$PY" -c 'import torch; print(torch.cuda.is_available())') == True ]]; then
         export TRL_RM_ENV_GPU_TESTS_ON_CPU=1  # the smoke run on a CPU: the reference kernel in the CUDA kernel's place
     fi
-    TRL_RM_ENV_GPU_REPORT="$OUTDIR/gpu_tests.md" timeout -k 10 "${GPU_SH_TESTS_S:-150}" "$PY" -m pytest -m gpu tests/gpu \
+    TRL_RM_ENV_GPU_REPORT="$OUTDIR/gpu_tests.md" timeout -k 10 "${GPU_SH_TESTS_S:-200}" "$PY" -m pytest -m gpu tests/gpu \
         -q -p no:cacheprovider -rfEs > "$OUTDIR/gpu_tests.log" 2>&1
     rc=$?
     { printf '\n## gpu tests (`pytest -m gpu tests/gpu`, exit %s)\n\n```\n' "$rc"; tail -15 "$OUTDIR/gpu_tests.log"
@@ -202,6 +202,15 @@ bench score_64x16 "${LIMITS[2]}" benchmarks/bench_score.py --data hh --hh-path "
 # The packed scoring call and training micro-batches profiled: the CPU side, the forward, the kernels.
 [[ ${GPU_SH_PROFILE:-1} == 1 ]] && bench profile "${LIMITS[3]}" benchmarks/profile_packed.py --hh-path "$HH" \
     --precision bf16 "${PROFILE[@]}"
+# The packed layout's other kernel: FlexAttention (key/value heads shared, not repeated; compiled once, dynamic
+# shapes), against the rows above run with the default (torch's varlen kernel where it runs).
+export TRL_RM_ENV_PACKED_KERNEL=flex
+bench score_flex "${LIMITS[1]}" benchmarks/bench_score.py --data hh --hh-path "$HH" --precision bf16 \
+    --threads "$THREADS" --budget auto --rounds "$ROUNDS" --timeout $((LIMITS[1] / ROUNDS)) --methods "ours: defaults" \
+    "${SCORE[@]}"
+bench train_flex "${LIMITS[4]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 \
+    --threads "$THREADS" --rounds "$ROUNDS" --timeout $((LIMITS[4] / ROUNDS)) --methods "ours: defaults" "${TRAIN[@]}"
+unset TRL_RM_ENV_PACKED_KERNEL
 bench train_long "${LIMITS[4]}" benchmarks/bench_train.py --data long --precision bf16 --threads "$THREADS" \
     --rounds 2 --timeout $((LIMITS[4] / 2)) --methods "TRL RewardTrainer,ours: defaults" "${TRAIN_LONG[@]}"
 bench train_4b "${LIMITS[5]}" benchmarks/bench_train.py --data hh --hh-path "$HH" --precision bf16 \

@@ -689,3 +689,60 @@ def test_training_token_budget_from_free_memory(tiny_tokenizer, monkeypatch):
     assert training_token_budget(model, False, torch.bfloat16, cuda) == MIN_TRAINING_TOKENS
     free[0] = 2**50
     assert training_token_budget(model, True, torch.bfloat16, cuda) == MAX_TRAINING_TOKENS
+
+
+# ---------------------------------------------------------------------------------------------------- FlexAttention
+@pytest.fixture
+def packed_kernel(monkeypatch):
+    """Set `TRL_RM_ENV_PACKED_KERNEL` for the test (`kernels.packed_kernel` reads it once: its cache is cleared)."""
+    from trl_rm_env.sharing import kernels
+
+    def choose(value: str) -> None:
+        monkeypatch.setenv(kernels.PACKED_KERNEL_ENV, value)
+        kernels.packed_kernel.cache_clear()
+
+    yield choose
+    monkeypatch.delenv(kernels.PACKED_KERNEL_ENV, raising=False)
+    kernels.packed_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+@pytest.mark.parametrize("bucket", [None, 16])
+def test_flex_kernel_scores_equal_one_at_a_time(packed_kernel, tiny_tokenizer, kv_heads, bucket, monkeypatch):
+    """FlexAttention under the layout's BlockMask, key/value heads shared (never repeated): the same scores as each
+    sequence alone (fp32, 1e-5), one FlexAttention call per layer and no SDPA call."""
+    from trl_rm_env.sharing import kernels
+
+    packed_kernel("flex")
+    model = build_tiny_reward_model(tiny_tokenizer, seed=1, num_key_value_heads=kv_heads).eval()
+    groups = random_groups(0, SHAPES, model.config.vocab_size)
+    batch = pack_groups(groups, [p for p, _ in SHAPES], tiny_tokenizer.pad_token_id, pad_to_multiple_of=bucket)
+    calls, run_flex = [], kernels.run_flex
+    monkeypatch.setattr(kernels, "run_flex", lambda q, k, v, *a: calls.append((q.shape[1], k.shape[1])) or run_flex(
+        q, k, v, *a))
+    import transformers.integrations.sdpa_attention as sdpa
+
+    monkeypatch.setattr(sdpa, "sdpa_attention_forward", lambda *a, **k: pytest.fail("the mask kernel ran"))
+    with torch.no_grad():
+        scores, _ = packed_scores(model, batch)
+    assert calls == [(4, kv_heads)] * model.config.num_hidden_layers  # the key/value heads as the model has them
+    torch.testing.assert_close(scores, one_at_a_time(model, groups)[:, 0], atol=1e-5, rtol=0)
+
+
+def test_a_kernel_that_cannot_run_is_refused(packed_kernel, tiny_tokenizer):
+    model = build_tiny_reward_model(tiny_tokenizer, seed=1).eval()
+    batch = pack_groups(random_groups(0, SHAPES[:2], model.config.vocab_size), [30, 7], tiny_tokenizer.pad_token_id)
+    packed_kernel("varlen")  # the CPU has no varlen kernel
+    with pytest.raises(ValueError, match=r"^TRL_RM_ENV_PACKED_KERNEL=varlen: torch's varlen kernel does not run this "
+                                         r"forward \(cpu, torch.float32, dropout 0.0\); unset it, or choose flex or "
+                                         r"mask\.$"), torch.no_grad():
+        packed_scores(model, batch)
+    packed_kernel("fast")
+    with pytest.raises(ValueError, match=r"^TRL_RM_ENV_PACKED_KERNEL='fast': choose one of auto, varlen, flex, mask\.$"):
+        packed_scores(model, batch)
+    packed_kernel("flex")  # training: FlexAttention's backward is CUDA's (tests/gpu runs it)
+    with pytest.raises(ValueError, match=r"^TRL_RM_ENV_PACKED_KERNEL=flex: FlexAttention has no backward off CUDA"):
+        packed_scores(build_tiny_reward_model(tiny_tokenizer, seed=1).train(), batch)
+    dropping = build_tiny_reward_model(tiny_tokenizer, seed=1, attention_dropout=0.1).train()
+    with pytest.raises(ValueError, match=r"^TRL_RM_ENV_PACKED_KERNEL=flex: FlexAttention has no attention dropout"):
+        packed_scores(dropping, batch)

@@ -267,3 +267,12 @@ def test_weighted_pair_loss_by_hand():
         sum(w * softplus(b - x) for b, x, w in pairs), abs=1e-12)
     assert weighted_pair_loss(pairwise, scores, record_index, weights, 0.1).item() == pytest.approx(
         sum(w * (softplus(b - x) + 0.1 * (b + x) ** 2) for b, x, w in pairs), abs=1e-12)
+
+
+def test_a_regression_reward_model_refuses_it_and_its_auto_is_off(tmp_path):
+    from trl_rm_env import RegressionRewardConfig
+
+    assert RegressionRewardConfig(str(tmp_path)).window_packing is False
+    with pytest.raises(ValueError, match=r"^window_packing lays out the ranked records of an accumulation window in the "
+                                         r"packed layout; a regression reward model trains on the plain one"):
+        RegressionRewardConfig(str(tmp_path), window_packing=True)

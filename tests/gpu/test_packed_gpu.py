@@ -47,7 +47,8 @@ is 0.02; over seeds 0-2 a single leaked key moved it by 1.1x to 8x the bound, a 
 Cases: Qwen3- and Llama-shaped classifiers (hidden 256, 4 heads x 64, GQA with 2 key/value heads and MHA), LoRA
 (trainable parameters only), activation checkpointing (train mode), bf16 autocast over fp32 weights (the Trainer's
 `bf16=True`), an 8,192-token context, Liger Kernel's fused kernels on the packed path (`fused_kernels`, CUDA and the
-`liger-kernel` package only; bounded by the plain path's error without them); every short case's batch holds a group of 4 completions ranked [0, 1, 1, 2]
+`liger-kernel` package only; bounded by the plain path's error without them), FlexAttention in the varlen kernel's
+place (`TRL_RM_ENV_PACKED_KERNEL=flex`, CUDA only: its backward); every short case's batch holds a group of 4 completions ranked [0, 1, 1, 2]
 and a group with two identical (tied) completions, whose packed scores must also be equal (to `eps`).
 """
 
@@ -139,13 +140,18 @@ def varlen_calls(device, request, monkeypatch):
     else:
         reference = request.getfixturevalue("reference_varlen")
     calls: list[torch.dtype] = []
-    run_varlen = kernels.run_varlen
+    run_varlen, run_flex = kernels.run_varlen, kernels.run_flex
 
     def counted(query, *args, **kwargs):
         calls.append(query.dtype)
         return run_varlen(query, *args, **kwargs)
 
+    def counted_flex(query, *args, **kwargs):  # the flex cases' kernel, counted alike
+        calls.append(query.dtype)
+        return run_flex(query, *args, **kwargs)
+
     monkeypatch.setattr(kernels, "run_varlen", counted)
+    monkeypatch.setattr(kernels, "run_flex", counted_flex)
     yield calls
     if reference is not None:
         assert len(reference) == len(calls), (len(reference), len(calls))
@@ -348,6 +354,10 @@ CASES = {
     "qwen3-gqa-8k-context": ("qwen3", 2, 2, {"long": True}),
     # `fused_kernels`: Liger Kernel's RMSNorm, SwiGLU and RoPE on the packed path (CUDA only), against the plain
     # path's error WITHOUT them (the bound the unfused packed path meets)
+    # FlexAttention (`TRL_RM_ENV_PACKED_KERNEL=flex`: key/value heads shared, not repeated; CUDA only, its backward)
+    "qwen3-gqa-flex": ("qwen3", 2, 2, {"kernel": "flex"}),
+    "llama-mha-flex": ("llama", 4, 2, {"kernel": "flex"}),
+    "qwen3-gqa-flex-checkpointing": ("qwen3", 2, 2, {"kernel": "flex", "checkpointing": True}),
     "qwen3-gqa-fused": ("qwen3", 2, 2, {"fused": True}),
     "llama-gqa-fused": ("llama", 2, 2, {"fused": True}),
     "qwen3-gqa-fused-checkpointing": ("qwen3", 2, 2, {"fused": True, "checkpointing": True}),
@@ -414,6 +424,20 @@ def run_case(case: str, device: torch.device, calls: list, seed: int = 0, rounde
         with module_restored(arch):
             assert use_fused_kernels(True, model16, device, "the GPU tests")
             scores, losses, grads = packed_bf16(model16, batch, params16, autocast, calls, layers, checkpointing)
+    elif options.get("kernel"):
+        if device.type != "cuda":
+            pytest.skip("FlexAttention's backward runs on CUDA only")
+        previous = os.environ.get(kernels.PACKED_KERNEL_ENV)
+        os.environ[kernels.PACKED_KERNEL_ENV] = options["kernel"]
+        kernels.packed_kernel.cache_clear()
+        try:
+            scores, losses, grads = packed_bf16(model16, batch, params16, autocast, calls, layers, checkpointing)
+        finally:
+            if previous is None:
+                os.environ.pop(kernels.PACKED_KERNEL_ENV)
+            else:
+                os.environ[kernels.PACKED_KERNEL_ENV] = previous
+            kernels.packed_kernel.cache_clear()
     else:
         scores, losses, grads = packed_bf16(model16, batch, params16, autocast, calls, layers, checkpointing)
     assert classifier(model16).config._attn_implementation == "sdpa"  # restored after the packed call

@@ -1,17 +1,62 @@
-"""The attention kernel of the packed layout on CUDA: FlashAttention's variable-length kernel as PyTorch ships it
-(`torch.nn.attention.varlen.varlen_attn`, PyTorch >= 2.10), across the releases that spell its arguments differently,
-and whether it runs here with the mask the layout needs (`varlen_usable`)."""
+"""The attention kernels of the packed layout: FlashAttention's variable-length kernel as PyTorch ships it
+(`torch.nn.attention.varlen.varlen_attn`, PyTorch >= 2.10; CUDA), across the releases that spell its arguments
+differently, and whether it runs here with the mask the layout needs (`varlen_usable`); FlexAttention
+(`torch.nn.attention.flex_attention`, any device: its key/value heads shared by the query heads, `enable_gqa`, where
+a varlen kernel without GQA repeats them); and which one a packed forward runs (`packed_kernel`)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import logging
+import os
+import warnings
 from typing import Any
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+PACKED_KERNEL_ENV = "TRL_RM_ENV_PACKED_KERNEL"
+"""The environment variable that picks the packed layout's attention kernel (`packed_kernel`)."""
+PACKED_KERNELS = ("auto", "varlen", "flex", "mask")
+
+
+@functools.cache
+def packed_kernel() -> str:
+    """The packed layout's attention kernel, from `TRL_RM_ENV_PACKED_KERNEL`: `auto` (the default: `varlen` where it
+    runs, else the block mask under SDPA), `varlen`, `flex` (FlexAttention, any device and dtype) or `mask`. Read
+    once per process.
+
+    Raises:
+        ValueError: any other value, naming the variable.
+    """
+    value = os.environ.get(PACKED_KERNEL_ENV, "auto").strip().lower() or "auto"
+    if value not in PACKED_KERNELS:
+        raise ValueError(f"{PACKED_KERNEL_ENV}={value!r}: choose one of {', '.join(PACKED_KERNELS)}.")
+    return value
+
+
+@functools.cache
+def _compiled_flex() -> Any:
+    """FlexAttention compiled for CUDA (its fused kernel; dynamic shapes: a packed row's length changes every call)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def run_flex(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_mask: Any, scale: float) -> torch.Tensor:
+    """FlexAttention over `(1, heads, T, dim)` queries and `(1, kv_heads, T, dim)` keys/values under `block_mask`
+    (`enable_gqa`: each key/value head shared by its query heads, none repeated): compiled on CUDA, its unfused
+    reference elsewhere (the CPU's tests)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    gqa = query.shape[1] != key.shape[1]
+    if query.is_cuda:
+        return _compiled_flex()(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    with warnings.catch_warnings():  # "called without torch.compile": on purpose off CUDA
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=gqa)
 
 
 @functools.cache

@@ -10,13 +10,16 @@ tokens through the model are the unique tokens; backward goes through each conte
 
 The layout is described once, on the CPU, by the collator (`pack_groups`): the cumulative query and key lengths of
 every segment, the index of every segment's keys in the row, and the longest segment, so the forward makes no
-device-to-host sync. Two kernels read it:
+device-to-host sync. Three kernels read it (`kernels.packed_kernel`: `varlen` where it runs, else `mask`; `flex` when
+`TRL_RM_ENV_PACKED_KERNEL=flex`):
 
 - `varlen`: FlashAttention's variable-length kernel as PyTorch ships it (`torch.nn.attention.varlen.varlen_attn`),
   with each completion's keys gathered as `context + own` (the kernel's causal mask is aligned to the end of the keys:
   completion token i sees the whole context and its own tokens up to i). CUDA, fp16/bf16.
 - `mask`: one SDPA call over the row with its block mask (`T x T` booleans), on any device and dtype: the CPU's kernel,
   and fp32 or dropout on CUDA.
+- `flex`: FlexAttention under the layout as a `BlockMask` (the blocks the mask touches), the key/value heads shared by
+  the query heads rather than repeated (`enable_gqa`); compiled on CUDA, its unfused reference on the CPU.
 
 Exactness: every score equals running the context and that completion alone (tests: fp32, 1e-5).
 """
@@ -75,13 +78,14 @@ class PackedAttention:
     num_tokens: int
     length: int
     mask: torch.Tensor | None = field(default=None, repr=False)
+    flex: Any = field(default=None, repr=False)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedAttention:
         """A copy with its tensors on `device` (Accelerate's `send_to_device` calls this)."""
         move = functools.partial(torch.Tensor.to, device=device, non_blocking=non_blocking)
         return replace(
             self, cu_seqlens_q=move(self.cu_seqlens_q), cu_seqlens_k=move(self.cu_seqlens_k),
-            key_index=move(self.key_index), mask=None if self.mask is None else move(self.mask),
+            key_index=move(self.key_index), mask=None if self.mask is None else move(self.mask), flex=None,
         )
 
     def pin_memory(self) -> PackedAttention:
@@ -105,6 +109,25 @@ class PackedAttention:
         keys = keys[None, :]
         allowed = ((keys >= context[:, :1]) & (keys < context[:, 1:])) | ((keys >= own_start) & (keys <= queries))
         return allowed[None, None]
+
+    def flex_mask(self) -> Any:
+        """The layout as FlexAttention's `BlockMask` (the `T x T` mask of `block_mask`, held as the blocks it touches),
+        on the device of `cu_seqlens_q`: a query token's segment gives its context's range and its own start."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        device = self.cu_seqlens_q.device
+        starts = self.cu_seqlens_q.long()
+        lengths = starts[1:] - starts[:-1]
+        segment = torch.arange(len(lengths), device=device).repeat_interleave(lengths, output_size=self.length)
+        contexts = torch.tensor(self.contexts, dtype=torch.long, device=device).reshape(-1, 2)
+        context_start, context_end, own_start = contexts[:, 0], contexts[:, 1], starts[:-1]
+
+        def mask_mod(batch, head, q, kv):
+            s = segment[q]
+            return ((kv >= context_start[s]) & (kv < context_end[s])) | ((kv >= own_start[s]) & (kv <= q))
+
+        return create_block_mask(mask_mod, None, None, self.length, self.length, device=device,
+                                 _compile=device.type == "cuda")  # fmt: skip
 
 
 def pack_groups(
@@ -211,8 +234,18 @@ def packed_attention_forward(
     dtype = query.dtype
     if query.is_cuda and torch.is_autocast_enabled("cuda"):  # as SDPA does under autocast
         dtype = torch.get_autocast_dtype("cuda")
+    kernel = kernels.packed_kernel()
+    if kernel == "flex":
+        if dropout:
+            raise ValueError(f"{kernels.PACKED_KERNEL_ENV}=flex: FlexAttention has no attention dropout (the model's "
+                             f"is {dropout}); use the mask kernel, or a model without attention dropout.")
+        return flex_attention(query, key, value, packed, scale, dtype), None
     scale_ok = "scale" in kernels.varlen_parameters() or abs(scale - query.shape[-1] ** -0.5) < 1e-12
-    if dropout == 0.0 and scale_ok and kernels.varlen_usable(query.device, dtype):
+    usable = dropout == 0.0 and scale_ok and kernels.varlen_usable(query.device, dtype)
+    if kernel == "varlen" and not usable:
+        raise ValueError(f"{kernels.PACKED_KERNEL_ENV}=varlen: torch's varlen kernel does not run this forward "
+                         f"({query.device.type}, {dtype}, dropout {dropout}); unset it, or choose flex or mask.")
+    if usable and kernel != "mask":
         return varlen_attention(query, key, value, packed, scale, dtype), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -236,6 +269,22 @@ def varlen_attention(
     v = value[0].transpose(0, 1).index_select(0, packed.key_index).to(dtype)
     out = kernels.run_varlen(q, k, v, packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_q, packed.max_k, scale)
     return out[None]
+
+
+def flex_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: PackedAttention, scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """FlexAttention's reading of a packed row: `(1, T, heads, dim)` from `query` `(1, heads, T, dim)` and `key`/`value`
+    `(1, kv_heads, T, dim)`, under the layout's block mask (`PackedAttention.flex_mask`, built once per forward), the
+    key/value heads shared by the query heads (not repeated), in the compute `dtype`."""
+    if not query.is_cuda and torch.is_grad_enabled() and query.requires_grad:
+        raise ValueError(f"{kernels.PACKED_KERNEL_ENV}=flex: FlexAttention has no backward off CUDA (torch runs its "
+                         "unfused reference there, forward only); train with the mask kernel here.")
+    if packed.flex is None:
+        packed.flex = packed.flex_mask()
+    out = kernels.run_flex(query.to(dtype), key.to(dtype), value.to(dtype), packed.flex, scale)
+    return out.transpose(1, 2)
 
 
 @functools.cache

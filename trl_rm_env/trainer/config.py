@@ -252,3 +252,7 @@ class RegressionRewardConfig(RankedRewardConfig):
             )
         super().__post_init__()
         self.prefix_sharing = False  # "auto" (the default) has nothing to share here
+        if self.window_packing is True:
+            raise ValueError("window_packing lays out the ranked records of an accumulation window in the packed "
+                             "layout; a regression reward model trains on the plain one: leave it unset.")
+        self.window_packing = False
