@@ -185,16 +185,16 @@ class WindowPackingMixin:
             token_count = sum(t for _, t in outputs)
         finally:
             self._chunk_outputs = None
-        self._log_window_metrics(scores, inputs, record_micro, token_count)
+        self._log_window_metrics(scores, inputs, record_micro, len(sizes), token_count)
         return loss
 
-    def _log_window_metrics(self, scores: torch.Tensor, inputs: dict, record_micro: torch.Tensor, token_count) -> None:
+    def _log_window_metrics(self, scores: torch.Tensor, inputs: dict, record_micro: torch.Tensor, micro_count: int,
+                            token_count) -> None:
         """Each micro-batch's metrics from its own scores, as its own step would have recorded them."""
         device = scores.device
         ranks, record_index = inputs["ranks"].to(device), inputs["record_index"].to(device)
         margin = inputs.get("margin")
         completion_micro = record_micro.to(device)[record_index]
-        micro_count = int(record_micro.numel() and record_micro.max()) + 1
         for m in range(micro_count):
             rows = (completion_micro == m).nonzero().flatten()
             records = (record_micro == m).nonzero().flatten()
