@@ -139,3 +139,34 @@ def test_context_groups_are_runs_of_equal_contexts():
     a, b = [{"role": "user", "content": "x"}], [{"role": "user", "content": "y"}]
     assert list(overlap.context_groups([a, a, list(a), b, a])) == [(0, 3), (3, 4), (4, 5)]  # equal, not only the same
     assert list(overlap.context_groups([])) == []
+
+
+def test_progress_is_one_bar_over_the_items(model, tiny_tokenizer, monkeypatch):
+    """As the engine's bar over its passes: shown when asked, and unasked only past 8 waves (opened at the ninth,
+    counting what the first 8 did)."""
+    import tqdm.auto
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, initial, desc, unit):
+            self.total, self.n, self.closed = total, initial, False
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    prompts, completions = grpo_call([2] * 12, seed=6)  # 12 groups, a wave each (`rows=2`)
+    scorer = RewardScorer(model, tiny_tokenizer, overlap_encoding=True, batch_size=2)
+    scorer.score(prompts, completions, progress=False)
+    assert bars == []
+    scorer.score(prompts[:8], completions[:8])  # 4 waves, nothing asked: no bar
+    assert bars == []
+    scorer.score(prompts, completions)  # 12 waves: a bar from the ninth, over every item
+    assert [(b.total, b.n, b.closed) for b in bars] == [(24, 24, True)]
+    scorer.score(prompts[:4], completions[:4], progress=True)
+    assert [(b.total, b.n, b.closed) for b in bars[1:]] == [(4, 4, True)]

@@ -57,10 +57,34 @@ def waves(scorer: Any, contexts: Sequence[Any], completions: Sequence[Any], toke
         yield items, ids, lengths, overlength
 
 
+class _Progress:
+    """A progress bar over a call's items, as `HFEngine` shows one over its passes: when `progress` is True, or None
+    and `show_progress` is True, or both None and the call runs more than 8 waves (opened at the ninth)."""
+
+    def __init__(self, progress: bool | None, show_progress: bool | None, total: int):
+        self.wanted = progress if progress is not None else show_progress
+        self.total, self.done, self.waves, self.bar = total, 0, 0, None
+
+    def advance(self, items: int) -> None:
+        self.waves += 1
+        if self.bar is None and (self.wanted or (self.wanted is None and self.waves > 8)):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=self.done, desc="Scoring", unit="item")
+        self.done += items
+        if self.bar is not None:
+            self.bar.update(items)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def overlapped_outputs(scorer: Any, contexts: Sequence[Any], completions: Sequence[Any],
-                       bounds: tuple[int | None, int | None]) -> tuple[torch.Tensor, list[int], list[int]]:
+                       bounds: tuple[int | None, int | None],
+                       progress: bool | None = None) -> tuple[torch.Tensor, list[int], list[int]]:
     """`RewardScorer._outputs` in waves (`waves`), each encoded on a worker thread while the previous one runs:
-    `(outputs, scored items, over-length items)`."""
+    `(outputs, scored items, over-length items)`; `progress` as the engine's (`_Progress`)."""
     if len(contexts) != len(completions):  # what `encode` says for the whole call
         raise ValueError(f"Got {len(contexts)} contexts but {len(completions)} completions; they must match.")
     outputs = torch.full((len(contexts), scorer.config.num_labels), float("nan"), dtype=torch.float32)
@@ -87,6 +111,7 @@ def overlapped_outputs(scorer: Any, contexts: Sequence[Any], completions: Sequen
         except BaseException as err:  # raised in the calling thread
             put(err)
 
+    bar = _Progress(progress, scorer.options.show_progress, len(contexts))
     worker = threading.Thread(target=encode_ahead, name="trl-rm-env-encode-ahead", daemon=True)
     worker.start()
     try:
@@ -107,7 +132,9 @@ def overlapped_outputs(scorer: Any, contexts: Sequence[Any], completions: Sequen
             if items:
                 outputs[torch.tensor(items)] = scorer.engine.outputs(ids, lengths, False)
                 present += items
+            bar.advance(len(items) + len(skipped))
     finally:
         stop.set()
         worker.join()
+        bar.close()
     return outputs, present, overlength

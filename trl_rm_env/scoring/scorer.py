@@ -191,7 +191,7 @@ class RewardScorer:
         the model runs the previous one, where `overlap_encoding` says so (`trl_rm_env.scoring.overlap`)."""
         bounds = self._overlap_bounds()
         if bounds is not None and len(contexts) > 1:
-            return overlapped_outputs(self, contexts, completions, bounds)
+            return overlapped_outputs(self, contexts, completions, bounds, progress)
         encoded = self.encode(contexts, completions)
         present = [i for i, ids in enumerate(encoded.ids) if ids is not None]
         outputs = torch.full((len(encoded.ids), self.config.num_labels), float("nan"), dtype=torch.float32)
