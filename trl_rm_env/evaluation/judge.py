@@ -280,7 +280,10 @@ def evaluate_cascade(
 
     source = judge
     if hasattr(judge, "replace"):  # a pair without a verdict is undecided (None), as `evaluate_judge` counts it
-        source = judge.replace(unparsed_reward=float("nan"))
+        if judge.mode.failed_verdict(judge.options) is not None:  # a GenRM: a failed judgement is no comparison
+            source = judge.replace(failed_judgement="masked")
+        else:
+            source = judge.replace(unparsed_reward=float("nan"))
         source.overlength_reward = float("nan")
     cascade = CascadeReward([reward_model, source], name="cascade", margin=margin)
     picks: list[str | None] = [None] * len(pairs)

@@ -1,0 +1,158 @@
+"""`trl-rm-env eval --model RM --judge JUDGE --cascade`'s bookkeeping, against values worked out by hand: a reward
+model's picks and margins, the agreement of two sources, a reward model's cost, the cascade run as GRPO runs it (a
+real `JudgeEnvironment(mode="genrm")` whose engine writes scripted verdicts, tests/test_genrm_eval_by_hand.py) and the
+printed comparison table.
+
+The end-to-end runs on models are tests/test_eval_judge.py (slow); these are fast.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from test_genrm_eval_by_hand import Scripted, record
+
+from trl_rm_env.evaluation.judge import agreement, evaluate_cascade, format_comparison_table, rm_cost, rm_picks
+
+PAIRS = {
+    "s": [record("q zero", ("goodzero", 0), ("badzero", 1)), record("q one", ("goodone", 0), ("badone", 1)),
+          record("q two", ("goodtwo", 0), ("badtwo", 1)), record("q three", ("tieathree", 0), ("badthree", 1))],
+    "t": [record("q four", ("afour", 0), ("bfour", 1)), record("q five", ("xfive", 0), ("zfive", 1))],
+}  # fmt: skip
+# The reward model's scores (better, worse) of each pair, in order.
+RM_SCORES = [(2.0, 0.0), (0.01, 0.0), (0.0, 0.01), (0.0, 3.0), (0.5, 0.0), (0.0, 0.0)]
+
+
+def rm_rows():
+    rows, n = [], 0
+    for name, records in PAIRS.items():
+        for r, _ in enumerate(records):
+            for k, score in enumerate(RM_SCORES[n]):
+                rows.append({"set": name, "record": r, "completion": k, "score": score})
+            n += 1
+    return rows
+
+
+def test_reward_model_picks_margins_and_agreement():
+    picks, margins = rm_picks(rm_rows(), PAIRS)
+    assert margins == pytest.approx([2.0, 0.01, -0.01, -3.0, 0.5, 0.0])
+    assert picks == ["better", "better", "worse", "worse", "better", "tie"]
+    # Agreement counts the pairs both sources decided (neither a tie nor no verdict): pairs 0, 1, 2, 4 here.
+    other = ["better", "worse", "worse", None, "better", "better"]
+    assert agreement(picks, other) == {"pairs": 4, "same": 3, "rate": 0.75}
+    assert agreement(["tie"], ["better"])["pairs"] == 0 and agreement(["tie"], ["better"])["rate"] != 0  # NaN
+
+
+def test_reward_model_cost_counts_the_tokens_it_scores():
+    class Scorer:  # every completion's sequence: its context's length + its own (None: over-length, not scored)
+        def encode(self, contexts, completions):
+            self.seen = list(zip(contexts, completions))
+            ids = [None if c[0]["content"] == "badtwo" else [0] * (len(x[0]["content"]) + len(c[0]["content"]))
+                   for x, c in zip(contexts, completions)]  # fmt: skip
+            return type("Encoded", (), {"ids": ids})()
+
+    scorer = Scorer()
+    cost = rm_cost(scorer, PAIRS, seconds=2.5)
+    by_hand = sum(len(r["context"][0]["content"]) + len(c["completion"][0]["content"])
+                  for records in PAIRS.values() for r in records for c in r["completions"]
+                  if c["completion"][0]["content"] != "badtwo")  # fmt: skip
+    assert len(scorer.seen) == 12 and scorer.seen[3] == (PAIRS["s"][1]["context"], PAIRS["s"][1]["completions"][1]["completion"])
+    assert cost["tokens"] == by_hand and cost["seconds"] == 2.5 and cost["judgements"] is None
+    assert cost["memory_mb"] > 0
+    assert rm_cost(object(), PAIRS, 1.0)["tokens"] is None  # a scorer that does not encode here (a server)
+
+
+@pytest.fixture(scope="module")
+def genrm_judge(tiny_dir):
+    from trl_rm_env import JudgeEnvironment
+
+    judge = JudgeEnvironment(str(tiny_dir / "policy"), mode="genrm", max_new_tokens=8, parse_retries=0,
+                             temperature=0.0)  # fmt: skip
+    return judge
+
+
+def test_the_cascade_sends_the_pairs_under_the_margin_to_the_judge_as_grpo_groups(genrm_judge):
+    scripted = Scripted(genrm_judge.tokenizer, {r["context"][0]["content"] for rs in PAIRS.values() for r in rs})
+    scripted.silent = {"afour", "bfour"}
+    verdict = scripted.verdict
+    scripted.verdict = lambda a, b: "no verdict" if a in scripted.silent else verdict(a, b)
+    prompts = []
+    genrm_judge.engine.generate = lambda ids, *args, **kwargs: prompts.extend(ids) or scripted(ids, *args, **kwargs)
+    results, picks = evaluate_cascade(genrm_judge, PAIRS, rm_rows(), 1.0, rm_seconds=1.0, rm_tokens=100,
+                                      rm_memory=1e9)  # fmt: skip
+    # Margin 1: the RM decides pairs 0 (+2: better) and 3 (-3: worse). The judge gets pairs 1, 2, 4 and 5, each a GRPO
+    # group of two (the better answer first at even positions, second at odd ones), in which the GenRM compares the
+    # two both ways (comparison_strategy "circular": 0 against 1, 1 against 0) and each gets the mean it received:
+    #   pair 1 (goodone, badone: "response 1 is much better" whatever is shown): 3 and 3, a tie;
+    #   pair 2 (goodtwo 3, badtwo 1): better; pair 4 (afour, bfour): no verdict at all, undecided;
+    #   pair 5 (xfive 4, zfive 2), shown worse first: better.
+    assert picks == ["better", "tie", "better", "worse", None, "better"]
+    assert results["sent"] == 4 and results["share"] == pytest.approx(4 / 6) and results["margin"] == 1.0
+    assert scripted.shown[-2:] == [("zfive", "xfive"), ("xfive", "zfive")]  # the last group, in its order
+    assert not {w for pair in scripted.shown for w in pair} & {"goodzero", "badzero", "tieathree", "badthree"}
+    s, t = results["sets"]["s"], results["sets"]["t"]
+    assert (s["pairs"], s["correct"], s["verdict_ties"], s["accuracy"]) == (4, 2, 1, 0.5)
+    assert (t["pairs"], t["correct"], t["no_verdict"], t["verdict_ties"]) == (2, 1, 1, 0)
+    # Costs: the judge's judgements and prompt tokens on the pairs sent, the reward model's on every pair
+    cost = results["cost"]
+    assert cost["judgements"] == len(prompts) and cost["tokens"] == 100 + sum(len(p) for p in prompts)
+    assert cost["seconds"] > 1.0 and cost["memory_mb"] == 1e9
+    assert results["per_1k_pairs"]["judgements"] == pytest.approx(len(prompts) * 1000 / 6)
+
+
+def test_the_comparison_table_by_hand():
+    judge_sets = {
+        "a": {"pairs": 4, "correct": 2, "accuracy": 0.5, "no_verdict": 1, "position_consistency": 0.5,
+              "both_orders": 2, "tie_pairs": 2, "ties_correct": 1, "accuracy_with_ties": 0.5,
+              "n_way": {"records": 3, "kendall_tau": 1 / 3, "top1_accuracy": 2 / 3, "constant": 1, "failed": 0}},
+        "b": {"pairs": 2, "correct": 2, "accuracy": 1.0, "no_verdict": 0, "position_consistency": 1.0,
+              "both_orders": 6},
+    }  # fmt: skip
+    sources = {
+        "reward model": {"sets": {"a": {"pairs": 4, "accuracy": 0.75}, "b": {"pairs": 2, "accuracy": 0.5}},
+                         "cost": {"memory_mb": 1234.4}, "per_1k_pairs": {"seconds": 12.34, "judgements": None,
+                                                                         "tokens": 5000.0},
+                         "rewardbench": {"Score": {"score": 0.625}}},
+        "judge": {"sets": judge_sets, "cost": {"rating_mass": 0.8765, "memory_mb": 99.6},
+                  "per_1k_pairs": {"seconds": 1.25, "judgements": 2000.0, "tokens": 123456.7},
+                  "rewardbench2": {"Score": {"score": 0.4}}},
+        "cascade": {"share": 0.25, "sets": {"a": {"pairs": 4, "accuracy": 0.25, "no_verdict": 0},
+                                            "b": {"pairs": 2, "accuracy": float("nan"), "no_verdict": 2}},
+                    "cost": {"memory_mb": 10.0}, "per_1k_pairs": {"seconds": 3.0, "judgements": 250.0, "tokens": None}},
+    }  # fmt: skip
+    text = format_comparison_table(sources, {"reward model vs judge": {"rate": 2 / 3, "pairs": 6}})
+    lines = text.splitlines()
+    header = re.split(r"\s{2,}", lines[0])
+    assert header == ["source", "a", "b", "pos. consistency", "no verdict", "verdict mass", "judged", "s / 1k pairs",
+                      "judgements / 1k", "tokens / 1k", "peak MB"]  # fmt: skip
+    rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip()) for line in lines[2:5])}
+    assert rows["reward model"] == ["reward model", "75.00%", "50.00%", "-", "-", "-", "-", "12.3", "-", "5000", "1234"]
+    # position consistency over both sets, weighted by the pairs with both orders: (0.5 * 2 + 1.0 * 6) / 8 = 87.5%;
+    # no verdict: 1 of 6 pairs
+    assert rows["judge"] == ["judge", "50.00%", "100.00%", "87.5%", "16.7%", "0.876", "100%", "1.2", "2000", "123457",
+                             "100"]  # fmt: skip
+    assert rows["cascade"] == ["cascade", "25.00%", "-", "-", "33.3%", "-", "25%", "3.0", "250", "-", "10"]
+    assert "Listwise (records with 3+ completions)" in text
+    (listwise,) = [line for line in lines if line.startswith("judge / a")]
+    assert re.split(r"\s{2,}", listwise) == ["judge / a", "3", "0.3333", "66.67%", "1", "0"]
+    assert "RewardBench v1 score, reward model: 62.50%" in lines
+    assert "accuracy with ties, judge, a: 50.00% (1 of 2 tied pairs judged a tie)" in lines
+    assert "RewardBench 2 score, judge: 40.00%" in lines
+    assert lines[-1] == "agreement, reward model vs judge: 66.7% of the 6 pairs both decided"
+
+
+def test_the_cascade_awaits_a_judge_that_answers_asynchronously():
+    """A judge behind servers is a coroutine function (TRL awaits it): the cascade runs each round to its end."""
+    asked = []
+
+    async def judge(prompts, completions, **kwargs):  # rewards the longer answer; `q four`'s pair has no verdict
+        asked.append(len(prompts))
+        return [float("nan") if p[0]["content"] == "q four" else float(len(c[0]["content"]))
+                for p, c in zip(prompts, completions)]  # fmt: skip
+
+    results, picks = evaluate_cascade(judge, PAIRS, rm_rows(), 1.0, rm_seconds=0.5)
+    # pairs 1, 2, 4 and 5 go to the judge: goodone (7) / badone (6): better; goodtwo (7) / badtwo (6): better;
+    # pair 4: no verdict; xfive (5) / zfive (5): a tie
+    assert picks == ["better", "better", "better", "worse", None, "tie"]
+    assert sum(asked) == 8 and results["sent"] == 4 and results["cost"]["tokens"] is None  # no token count here
