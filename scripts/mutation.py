@@ -8,6 +8,7 @@ CI; its report is docs/reliability.md's "Mutation testing".
     pip install -e ".[dev,mutation]"
     python scripts/mutation.py run --minutes 300     # a fresh run on 2 cores, stopped after 300 minutes
     python scripts/mutation.py run --minutes 60 --resume   # check what the last run left (mutmut keeps each result)
+    python scripts/mutation.py run --resume 'trl_rm_env.evaluation.*'   # these mutants again (after new tests)
     python scripts/mutation.py report                # counts by module, and every mutant the tests let through
     python scripts/mutation.py check NAME tests/test_genrm.py   # one mutant against chosen tests (after a run)
 
@@ -36,12 +37,13 @@ KILLED = {1: "killed", 3: "killed", -24: "timeout", 24: "timeout", 152: "timeout
 LET_THROUGH = {0: "survived", 33: "no test", 5: "no test"}
 
 
-def run(minutes: float, max_children: int, resume: bool) -> int:
-    """A mutmut run under a wall-clock budget (its results so far are kept when the budget ends it)."""
+def run(minutes: float, max_children: int, resume: bool, names: list[str] | None = None) -> int:
+    """A mutmut run under a wall-clock budget (its results so far are kept when the budget ends it); `names`: only
+    the mutants matching these patterns (`trl_rm_env.evaluation.*`), checked again even where a result is kept."""
     if not resume:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
-    process = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)], cwd=ROOT,
-                               start_new_session=True)  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children),
+                                *(names or [])], cwd=ROOT, start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + minutes * 60
     while process.poll() is None and time.monotonic() < deadline:
         time.sleep(5)
@@ -164,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--minutes", type=float, default=300.0)
     r.add_argument("--max-children", type=int, default=2)
     r.add_argument("--resume", action="store_true", help="keep the last run's results and check the rest")
+    r.add_argument("names", nargs="*", help="only these mutants (patterns: 'trl_rm_env.evaluation.*'), checked again")
     p = commands.add_parser("report", help="counts by module and every mutant let through")
     p.add_argument("--markdown", type=Path, default=None)
     c = commands.add_parser("check", help="one mutant against chosen tests")
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("pytest_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.minutes, args.max_children, args.resume)
+        return run(args.minutes, args.max_children, args.resume, args.names)
     if args.command == "report":
         return report(args.markdown)
     return check(args.name, args.pytest_args)

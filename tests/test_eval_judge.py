@@ -193,7 +193,9 @@ def test_cascade_folds_a_contextless_conversation_into_its_grpo_prompt():
     rows = [{"set": "s", "record": 0, "completion": k, "score": 0.0} for k in (0, 1)]  # a tie: the judge decides
     results, picks = evaluate_cascade(judge, {"s": [record("q?", "good", "bad")]}, rows, 1.0, rm_seconds=0.0)
     assert picks == ["better"] and judge.prompts == [[turn("user", "q?")]] * 2  # the shared turn is the GRPO prompt
-    with pytest.raises(ValueError, match=r"record 0 has no context and its completions differ"):
+    with pytest.raises(ValueError, match=r"^eval --cascade: set 's', record 0 has no context and its completions "
+                                         r"differ before their last assistant turn: the cascade runs GRPO's reward "
+                                         r"functions, which take one prompt per group$"):
         evaluate_cascade(judge, {"s": [record("q?", "good", "bad", "other?")]}, rows, 1.0, rm_seconds=0.0)
 
 

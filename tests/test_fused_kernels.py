@@ -81,6 +81,75 @@ def test_liger_s_loss_kernels_are_refused(tiny_rm):
                                                                "cross_entropy": True, "rms_norm": True})  # fmt: skip
 
 
+class RecordingLiger:
+    """Liger's entry point as `use_fused_kernels` calls it, where its kernels could run (CUDA, the package, a model
+    type it knows: `why_not_fused` says None): records the model and the kernels asked for."""
+
+    def __init__(self, monkeypatch):
+        import types
+
+        self.calls = []
+        module = types.ModuleType("liger_kernel.transformers")
+        module._apply_liger_kernel_to_instance = lambda model, **kernels: self.calls.append((model, kernels))
+        monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+        monkeypatch.setitem(sys.modules, "liger_kernel.transformers", module)
+        monkeypatch.setattr(fused, "why_not_fused", lambda model, device: None)
+
+
+def test_where_they_can_run_auto_and_true_apply_the_three_kernels_and_false_applies_none(tiny_rm, monkeypatch):
+    liger = RecordingLiger(monkeypatch)
+    three = {"cross_entropy": False, "fused_linear_cross_entropy": False, "rms_norm": True, "swiglu": True,
+             "rope": True}  # fmt: skip
+    assert use_fused_kernels(False, tiny_rm, "cuda", "training") is False and liger.calls == []  # switched off
+    assert use_fused_kernels(False, tiny_rm, "cuda", "training", {"rope": True}) is False and liger.calls == []
+    assert use_fused_kernels("auto", tiny_rm, "cuda", "scoring") is True
+    assert use_fused_kernels(True, tiny_rm, "cuda", "training") is True
+    assert liger.calls == [(tiny_rm, three), (tiny_rm, three)]
+    liger.calls.clear()
+    # transformers' liger_kernel_config turns Liger's kernels on or off by name; a loss kernel is refused
+    assert use_fused_kernels(True, tiny_rm, "cuda", "training", {"rope": False, "swiglu": False}) is True
+    assert liger.calls == [(tiny_rm, {**three, "rope": False, "swiglu": False})]
+    with pytest.raises(ValueError, match=r"^liger_kernel_config asks for cross_entropy: "):
+        use_fused_kernels(True, tiny_rm, "cuda", "training", {"cross_entropy": True})
+
+    class Peft:  # a PEFT wrapper: the kernels go on its base model
+        def get_base_model(self):
+            return tiny_rm
+
+    liger.calls.clear()
+    assert use_fused_kernels("auto", Peft(), "cuda", "training") is True and liger.calls == [(tiny_rm, three)]
+
+
+def test_the_trainer_passes_its_switch_and_liger_config_through(tmp_path, monkeypatch):
+    """`fused_kernels` of the trainer's config, TRL's `use_liger_kernel` read as True, and `liger_kernel_config`, as
+    the trainer hands them to `use_fused_kernels` (where the kernels could run)."""
+    from trl_rm_env.tiny_models import build_tiny_tokenizer
+    from trl_rm_env.trainer import trainer as trainer_module
+
+    asked = []
+    monkeypatch.setattr(trainer_module, "use_fused_kernels",
+                        lambda value, model, device, what, config=None: asked.append((value, what, config)) or False)  # fmt: skip
+    data = load_rank_dataset("sample:harder").select(range(4))
+    tokenizer = build_tiny_tokenizer()
+    for settings in (dict(), dict(fused_kernels=False), dict(fused_kernels=True), dict(use_liger_kernel=True),
+                     dict(fused_kernels="auto", liger_kernel_config={"rope": False})):  # fmt: skip
+        ranked_trainer(tmp_path / str(len(asked)), tokenizer, data, **settings)
+    assert asked == [("auto", "training", None), (False, "training", None), (True, "training", None),
+                     (True, "training", None), ("auto", "training", {"rope": False})]  # fmt: skip
+
+
+def test_scoring_and_judging_pass_their_switch_through(tiny_dir, monkeypatch):
+    from trl_rm_env.runtime import loading
+    from trl_rm_env.runtime.model_options import ModelOptions
+
+    asked = []
+    monkeypatch.setattr(loading, "use_fused_kernels", lambda value, model, device, what: asked.append((value, what)))
+    for value in (False, "auto"):
+        loading.load_weights(plan_model(str(tiny_dir / "reward_model"), ScoringOptions(engine="hf", fused_kernels=value)))
+    loading.load_weights(plan_model(str(tiny_dir / "policy"), ModelOptions(engine="hf", fused_kernels=False), kind="judge"))
+    assert asked == [(False, "scoring"), ("auto", "scoring"), (False, "judging")]
+
+
 # ---------------------------------------------------------------------------------------------------- training
 def test_training_on_the_cpu_refuses_true_and_reads_trl_s_use_liger_kernel_as_true(tmp_path):
     data = load_rank_dataset("sample:harder").select(range(4))

@@ -10,6 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trl_rm_env.judges.genrm import Comparison, GenRM, parse_genrm_verdict
 from trl_rm_env.judges.genrm_data import genrm_comparisons, record_pairs, target_verdict, warm_start_rows
@@ -68,6 +70,47 @@ def test_without_ties_and_with_a_sample_of_pairs_and_a_principle():
         genrm_comparisons([RECORD], pairs_per_record=0)
 
 
+def test_sampled_pairs_vary_across_records_of_one_size_and_follow_the_seed():
+    """40 four-way records, 2 of their 6 pairs sampled from each: one random stream over the records (seeded), so the
+    records do not all keep the same pairs, each pair is kept about a third of the time, and a seed gives the same
+    comparisons again."""
+    import collections
+
+    records = [{"context": USER, "completions": [{"rank": r, "completion": answer(f"a{r}")} for r in range(4)]}] * 40
+    rows, counts = genrm_comparisons(records, pairs_per_record=2, seed=11)
+    kept = collections.defaultdict(set)
+    for row in rows:
+        r, i, j = map(int, row["pair"].split(":"))
+        kept[r].add((i, j))
+    assert sorted(kept) == list(range(40)) and all(len(p) == 2 for p in kept.values())
+    assert (counts.pairs, counts.ties, counts.sampled_out, counts.comparisons) == (80, 0, 160, 160)
+    assert len({frozenset(p) for p in kept.values()}) >= 8  # 15 possible samples: not one for every record
+    drawn = collections.Counter(pair for pairs in kept.values() for pair in pairs)
+    assert sorted(drawn) == [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    assert all(5 <= n <= 22 for n in drawn.values())  # 80 draws of 6 pairs: about 13 each
+    assert rows == genrm_comparisons(records, pairs_per_record=2, seed=11)[0]
+    assert rows != genrm_comparisons(records, pairs_per_record=2, seed=12)[0]
+    assert genrm_comparisons(records, pairs_per_record=2)[0] == genrm_comparisons(records, pairs_per_record=2, seed=0)[0]
+    # A record with no more pairs than asked keeps them all, and draws nothing from the stream
+    short = {"context": USER, "completions": [{"rank": r, "completion": answer(f"a{r}")} for r in range(2)]}
+    mixed, counts = genrm_comparisons([short, *records[:3]], pairs_per_record=2, seed=11)
+    assert [r["pair"] for r in mixed[:2]] == ["0:0:1", "0:0:1"] and counts.sampled_out == 12
+    assert [r["pair"][2:] for r in mixed[2:]] == [r["pair"][2:] for r in rows[:12]]
+
+
+def test_ties_are_counted_over_records_and_a_text_context_is_a_user_message():
+    tied = {"context": "How much is 1 plus 1?", "completions": [
+        {"rank": 0, "completion": answer("2")}, {"rank": 0, "completion": answer("two")},
+        {"rank": 1, "completion": answer("3")}]}  # fmt: skip
+    rows, counts = genrm_comparisons([tied, RECORD, tied])
+    assert (counts.records, counts.pairs, counts.ties, counts.comparisons) == (3, 6, 3, 18)
+    assert counts.by_preference == {1: 6, 2: 6, 0: 6}
+    assert rows[0]["prompt"][0] == {"role": "user", "content": "How much is 1 plus 1?"}
+    with pytest.raises(ValueError, match=r"^<records>: record 1: 'principle' must be a string \(a principle\), got "
+                                         r"int$"):
+        genrm_comparisons([RECORD, {**RECORD, "principle": 7}], principle_column="principle")
+
+
 def test_record_pairs_by_hand():
     assert record_pairs([2, 0, 2]) == ([(0, 1), (0, 2), (1, 2)], 0)
     assert record_pairs([2, 0, 2], ties=False) == ([(0, 1), (1, 2)], 0)
@@ -100,6 +143,7 @@ AGREEMENT_CASES = [  # (text, preference, margin_credit, reward by hand)
     (V(3, 3, 4), 1, 0.0, 0.0),
     (V(3, 3, 3.5), 1, 0.0, 0.0),  # no preference is no side
     (V(3, 3, 3.5), 0, 0.0, 1.0),
+    (V(3, 3, 3.5), 2, 0.0, 0.0),  # no preference is no side for response 2 either
     (V(3, 3, 3), 0, 0.0, 1.0),  # a tie: 1 for 3 to 4
     (V(3, 3, 4), 0, 0.0, 1.0),
     (V(3, 3, 2), 0, 0.0, 0.0),  # 1.5 - 1.5
@@ -150,7 +194,18 @@ def test_format_reward_by_hand(text, expected):
     assert VerdictFormat()([None], [text]) == [expected]
 
 
+def test_agreement_alone_reads_the_side_unless_given_a_margin_credit():
+    from trl_rm_env.rewards.genrm_verdicts import agreement
+
+    equal_scores = {"score_1": 3.0, "score_2": 3.0, "ranking": 2.0}  # the right side, no score margin
+    assert agreement(equal_scores, 1) == 1.0 and agreement(equal_scores, 1, margin_credit=1.0) == 0.0
+
+
 def test_reasoning_length_reward_by_hand():
+    assert ReasoningLength(1)([None, None], ["a", "a b c"]) == [0.0, -1.0]  # the smallest target: -(3 - 1) / 1, clipped
+    for bad in (True, 2.0, -3, "4"):
+        with pytest.raises(ValueError, match="target_words must be a positive int"):
+            ReasoningLength(bad)
     reward = ReasoningLength(target_words=4)
     texts = ["a b c " + V(5, 1, 1), "a b c d e f " + V(5, 1, 1), "<think>a b c d e f g h</think>" + V(5, 1, 1),
              "a b c d e f g h i j"]  # fmt: skip
@@ -163,7 +218,8 @@ def test_reasoning_length_reward_by_hand():
 def test_rewards_name_a_bad_or_missing_preference():
     with pytest.raises(ValueError, match="sample 1: 'preference' must be 1 .* got 3"):
         VerdictAgreement()([None, None], ["", ""], preference=[1, 3])
-    with pytest.raises(ValueError, match="no 'preference' column"):
+    with pytest.raises(ValueError, match=r"no 'preference' column \(the human preference of each comparison: "
+                                         r"trl_rm_env\.judges\.genrm_data\.genrm_comparisons writes it\)"):
         VerdictAgreement()([None], [""])
     with pytest.raises(ValueError, match="margin_credit"):
         VerdictAgreement(margin_credit=2)
@@ -211,6 +267,31 @@ def test_a_template_that_drops_the_roles_gets_the_builtin_one_or_is_refused(tiny
     full = tok.apply_chat_template([*messages, *answer("V")], tokenize=False)
     assert full == text + "V<|im_end|>\n"
     assert tok.apply_chat_template(USER, tokenize=False) == "<|im_start|>user\nHow much is 2 plus 2?<|im_end|>\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab {}%'\"\\\n\t[]:-")), max_size=40))
+def test_the_prelude_writes_its_texts_as_jinja_literals_that_read_back_the_same(text):
+    """`_literal`'s escaping, against Jinja's own parser (the sandbox transformers renders chat templates in)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from trl_rm_env.judges.genrm_template import _literal
+
+    assert ImmutableSandboxedEnvironment().from_string("{{ " + _literal(text) + " }}").render() == text
+
+
+def test_the_builtin_template_shows_the_judges_guide_and_instruction_whole(tiny_tokenizer):
+    from trl_rm_env.judges.genrm_template import VERDICT_INSTRUCTION
+    from trl_rm_env.judges.templates import _GUIDE
+
+    tok = _copy(tiny_tokenizer)
+    prepare_genrm_tokenizer(tok, "builtin")
+    messages = [*USER, {"role": "response_1", "content": "A"}, {"role": "response_2", "content": "B"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    body = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+    assert body == (f"{_GUIDE}\n\n[User request]\nHow much is 2 plus 2?\n\n[Response 1]\nA\n\n[Response 2]\nB\n\n"
+                    f"{VERDICT_INSTRUCTION}")  # fmt: skip
+    assert "'" in _GUIDE and "'" in VERDICT_INSTRUCTION  # quotes to escape, besides the newlines
 
 
 def test_template_choices_are_checked(tiny_tokenizer):

@@ -61,7 +61,7 @@ class FakeLLM:
 def fake_vllm(monkeypatch):
     """Stub vLLM modules and runtime hooks; yields the record of the runtime calls."""
     vllm = types.ModuleType("vllm")
-    vllm.SamplingParams = Recorded
+    vllm.SamplingParams = vllm.PoolingParams = Recorded
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = Recorded
     vllm.inputs = inputs
@@ -150,6 +150,35 @@ def test_vllm_progress_bar_is_show_progress_else_more_than_256_prompts(fake_vllm
     assert fake_vllm["llm"].calls[-1][2] is bar
 
 
+def test_vllm_reward_model_outputs_are_the_raw_head_values_of_every_label_in_input_order(fake_vllm):
+    """The reward-model kind (the default): vLLM's pooling runner, `classify` with `use_activation=False` (raw
+    values), each result's `outputs.probs` (one per label) as that sequence's row."""
+    llm = fake_vllm["llm"]
+    calls = []
+
+    def classify(prompts, pooling_params, use_tqdm="not given"):
+        calls.append((prompts, pooling_params, use_tqdm))
+        # prompt k's values: its length, then minus its first token (a regression head of 2 labels)
+        return [SimpleNamespace(outputs=SimpleNamespace(probs=[float(len(p.kwargs["prompt_token_ids"])),
+                                                                -float(p.kwargs["prompt_token_ids"][0])]))
+                for p in prompts]  # fmt: skip
+
+    llm.classify = classify
+    engine = VLLMEngine("rm", SimpleNamespace(num_labels=2), ModelOptions())  # kind="reward" by default
+    assert fake_vllm["engine_arguments"][-1][1] == {"runner": "pooling"} and engine.num_labels == 2
+    got = engine.outputs([[7, 1, 1], [3], np.array([5, 2])])
+    assert got.dtype == torch.float32 and got.tolist() == [[3.0, -7.0], [1.0, -3.0], [2.0, -5.0]]
+    ((prompts, params, use_tqdm),) = calls
+    assert params.kwargs == {"use_activation": False} and use_tqdm is False
+    assert [p.kwargs for p in prompts] == [{"prompt_token_ids": [7, 1, 1]}, {"prompt_token_ids": [3]},
+                                           {"prompt_token_ids": [5, 2]}]  # fmt: skip
+    engine.outputs([[1]] * 257)
+    assert calls[-1][2] is True  # a bar past 256 sequences, as for a judge
+    assert engine.outputs([], None).shape == (0, 2) and len(calls) == 2  # nothing to score: no request
+    one = VLLMEngine("rm", SimpleNamespace())  # a config without num_labels: one output
+    assert one.num_labels == 1 and one.kind == "reward"
+
+
 @pytest.fixture(scope="module")
 def policy(tiny_tokenizer):
     from trl_rm_env.tiny_models import build_tiny_policy
@@ -212,6 +241,22 @@ def test_a_vllm_that_fails_to_start_falls_back_to_transformers_unless_vllm_was_a
         asked = ModelPlan("dir", None, config, options, kind, None, "vllm", "asked")
         with pytest.raises(RuntimeError, match="no device"):
             loading.load_engine(asked, tiny_tokenizer)
+
+
+def test_hf_engine_waves_are_one_pass_of_its_layout(tiny_tokenizer):
+    """`wave_bounds`: what one forward pass holds, the size of an overlapped call's waves: the packed row's tokens
+    (given, else sized from the device) and sequences (`batch_size`); the plain layout's tokens and rows."""
+    from trl_rm_env.runtime.model_options import ScoringOptions
+    from trl_rm_env.sharing.packed import device_token_budget
+    from trl_rm_env.tiny_models import build_tiny_reward_model
+
+    model = build_tiny_reward_model(tiny_tokenizer, seed=0)
+    packed = HFEngine(model, tiny_tokenizer, ScoringOptions(prefix_sharing="packed", batch_size=6, max_tokens_per_batch=900))
+    assert packed.wave_bounds() == (900, 6)
+    sized = HFEngine(model, tiny_tokenizer, ScoringOptions(prefix_sharing="packed"))
+    assert sized.wave_bounds() == (device_token_budget(model), None)
+    plain = HFEngine(model, tiny_tokenizer, ScoringOptions(prefix_sharing=False, batch_size=3, max_tokens_per_batch=500))
+    assert plain.wave_bounds() == (500, 3)
 
 
 def test_hf_engine_pads_with_the_tokenizers_pad_else_eos_else_0_and_bounds_by_options(policy):

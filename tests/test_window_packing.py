@@ -276,3 +276,27 @@ def test_a_regression_reward_model_refuses_it_and_its_auto_is_off(tmp_path):
     with pytest.raises(ValueError, match=r"^window_packing lays out the ranked records of an accumulation window in the "
                                          r"packed layout; a regression reward model trains on the plain one"):
         RegressionRewardConfig(str(tmp_path), window_packing=True)
+
+
+@pytest.mark.parametrize("other_forwards", [1, 4])  # the other process runs fewer forwards, or more
+def test_uneven_micro_batches_and_forwards_across_two_processes(other_forwards):
+    # This process: micro-batch 0 holds records 0 ([0, 1]: 1 pair) and 1 ([0, 1, 2]: 3 pairs), micro-batch 1 record 2
+    # ([0, 1]: 1 pair), micro-batch 2 record 3 ([0, 0, 1]: 2 pairs, the tie none); in 2 forwards (records 0-1, 2-3).
+    # The other process: micro-batches of 2, 3 and 6 pairs. Over both: N = (4 + 2, 1 + 3, 2 + 6) = (6, 4, 8), so the
+    # weights are 2 / N_m: 1/3, 1/2, 1/4 (records 0 and 1, 2, 3).
+    accelerator = FakeAccelerator(other=[other_forwards, 2, 3, 6])
+    trainer = FakeTrainer(accelerator)
+    a = chunk("a", [[0, 1], [0, 1, 2]], 0.0, 5)
+    b = chunk("b", [[0, 1], [0, 0, 1]], 10.0, 6)
+    window = {"chunks": [a, b], "ranks": torch.tensor([0, 1, 0, 1, 2, 0, 1, 0, 0, 1]),
+              "record_index": torch.tensor([0, 0, 1, 1, 1, 2, 2, 3, 3, 3]), WINDOW_RECORDS: torch.tensor([2, 1, 1])}  # fmt: skip
+    trainer._window_training_step("model", window, None)
+    assert accelerator.gathered == [[[2, 4, 1, 2]]]
+    third, half, quarter = 1 / 3, 0.5, 0.25
+    repeats = [("b", [0.0, 0.0], False)] * (max(other_forwards, 2) - 2)  # as many forwards as the other, weight 0
+    expected = [("a", [third, third], False), ("b", [half, quarter], False), *repeats]
+    expected[-1] = (expected[-1][0], expected[-1][1], True)  # only the last forward's backward syncs
+    assert [(name, pytest.approx(w), synced) for name, w, synced in trainer.forwards] == expected
+    # Each micro-batch's metrics from its own rows, its records numbered from 0; the window's tokens (5 + 6) once
+    assert trainer.logged == [([0.0, 1.0, 2.0, 3.0, 4.0], [0, 0, 1, 1, 1], 4, 0), ([10.0, 11.0], [0, 0], 1, 0),
+                              ([12.0, 13.0, 14.0], [0, 0, 0], 2, 11)]  # fmt: skip
