@@ -292,10 +292,12 @@ def test_warm_start_trains_on_the_target_verdicts_with_its_own_steps_and_rate(tm
         assert row["prompt"] == comparison["prompt"]
         (message,) = row["completion"]
         assert message["role"] == "assistant" and json.loads(message["content"]) == targets[comparison["preference"]]
-    # Without its own rate: the GRPO run's
+    assert seen["peft_config"] is None
+    # Without its own rate: the GRPO run's; TRL's --use_peft: LoRA here too
     genrm_args.warm_start_learning_rate = None
-    genrm_training.warm_start(str(tiny_dir / "policy"), tokenizer, comparisons, genrm_args, training_args, model_args)
-    assert seen["args"].learning_rate == 0.01
+    peft_args = parse(tmp_path, tiny_dir, "--use_peft", "true", "--lora_r", "2")[2]
+    genrm_training.warm_start(str(tiny_dir / "policy"), tokenizer, comparisons, genrm_args, training_args, peft_args)
+    assert seen["args"].learning_rate == 0.01 and seen["peft_config"].r == 2
 
 
 # ----------------------------------------------------------------------------------------------- the evaluation
@@ -362,3 +364,22 @@ def test_genrm_tokenizer_probes_the_principle_role_when_one_is_shown_and_loads_t
         genrm_args = parse(tmp_path, tiny_dir, *flags)[0]
         assert genrm_training.genrm_tokenizer(str(folder), genrm_args, revision="v2")[1] == template
     assert loaded == [(str(folder), "v2")] * 3
+
+
+def test_model_flags_and_other_data_formats_reach_trl(tmp_path, tiny_dir, monkeypatch):
+    """TRL's `ModelConfig` flags mean what they mean in TRL: `--use_peft` gives GRPO (and the warm start) a LoRA
+    config; a TRL pairs file is read with `--data_format binary`, each pair one comparison in both orders."""
+    from peft import LoraConfig
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"What is {k} + {k}?", "chosen": str(2 * k), "rejected": str(k)})
+                             + "\n" for k in range(3)))  # fmt: skip
+    recorded = Recorder().install(monkeypatch)
+    run(parse(tmp_path, tiny_dir, "--train_data", str(pairs), "--data_format", "binary", "--use_peft", "true",
+              "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj"))  # fmt: skip
+    grpo = recorded.grpo()
+    assert isinstance(grpo.peft_config, LoraConfig) and grpo.peft_config.r == 4
+    assert set(grpo.peft_config.target_modules) == {"q_proj", "v_proj"}
+    assert rows_summary(grpo.rows) == [(f"{k}:0:1", order, 1 + order) for k in range(3) for order in (0, 1)]
+    assert grpo.rows[0]["prompt"][0] == {"role": "user", "content": "What is 0 + 0?"}
+    assert [m["content"] for m in grpo.rows[2]["prompt"][1:]] == ["2", "1"]
