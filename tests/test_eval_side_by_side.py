@@ -9,6 +9,7 @@ The end-to-end runs on models are tests/test_eval_judge.py (slow); these are fas
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from test_genrm_eval_by_hand import Scripted, record
@@ -156,3 +157,108 @@ def test_the_cascade_awaits_a_judge_that_answers_asynchronously():
     # pair 4: no verdict; xfive (5) / zfive (5): a tie
     assert picks == ["better", "better", "better", "worse", None, "tie"]
     assert sum(asked) == 8 and results["sent"] == 4 and results["cost"]["tokens"] is None  # no token count here
+
+
+def test_the_cascade_counts_time_and_judgements_as_they_happened_and_takes_an_empty_set():
+    import time
+
+    async def judge(prompts, completions, **kwargs):  # logs nothing: no judgement is counted for it
+        return [float(len(c[0]["content"])) for c in completions]
+
+    start = time.perf_counter()
+    results, _ = evaluate_cascade(judge, PAIRS, rm_rows(), 1.0, rm_seconds=1.0)
+    elapsed = time.perf_counter() - start
+    assert 1.0 <= results["cost"]["seconds"] <= 1.0 + elapsed
+    assert results["cost"]["judgements"] == 0 and type(results["sent"]) is int
+    empty, picks = evaluate_cascade(judge, {"s": []}, [], 1.0, rm_seconds=0.0)
+    assert picks == [] and empty["sent"] == 0 and empty["share"] != empty["share"]  # NaN: no pair
+
+
+def test_the_cascade_leaves_an_unreadable_or_over_length_verdict_undecided(tiny_dir):
+    """A pointwise judge that writes its rating (`scoring="generate"`): a text without a rating, or a judgement over
+    `max_length`, is no verdict for its pair (None), not the reward GRPO would give it."""
+    from trl_rm_env import JudgeEnvironment
+
+    judge = JudgeEnvironment(str(tiny_dir / "policy"), mode="pointwise", scoring="generate", max_new_tokens=8,
+                             parse_retries=0, max_length=1000)  # fmt: skip
+    pattern = re.compile("|".join(["goodone", "badone", "goodtwo", "badtwo", "afour", "bfour", "xfive", "zfive"]))
+    scores = {"goodone": 7, "badone": 2, "goodtwo": None, "badtwo": 3, "xfive": 4, "zfive": 5}
+
+    def generate(prompts, max_new_tokens, temperature, seeds, top_p=1.0, keep_failures=False):
+        out = []
+        for ids in prompts:
+            (word,) = pattern.findall(genrm_tokenizer.decode(ids))
+            out.append("I cannot rate this." if scores[word] is None else f"Fine.\nScore: {scores[word]}")
+        return out
+
+    genrm_tokenizer = judge.tokenizer
+    judge.engine.generate = generate
+    long = {**PAIRS, "t": [record("q four " + "very long question " * 300, ("afour", 0), ("bfour", 1)),
+                           PAIRS["t"][1]]}  # fmt: skip
+    results, picks = evaluate_cascade(judge, long, rm_rows(), 1.0, rm_seconds=0.0)
+    # pair 1: 7 vs 2, better; pair 2: goodtwo unrated: undecided; pair 4 over max_length: undecided; pair 5: 4 vs 5
+    assert picks == ["better", "better", None, "worse", None, "worse"]
+    assert results["sets"]["t"]["no_verdict"] == 1 and results["sets"]["s"]["no_verdict"] == 1
+
+
+class RatingJudge:
+    """A pointwise judge with known ratings (None: no rating), as `evaluate_judge` asks one."""
+
+    def __init__(self, ratings):
+        from types import SimpleNamespace
+
+        from trl_rm_env.judges.builtin_modes import MODES
+
+        self.mode, self.ratings = MODES["pointwise"], ratings
+        self.options = SimpleNamespace(mode="pointwise", scoring="logprobs", max_score=9)
+
+    def judge_pairs(self, pairs):
+        from trl_rm_env.judges.judgements import JudgeVerdicts
+
+        def ask(contexts, shown):
+            values = [self.ratings[item[0][0]["content"]] for item in shown]
+            n = len(values)
+            return JudgeVerdicts(values, {"num_judgements": n, "num_unparsed": 0, "num_overlength": 1},
+                                 [0.25, 0.75] * (n // 2) + [0.5] * (n % 2), 7 * n)  # fmt: skip
+
+        return self.mode.judge_pairs(ask, pairs, self.options)
+
+    def __call__(self, prompts, completions, **kwargs):
+        return [self.ratings[c[0]["content"]] for c in completions]
+
+
+def test_evaluate_judge_reports_its_costs_and_rewardbench2_from_each_rating():
+    from trl_rm_env.evaluation.judge import evaluate_judge
+
+    def rb2(question, chosen, *rejected):
+        return {**record(question, (chosen, 0), *((r, 1) for r in rejected)), "num_correct": 1, "subset": "Focus"}
+
+    ratings = {"c1": 8.0, "r1": 2.0, "r2": 9.0, "r3": 1.0, "c2": 5.0, "r4": None, "r5": 4.0, "r6": 3.0,
+               "c3": None, "r7": 1.0, "r8": 1.0, "r9": 1.0}  # fmt: skip
+    datasets = {"Focus": [rb2("q1", "c1", "r1", "r2", "r3"), rb2("q2", "c2", "r4", "r5", "r6"),
+                          rb2("q3", "c3", "r7", "r8", "r9")]}  # fmt: skip
+    start = time.perf_counter()
+    results, picks = evaluate_judge(RatingJudge(ratings), datasets)
+    elapsed = time.perf_counter() - start
+    # best-of-4 from each completion's rating, a missing one below every other: q1 loses to r2 (9 > 8), q2 wins (its
+    # unrated r4 is below), q3 loses (its chosen is unrated)
+    assert results["rewardbench2"]["Focus"]["score"] == pytest.approx(1 / 3)
+    assert picks == ["better", "worse", "better", None, "better", "better", None, None, None]
+    cost = results["cost"]
+    assert cost["rating_mass"] == pytest.approx(0.5) and cost["overlength"] == 1 and cost["tokens"] == 7 * 12
+    assert cost["memory_mb"] > 0 and 0 <= cost["seconds"] <= elapsed
+    assert results["rewardbench"] == {}  # no RewardBench v1 subset among the sets
+    plain, _ = evaluate_judge(RatingJudge({**ratings, "b": 1.0}), {"s": [record("q", ("c1", 0), ("b", 1))]})
+    assert "rewardbench2" not in plain and "tie_pairs" not in plain["sets"]["s"]  # no RewardBench 2 rows, no ties
+
+
+def test_a_genrm_reports_accuracy_with_ties_only_where_there_are_tied_pairs(tiny_dir):
+    from test_genrm_eval_by_hand import Scripted
+
+    from trl_rm_env import JudgeEnvironment
+    from trl_rm_env.evaluation.judge import evaluate_judge
+
+    judge = JudgeEnvironment(str(tiny_dir / "policy"), mode="genrm", max_new_tokens=8, parse_retries=0)
+    judge.engine.generate = Scripted(judge.tokenizer)
+    results, _ = evaluate_judge(judge, {"s": PAIRS["s"][:2]})
+    assert "tie_pairs" not in results["sets"]["s"] and "accuracy_with_ties" not in results["sets"]["s"]

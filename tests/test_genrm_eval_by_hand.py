@@ -176,6 +176,7 @@ def test_judge_listwise_calls_one_group_size_at_a_time_and_equal_contexts_in_dif
         "pairs only": [record("p", ("a 1", 0), ("b 2", 1))],
     }
     judge = RecordingJudge()
+    assert set(judge_listwise(RecordingJudge(), {"pairs only": datasets["pairs only"], "a": datasets["a"]})) == {"a"}
     found = judge_listwise(judge, datasets)
     # Size 3 first: records 0 and 4 (contexts p and s) in one call, then record 2 (p again) in its own; then size 4.
     assert judge.calls == [

@@ -91,10 +91,12 @@ def test_sampled_pairs_vary_across_records_of_one_size_and_follow_the_seed():
     assert rows == genrm_comparisons(records, pairs_per_record=2, seed=11)[0]
     assert rows != genrm_comparisons(records, pairs_per_record=2, seed=12)[0]
     assert genrm_comparisons(records, pairs_per_record=2)[0] == genrm_comparisons(records, pairs_per_record=2, seed=0)[0]
-    # A record with no more pairs than asked keeps them all, and draws nothing from the stream
-    short = {"context": USER, "completions": [{"rank": r, "completion": answer(f"a{r}")} for r in range(2)]}
-    mixed, counts = genrm_comparisons([short, *records[:3]], pairs_per_record=2, seed=11)
-    assert [r["pair"] for r in mixed[:2]] == ["0:0:1", "0:0:1"] and counts.sampled_out == 12
+    # A record with no more pairs than asked (here exactly as many: a tie left out) keeps them all, and draws nothing
+    # from the stream
+    short = {"context": USER, "completions": [{"rank": r, "completion": answer(f"a{r}")} for r in (0, 1, 1)]}
+    mixed, counts = genrm_comparisons([short, *records[:3]], ties=False, pairs_per_record=2, seed=11)
+    assert [r["pair"] for r in mixed[:4]] == ["0:0:1", "0:0:1", "0:0:2", "0:0:2"] and counts.sampled_out == 12
+    mixed = mixed[2:]
     assert [r["pair"][2:] for r in mixed[2:]] == [r["pair"][2:] for r in rows[:12]]
 
 
@@ -116,6 +118,7 @@ def test_record_pairs_by_hand():
     assert record_pairs([2, 0, 2], ties=False) == ([(0, 1), (1, 2)], 0)
     kept, left = record_pairs(list(range(5)), pairs_per_record=4)
     assert len(kept) == 4 and left == 6 and kept == sorted(kept)
+    assert all(record_pairs(list(range(5)), pairs_per_record=4)[0] == kept for _ in range(5))  # seeded without rng
 
 
 def test_warm_start_targets_are_verdicts_the_judge_reads_on_the_right_side():
@@ -223,6 +226,7 @@ def test_rewards_name_a_bad_or_missing_preference():
         VerdictAgreement()([None], [""])
     with pytest.raises(ValueError, match="margin_credit"):
         VerdictAgreement(margin_credit=2)
+    assert VerdictAgreement(margin_credit=1.0)([None], [V(5, 1, 6)], preference=[1]) == [1.0]  # the scores alone
     assert VerdictAgreement().__name__ == "genrm_agreement" and VerdictFormat().__name__ == "genrm_format"
 
 
@@ -296,6 +300,15 @@ def test_the_builtin_template_shows_the_judges_guide_and_instruction_whole(tiny_
 
 def test_template_choices_are_checked(tiny_tokenizer):
     tok = _copy(tiny_tokenizer)
+    assert prepare_genrm_tokenizer(tok) == "model"  # auto by default: the tiny model's template renders the roles
+    with pytest.raises(ValueError, match=r"^the GenRM's base model has no chat template: a GenRM is sent chat messages "
+                                         r"\(give a tokenizer with one, e\.g\. the instruct model's\)$"):
+        prepare_genrm_tokenizer(SimpleNamespace(), "auto")  # no chat_template attribute at all
+    assert renders_genrm_roles(SimpleNamespace()) == "the tokenizer has no chat template"
+    fixed = _copy(tiny_tokenizer)
+    fixed.chat_template = "{{ 'the same text whatever the messages' }}"  # does not read `messages`
+    with pytest.raises(ValueError, match=r"^the built-in GenRM template on this model's template still fails: .*drops"):
+        prepare_genrm_tokenizer(fixed, "auto")
     with pytest.raises(ValueError, match="genrm_template must be one of auto, model, builtin"):
         prepare_genrm_tokenizer(tok, "yes")
     assert prepare_genrm_tokenizer(tok, "builtin") == "builtin" and "[Response 1]" in tok.chat_template

@@ -174,7 +174,10 @@ def test_vllm_reward_model_outputs_are_the_raw_head_values_of_every_label_in_inp
                                            {"prompt_token_ids": [5, 2]}]  # fmt: skip
     engine.outputs([[1]] * 257)
     assert calls[-1][2] is True  # a bar past 256 sequences, as for a judge
-    assert engine.outputs([], None).shape == (0, 2) and len(calls) == 2  # nothing to score: no request
+    engine.outputs([[1]] * 300, progress=False)
+    engine.outputs([[1]], progress=True)
+    assert [c[2] for c in calls[-2:]] == [False, True]  # the call's own choice wins
+    assert engine.outputs([], None).shape == (0, 2) and len(calls) == 4  # nothing to score: no request
     one = VLLMEngine("rm", SimpleNamespace())  # a config without num_labels: one output
     assert one.num_labels == 1 and one.kind == "reward"
 

@@ -61,11 +61,10 @@ def tied_pairs_of_sets(datasets: Mapping[str, Sequence[Mapping[str, Any]]]) -> l
 
 
 def eval_pairs(
-    datasets: Mapping[str, Sequence[Mapping[str, Any]]],
-    pairs: Sequence[tuple[str, int, int, int]],
-    indices: Sequence[int] | None = None,
+    datasets: Mapping[str, Sequence[Mapping[str, Any]]], pairs: Sequence[tuple[str, int, int, int]]
 ) -> list[Any]:
-    """`pairs` as the `EvalPair`s a judge's mode judges (`i` as `better`, `j` as `worse`)."""
+    """`pairs` as the `EvalPair`s a judge's mode judges (`i` as `better`, `j` as `worse`; `index`: the position in
+    `pairs`, which decides the order a mode that shows one order uses: better first at even ones)."""
     from ..judges.mode_base import EvalPair
 
     asked = []
@@ -78,7 +77,7 @@ def eval_pairs(
                 worse=record["completions"][j]["completion"],
                 better_key=(name, r, i),
                 worse_key=(name, r, j),
-                index=n if indices is None else indices[n],
+                index=n,
             )
         )
     return asked
@@ -104,20 +103,15 @@ def tie_metrics(judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]],
 
 
 def judge_pair_verdicts(
-    judge: Any,
-    datasets: Mapping[str, Sequence[Mapping[str, Any]]],
-    pairs: Sequence[tuple[str, int, int, int]],
-    indices: Sequence[int] | None = None,
+    judge: Any, datasets: Mapping[str, Sequence[Mapping[str, Any]]], pairs: Sequence[tuple[str, int, int, int]]
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Judge `pairs` as the judge's mode judges a preference pair (`JudgeMode.judge_pairs`): one row per pair,
     `{"preference": for the better one (None: no verdict; the mode's `neutral` is a tie), "orders": its preference in
     each order shown (modes that show both)}`, and the cost (`judgements`, `tokens`, `seconds`, `rating_mass`,
-    `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`).
-    `indices`: each pair's position in `pairs_of_sets` (default: its position here), which decides its order when the
-    mode shows one (better first at even ones), so a pair is shown the same way whoever asks."""
+    `unparsed`, `overlength`, and `ratings`: each completion rated alone, by `(set, record, completion)`)."""
     reset_peak_memory()
     start = time.perf_counter()
-    asked = eval_pairs(datasets, pairs, indices)
+    asked = eval_pairs(datasets, pairs)
     verdicts = judge.judge_pairs(asked)
     found = verdicts.found
     rows = [
