@@ -118,8 +118,7 @@ def test_the_comparison_table_by_hand():
         "judge": {"sets": judge_sets, "cost": {"rating_mass": 0.8765, "memory_mb": 99.6},
                   "per_1k_pairs": {"seconds": 1.25, "judgements": 2000.0, "tokens": 123456.7},
                   "rewardbench2": {"Score": {"score": 0.4}}},
-        "cascade": {"share": 0.25, "sets": {"a": {"pairs": 4, "accuracy": 0.25, "no_verdict": 0},
-                                            "b": {"pairs": 2, "accuracy": float("nan"), "no_verdict": 2}},
+        "cascade": {"share": 0.25, "sets": {"a": {"pairs": 4, "accuracy": 0.25, "no_verdict": 0}},
                     "cost": {"memory_mb": 10.0}, "per_1k_pairs": {"seconds": 3.0, "judgements": 250.0, "tokens": None}},
     }  # fmt: skip
     text = format_comparison_table(sources, {"reward model vs judge": {"rate": 2 / 3, "pairs": 6}})
@@ -133,7 +132,15 @@ def test_the_comparison_table_by_hand():
     # no verdict: 1 of 6 pairs
     assert rows["judge"] == ["judge", "50.00%", "100.00%", "87.5%", "16.7%", "0.876", "100%", "1.2", "2000", "123457",
                              "100"]  # fmt: skip
-    assert rows["cascade"] == ["cascade", "25.00%", "-", "-", "33.3%", "-", "25%", "3.0", "250", "-", "10"]
+    assert rows["cascade"] == ["cascade", "25.00%", "-", "-", "0.0%", "-", "25%", "3.0", "250", "-", "10"]  # no b
+    # left-aligned columns, each as wide as its widest cell (the header's included), two spaces apart
+    cells = [header, rows["reward model"], rows["judge"], rows["cascade"]]
+    widths = [max(len(row[k]) for row in cells) for k in range(len(header))]
+    assert lines[1] == "  ".join("-" * w for w in widths)
+    assert lines[0] == "  ".join(c.ljust(w) for c, w in zip(header, widths))
+    for k, row in enumerate(cells[1:], start=2):
+        assert lines[k] == "  ".join(c.ljust(w) for c, w in zip(row, widths))
+    assert lines[lines.index("Listwise (records with 3+ completions)") - 1] == ""
     assert "Listwise (records with 3+ completions)" in text
     (listwise,) = [line for line in lines if line.startswith("judge / a")]
     assert re.split(r"\s{2,}", listwise) == ["judge / a", "3", "0.3333", "66.67%", "1", "0"]
@@ -262,3 +269,15 @@ def test_a_genrm_reports_accuracy_with_ties_only_where_there_are_tied_pairs(tiny
     judge.engine.generate = Scripted(judge.tokenizer)
     results, _ = evaluate_judge(judge, {"s": PAIRS["s"][:2]})
     assert "tie_pairs" not in results["sets"]["s"] and "accuracy_with_ties" not in results["sets"]["s"]
+
+
+def test_costs_per_1000_pairs_by_hand():
+    from trl_rm_env.evaluation.judge import per_1k
+
+    assert per_1k({"seconds": 2.0, "judgements": 4, "tokens": 300}, 8) == {"seconds": 250.0, "judgements": 500.0,
+                                                                            "tokens": 37500.0}  # fmt: skip
+    assert per_1k({"seconds": 2.0, "judgements": None, "tokens": None}, 8) == {"seconds": 250.0, "judgements": None,
+                                                                                "tokens": None}  # fmt: skip
+    assert per_1k({"seconds": 1.0, "judgements": 0}, 4) == {"seconds": 250.0, "judgements": 0.0, "tokens": None}
+    empty = per_1k({"seconds": 0.0, "judgements": 0, "tokens": 0}, 0)
+    assert all(v != v for v in empty.values())  # no pairs: NaN, not a division by zero

@@ -10,6 +10,7 @@ slow), and the evaluation by a recorder or a scripted engine (tests/test_genrm_e
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -191,6 +192,14 @@ def test_the_data_options_shape_the_comparisons_grpo_trains_on(tmp_path, tiny_di
         assert [r["pair"].split(":")[0] for r in rows] == ["0", "0", "1", "1", "2", "2"]
         samples[seed] = tuple(r["pair"] for r in rows[::2])
     assert len(set(samples.values())) > 1
+    recorded = Recorder().install(monkeypatch)
+    run(parse(tmp_path, tiny_dir, "--train_data", str(train), "--pairs_per_record", "1", "--seed", "2"))
+    assert tuple(r["pair"] for r in recorded.grpo().rows[::2]) == samples["2"]  # the same seed, the same sample
+    bad = tmp_path / "principles.jsonl"
+    bad.write_text(json.dumps({**TRAIN[2], "principle": 3}) + "\n")
+    Recorder().install(monkeypatch)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}: record 0: 'principle' must be a string"):
+        run(parse(tmp_path, tiny_dir, "--train_data", str(bad), "--principle_column", "principle"))
 
 
 def test_on_invalid_skips_or_names_the_bad_record(tmp_path, tiny_dir, monkeypatch):
@@ -273,7 +282,8 @@ def test_warm_start_trains_on_the_target_verdicts_with_its_own_steps_and_rate(tm
     monkeypatch.setattr(trl, "SFTTrainer", FakeSFT)
     genrm_args, training_args, model_args = parse(
         tmp_path, tiny_dir, "--train_data", str(train), "--warm_start_steps", "7", "--warm_start_learning_rate", "0.002",
-        "--gradient_accumulation_steps", "2",
+        "--gradient_accumulation_steps", "2", "--eval_strategy", "steps", "--eval_steps", "5",
+        "--model_init_kwargs", '{"dtype": "float32"}',
     )  # fmt: skip
     comparisons, _, _ = genrm_training.load_comparisons(genrm_args, training_args.seed)
     tokenizer, _ = genrm_training.genrm_tokenizer(str(tiny_dir / "policy"), genrm_args)
@@ -284,6 +294,9 @@ def test_warm_start_trains_on_the_target_verdicts_with_its_own_steps_and_rate(tm
     assert (args.max_steps, args.learning_rate, args.output_dir) == (7, 0.002, path)
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed) == (4, 2, 0)
     assert args.save_strategy == "no" and seen["model"] == str(tiny_dir / "policy") and seen["tokenizer"] is tokenizer
+    # no evaluation of its own (the GRPO run's eval_strategy is GRPO's), no truncation of a long comparison (SFT's
+    # max_length default is 1024), and the run's model_init_kwargs for loading the model
+    assert args.eval_strategy == "no" and args.max_length is None and args.model_init_kwargs == {"dtype": "float32"}
     # The targets: response 1 better -> (4, 2, 2); response 2 -> (2, 4, 5); a tie -> (3, 3, 3.5)
     targets = {1: {"score_1": 4, "score_2": 2, "ranking": 2}, 2: {"score_1": 2, "score_2": 4, "ranking": 5},
                0: {"score_1": 3, "score_2": 3, "ranking": 3.5}}  # fmt: skip
@@ -302,7 +315,7 @@ def test_warm_start_trains_on_the_target_verdicts_with_its_own_steps_and_rate(tm
 
 # ----------------------------------------------------------------------------------------------- the evaluation
 def test_evaluate_genrm_judges_greedily_within_the_completion_length_and_keeps_each_stage(tmp_path, tiny_dir,
-                                                                                           monkeypatch):  # fmt: skip
+                                                                                           monkeypatch, capsys):  # fmt: skip
     from trl_rm_env.rewards import judge as judge_module
 
     calls = []
@@ -318,9 +331,16 @@ def test_evaluate_genrm_judges_greedily_within_the_completion_length_and_keeps_e
             self.engine.generate = generate
 
     monkeypatch.setattr(judge_module, "JudgeEnvironment", Judge)
+    from trl_rm_env.evaluation import command
+
+    closed = []
+    monkeypatch.setattr(command, "close_engine", closed.append)
     args = SimpleNamespace(max_completion_length=24, output_dir=str(tmp_path / "out"))
     sets = {"held": HELD_OUT}
     first = genrm_training.evaluate_genrm(str(tiny_dir / "policy"), None, sets, args, "start")
+    assert len(closed) == 1 and closed[0] is not None  # the judge's engine, closed once judged
+    printed = capsys.readouterr().out
+    assert "GenRM on the held-out sets (start):" in printed and "judge (genrm, start)" in printed
     # One pair in both orders: right when shown first (+4), wrong when second (-4): a tie, inconsistent.
     assert first["sets"]["held"]["verdict_ties"] == 1 and first["sets"]["held"]["position_consistency"] == 0.0
     assert calls == [(2, 24, 0.0)]  # both orders, greedy, at most max_completion_length new tokens
@@ -383,3 +403,45 @@ def test_model_flags_and_other_data_formats_reach_trl(tmp_path, tiny_dir, monkey
     assert rows_summary(grpo.rows) == [(f"{k}:0:1", order, 1 + order) for k in range(3) for order in (0, 1)]
     assert grpo.rows[0]["prompt"][0] == {"role": "user", "content": "What is 0 + 0?"}
     assert [m["content"] for m in grpo.rows[2]["prompt"][1:]] == ["2", "1"]
+
+
+def test_the_data_line_says_what_the_records_became():
+    from trl_rm_env.judges.genrm_data import genrm_comparisons
+
+    _, counts = genrm_comparisons(TRAIN)
+    assert genrm_training.describe(counts, "builtin") == (
+        "GenRM data: 3 record(s) -> 6 ordered pair(s) and 1 tie(s), each in both orders: 14 comparisons; chat "
+        "template: builtin")
+    _, counts = genrm_comparisons(TRAIN, ties=False, pairs_per_record=1)  # 2, 3 and 1 pairs: 1 of each kept
+    assert genrm_training.describe(counts, "model") == (
+        "GenRM data: 3 record(s) -> 3 ordered pair(s) and 0 tie(s), each in both orders: 6 comparisons (3 pair(s) "
+        "left out by pairs_per_record); chat template: model")
+
+
+def test_evaluate_genrm_uses_the_tokenizer_it_is_given_and_does_not_retry(tmp_path, tiny_dir, monkeypatch):
+    """The recipe evaluates the base model with the tokenizer it readied (the built-in template, in memory only), and
+    a verdict it cannot write is a failed one (no retry)."""
+    from transformers import AutoTokenizer
+
+    from trl_rm_env.judges.genrm_template import prepare_genrm_tokenizer
+    from trl_rm_env.rewards import judge as judge_module
+
+    seen = []
+
+    class Judge(judge_module.JudgeEnvironment):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+            def generate(prompts, max_new_tokens, temperature, seeds, top_p=1.0, keep_failures=False):
+                seen.extend(self.tokenizer.decode(p) for p in prompts)
+                return ["no verdict here"] * len(prompts)
+
+            self.engine.generate = generate
+
+    monkeypatch.setattr(judge_module, "JudgeEnvironment", Judge)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir / "policy")
+    prepare_genrm_tokenizer(tokenizer, "builtin")
+    args = SimpleNamespace(max_completion_length=8, output_dir=str(tmp_path / "out"))
+    results = genrm_training.evaluate_genrm(str(tiny_dir / "policy"), tokenizer, {"held": HELD_OUT}, args, "start")
+    assert len(seen) == 2 and all("[Response 1]" in text for text in seen)  # both orders, once each, built-in
+    assert results["sets"]["held"]["no_verdict"] == 1 and results["cost"]["unparsed"] == 2

@@ -410,7 +410,8 @@ def _recipe_args(tmp_path, *flags):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (("--reward_weights", "1.0", "2.0"), "reward_weights: the GenRM recipe weighs its rewards with agreement_weight"),
+        (("--reward_weights", "1.0", "2.0"), "^reward_weights: the GenRM recipe weighs its rewards with agreement_weight, "
+                                             "format_weight and reasoning_length_weight$"),
         (("--margin_credit", "1.5"), r"margin_credit must be in \[0, 1\], got 1.5"),
         (("--warm_start_steps", "-1"), "warm_start_steps must be >= 0"),
         (("--pairs_per_record", "0"), "pairs_per_record must be >= 1"),
@@ -429,7 +430,10 @@ def test_recipe_refuses_eval_at_start_under_several_processes(tmp_path, monkeypa
 
     args = _recipe_args(tmp_path, "--eval_at_start", "true")
     monkeypatch.setattr(GRPOConfig, "world_size", property(lambda self: 2))
-    with pytest.raises(ValueError, match="eval_at_start: .* this launch has 2; evaluate the base model with"):
+    with pytest.raises(ValueError, match=r"^eval_at_start: the evaluation before training runs in one process, this "
+                                         r"launch has 2; evaluate the base model with `trl-rm-env eval --judge MODEL "
+                                         r"--judge-mode genrm --data \.\.\.`, or launch with one process \(the held-out "
+                                         r"evaluation at the end runs either way\)$"):
         main(*args)
 
 

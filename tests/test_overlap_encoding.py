@@ -268,6 +268,7 @@ def test_the_worker_encodes_at_most_a_few_waves_ahead_and_stops_when_the_call_fa
         def outputs(self, ids, lengths, progress):
             wave = len(self.engine_calls)
             if wave == self.fail_at:
+                time.sleep(0.3)  # the worker is waiting to hand over a wave when the call fails
                 raise RuntimeError("the device fell over")
             time.sleep(0.3 if wave < 2 else 0.0)  # long enough for the worker to fill the queue
             self.ahead.append(self.encoded - wave - 1)
@@ -351,3 +352,36 @@ def test_items_scored_nan_are_all_named_across_waves(model, tiny_tokenizer, monk
             assert scored.scores[k].item() == -5.0
         else:
             assert scored.scores[k].item() == pytest.approx(whole[k].item(), abs=1e-5)
+
+
+def test_a_slow_encoder_is_waited_for_and_every_item_is_counted_once(monkeypatch):
+    """A wave that takes several wait steps to encode is waited for (the worker is alive), not taken for a dead
+    worker; the progress bar counts every item of the call once, the over-length ones included."""
+    import time
+
+    import tqdm.auto
+
+    monkeypatch.setattr(overlap, "WAIT_STEP_S", 0.02)
+    bars = []
+
+    class Bar:
+        def __init__(self, total, initial, desc, unit):
+            self.total, self.n = total, initial
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+
+    class SlowEncoding(CountingScorer):
+        def encode(self, contexts, completions, *, first=0):
+            time.sleep(0.1)  # five wait steps
+            return super().encode(contexts, completions, first=first)
+
+    outputs, present, over = overlap.overlapped_outputs(SlowEncoding(), GROUPS, TOKENS, (None, 4), progress=True)
+    assert present == list(range(9)) and over == [9] and outputs[:9, 1].tolist() == [float(k) for k in range(9)]
+    assert [(b.total, b.n) for b in bars] == [(10, 10)]
