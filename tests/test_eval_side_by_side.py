@@ -90,6 +90,7 @@ def test_the_cascade_sends_the_pairs_under_the_margin_to_the_judge_as_grpo_group
     #   pair 5 (xfive 4, zfive 2), shown worse first: better.
     assert picks == ["better", "tie", "better", "worse", None, "better"]
     assert results["sent"] == 4 and results["share"] == pytest.approx(4 / 6) and results["margin"] == 1.0
+    assert results["rewardbench"] == {}  # no RewardBench v1 subset among the sets
     assert scripted.shown[-2:] == [("zfive", "xfive"), ("xfive", "zfive")]  # the last group, in its order
     assert not {w for pair in scripted.shown for w in pair} & {"goodzero", "badzero", "tieathree", "badthree"}
     s, t = results["sets"]["s"], results["sets"]["t"]
@@ -281,3 +282,33 @@ def test_costs_per_1000_pairs_by_hand():
     assert per_1k({"seconds": 1.0, "judgements": 0}, 4) == {"seconds": 250.0, "judgements": 0.0, "tokens": None}
     empty = per_1k({"seconds": 0.0, "judgements": 0, "tokens": 0}, 0)
     assert all(v != v for v in empty.values())  # no pairs: NaN, not a division by zero
+
+
+def test_the_cascade_adds_up_the_costs_of_every_round(genrm_judge):
+    """Pairs of one context are separate GRPO groups, so separate rounds: the judge's tokens and seconds are summed
+    over the rounds."""
+    same = {"s": [record("q one", ("goodone", 0), ("badone", 1)), record("q one", ("goodtwo", 0), ("badtwo", 1)),
+                  record("q one", ("xfive", 0), ("zfive", 1))]}  # fmt: skip
+    rows = [{"set": "s", "record": r, "completion": k, "score": 0.0} for r in range(3) for k in (0, 1)]
+    scripted, prompts, rounds = Scripted(genrm_judge.tokenizer), [], []
+
+    def generate(ids, *args, **kwargs):
+        prompts.extend(ids)
+        rounds.append(time.perf_counter())
+        return scripted(ids, *args, **kwargs)
+
+    genrm_judge.engine.generate = generate
+    start = time.perf_counter()
+    results, picks = evaluate_cascade(genrm_judge, same, rows, 1.0, rm_seconds=0.0, rm_tokens=0)
+    elapsed = time.perf_counter() - start
+    assert len(rounds) == 3 and results["sent"] == 3 and picks == ["tie", "better", "better"]
+    assert results["cost"]["tokens"] == sum(len(p) for p in prompts)
+    assert rounds[-1] - rounds[0] <= results["cost"]["seconds"] <= elapsed  # more than the last round alone
+
+
+def test_position_consistency_reads_a_tie_at_one_half_by_default():
+    from trl_rm_env.evaluation.judge import verdict_metrics
+
+    found = verdict_metrics([("s", 0, 0, 1), ("s", 1, 0, 1)], ["better", "worse"], [[0.7, 0.3], [0.4, 0.2]])["s"]
+    # 0.7 then 0.3: a different winner in each order; 0.4 then 0.2: the worse one in both (consistent, and wrong)
+    assert (found["both_orders"], found["position_consistency"], found["accuracy"]) == (2, 0.5, 0.5)

@@ -72,11 +72,16 @@ def test_a_model_type_liger_has_no_kernels_for_is_named():
     model = GPT2ForSequenceClassification(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
     assert "gpt2" not in fused.supported_model_types() and "qwen3" in fused.supported_model_types()
     assert why_not_fused(model, "cuda") == "Liger Kernel has no kernels for model type 'gpt2'"
+    with pytest.raises(ValueError) as error:  # the model reaches the check
+        use_fused_kernels(True, model, "cuda", "training")
+    assert str(error.value) == refusal("Liger Kernel has no kernels for model type 'gpt2'")
+    assert why_not_fused(object(), "cuda") == "Liger Kernel has no kernels for model type None"  # no config at all
 
 
 def test_liger_s_loss_kernels_are_refused(tiny_rm):
     with pytest.raises(ValueError, match=r"^liger_kernel_config asks for cross_entropy, fused_linear_cross_entropy: "
-                                         r"Liger's loss kernels replace"):
+                                         r"Liger's loss kernels replace a causal LM's loss \(fused_linear_cross_entropy "
+                                         r"replaces the model's forward\), and a reward model has none; leave them out\.$"):
         use_fused_kernels("auto", tiny_rm, "cpu", "training", {"fused_linear_cross_entropy": True,
                                                                "cross_entropy": True, "rms_norm": True})  # fmt: skip
 
@@ -96,8 +101,13 @@ class RecordingLiger:
         monkeypatch.setattr(fused, "why_not_fused", lambda model, device: None)
 
 
-def test_where_they_can_run_auto_and_true_apply_the_three_kernels_and_false_applies_none(tiny_rm, monkeypatch):
+def test_where_they_can_run_auto_and_true_apply_the_three_kernels_and_false_applies_none(tiny_rm, monkeypatch, caplog):
     liger = RecordingLiger(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="trl_rm_env.fused_kernels"):
+        use_fused_kernels(True, tiny_rm, "cuda", "training")
+    assert caplog.messages == ["fused_kernels=True (training): Liger Kernel's RMSNorm, SwiGLU and RoPE on this qwen3 "
+                               "model (its loss kernels off)."]  # fmt: skip
+    liger.calls.clear()
     three = {"cross_entropy": False, "fused_linear_cross_entropy": False, "rms_norm": True, "swiglu": True,
              "rope": True}  # fmt: skip
     assert use_fused_kernels(False, tiny_rm, "cuda", "training") is False and liger.calls == []  # switched off

@@ -216,3 +216,26 @@ def test_top1_and_failed_records_at_the_edges():
     found = listwise_metrics(records, [1.0, None, 2.0, 1.0, 2.0, 3.0])
     assert found == {"records": 1, "kendall_tau": pytest.approx(-2 / math.sqrt(6)), "top1_accuracy": 0.0,
                      "constant": 0, "failed": 1}  # fmt: skip
+
+
+def test_the_listwise_table_by_hand():
+    from trl_rm_env.evaluation.listwise import format_listwise_table
+
+    sources = {
+        "reward model": {"sets": {"a": {"n_way": {"records": 3, "kendall_tau": 1 / 3, "top1_accuracy": 2 / 3,
+                                                  "constant": 1, "failed": 0}},
+                                  "b": {"pairs": 2}}},
+        "judge": {"sets": {"a": {"n_way": {"records": 0, "kendall_tau": float("nan"), "top1_accuracy": float("nan"),
+                                           "constant": 0, "failed": 3}}}},
+    }  # fmt: skip
+    # columns: "source / set" as wide as the longest name (16), then right-aligned 7, 11, 7, 8, 6, two spaces apart
+    header = "source / set" + " " * 4 + "  records  Kendall tau    top-1  constant  failed"
+    assert format_listwise_table(sources).splitlines() == [
+        "Listwise (records with 3+ completions)",
+        header,
+        "-" * 65,
+        "reward model / a" + " " * 8 + "3" + " " * 7 + "0.3333" + " " * 3 + "66.67%" + " " * 9 + "1" + " " * 7 + "0",
+        "judge / a" + " " * 15 + "0" + " " * 10 + "n/a" + " " * 6 + "n/a" + " " * 9 + "0" + " " * 7 + "3",
+    ]
+    assert len(header) == 65
+    assert format_listwise_table({"reward model": {"sets": {"b": {"pairs": 2}}}}) == ""

@@ -265,13 +265,13 @@ def test_warm_start_trains_on_the_target_verdicts_with_its_own_steps_and_rate(tm
     import trl
 
     train, _ = data
-    seen = {}
+    seen, printed = {}, []
 
     class FakeSFT:
         def __init__(self, model, args, train_dataset, processing_class, peft_config):
             seen.update(model=model, args=args, rows=train_dataset.to_list(), tokenizer=processing_class,
                         peft_config=peft_config)  # fmt: skip
-            self.accelerator = SimpleNamespace(wait_for_everyone=lambda: None, print=lambda *a: None)
+            self.accelerator = SimpleNamespace(wait_for_everyone=lambda: None, print=printed.append)
 
         def train(self):
             seen["trained"] = True
@@ -290,6 +290,7 @@ def test_warm_start_trains_on_the_target_verdicts_with_its_own_steps_and_rate(tm
     path = genrm_training.warm_start(str(tiny_dir / "policy"), tokenizer, comparisons, genrm_args, training_args,
                                      model_args)  # fmt: skip
     assert path == str(tmp_path / "out" / "warm_start") == seen["saved"] and seen["trained"]
+    assert printed == [f"Warm start: 7 supervised step(s), saved to {path}"]
     args = seen["args"]
     assert (args.max_steps, args.learning_rate, args.output_dir) == (7, 0.002, path)
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.seed) == (4, 2, 0)
@@ -445,3 +446,32 @@ def test_evaluate_genrm_uses_the_tokenizer_it_is_given_and_does_not_retry(tmp_pa
     results = genrm_training.evaluate_genrm(str(tiny_dir / "policy"), tokenizer, {"held": HELD_OUT}, args, "start")
     assert len(seen) == 2 and all("[Response 1]" in text for text in seen)  # both orders, once each, built-in
     assert results["sets"]["held"]["no_verdict"] == 1 and results["cost"]["unparsed"] == 2
+
+
+def test_the_bounds_of_the_recipes_numbers_are_inclusive(tmp_path, tiny_dir):
+    for flags in (("--margin_credit", "0"), ("--margin_credit", "1"), ("--reasoning_target_words", "1"),
+                  ("--pairs_per_record", "1"), ("--warm_start_steps", "0")):  # fmt: skip
+        parse(tmp_path, tiny_dir, *flags)  # accepted
+    with pytest.raises(ValueError, match=r"^reasoning_target_words must be >= 1 \(null: no length reward\), got 0$"):
+        parse(tmp_path, tiny_dir, "--reasoning_target_words", "0")
+    with pytest.raises(ValueError, match=r"^margin_credit must be in \[0, 1\], got -0\.1$"):
+        parse(tmp_path, tiny_dir, "--margin_credit", "-0.1")
+
+
+def test_the_final_evaluation_loads_the_saved_genrm_whole_in_one_process(tmp_path, monkeypatch):
+    """After training (its process group ended), the saved GenRM is judged as one process loads it: a ZeRO-3 setting
+    of the run no longer partitions the weights the judge loads."""
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
+
+    calls = []
+
+    def evaluate(model, tokenizer, eval_sets, training_args, when):
+        calls.append((model, tokenizer, eval_sets, training_args, when, is_deepspeed_zero3_enabled()))
+        return {"when": when}
+
+    monkeypatch.setattr(genrm_training, "evaluate_genrm", evaluate)
+    config = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})  # noqa: F841
+    assert is_deepspeed_zero3_enabled()
+    args, sets = SimpleNamespace(output_dir=str(tmp_path)), {"held": HELD_OUT}
+    assert genrm_training.evaluate_after_training(str(tmp_path / "saved"), sets, args) == {"when": "final"}
+    assert calls == [(str(tmp_path / "saved"), None, sets, args, "final", False)]

@@ -246,6 +246,13 @@ def test_a_vllm_that_fails_to_start_falls_back_to_transformers_unless_vllm_was_a
             loading.load_engine(asked, tiny_tokenizer)
 
 
+def test_a_judge_engine_shares_no_prefixes(policy, tiny_tokenizer):
+    from trl_rm_env.runtime.model_options import ScoringOptions
+
+    engine = HFEngine(policy, tiny_tokenizer, ScoringOptions(prefix_sharing=True), kind="judge")
+    assert engine.prefix_sharing is False and engine.layout.name == "plain"  # its prompts are its own
+
+
 def test_hf_engine_waves_are_one_pass_of_its_layout(tiny_tokenizer):
     """`wave_bounds`: what one forward pass holds, the size of an overlapped call's waves: the packed row's tokens
     (given, else sized from the device) and sequences (`batch_size`); the plain layout's tokens and rows."""

@@ -13,6 +13,7 @@ Fast: two or three short training runs of the tiny model a test, a second or two
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from types import SimpleNamespace
 
@@ -77,9 +78,15 @@ def ranked():
     return load_rank_dataset("sample:harder").select(range(24))
 
 
-def test_one_forward_per_optimizer_step_with_the_accumulated_steps_training(tmp_path, ranked):
-    reference = train(tmp_path / "ref", ranked, window_packing=False)
-    windowed = train(tmp_path / "win", ranked)  # "auto": on under the packed layout
+def test_one_forward_per_optimizer_step_with_the_accumulated_steps_training(tmp_path, ranked, caplog):
+    reference = train(tmp_path / "ref", ranked, window_packing=False, include_num_input_tokens_seen="all")
+    with caplog.at_level(logging.INFO, logger="trl_rm_env.trainer.windows"):
+        windowed = train(tmp_path / "win", ranked, include_num_input_tokens_seen="all")  # "auto": on under packed
+    assert "window_packing='auto': the 4 micro-batches of each optimizer step run as few forwards as one forward " \
+           "allows." in caplog.messages
+    # The tokens seen and the FLOPs are the micro-batches' (a slot counts none: its records are in the window's)
+    assert windowed[3].state.num_input_tokens_seen == reference[3].state.num_input_tokens_seen > 0
+    assert windowed[3].state.total_flos == reference[3].state.total_flos > 0
     assert windowed[3]._window_packing and not reference[3]._window_packing
     assert [len(step) for step in reference[2]] == [4, 4, 4]  # transformers' loop: a forward per micro-batch
     assert [len(step) for step in windowed[2]] == [1, 1, 1]  # one forward per window
@@ -88,10 +95,13 @@ def test_one_forward_per_optimizer_step_with_the_accumulated_steps_training(tmp_
     assert_same_training(windowed, reference)
 
 
-def test_pack_max_tokens_cuts_the_window_into_as_few_forwards_as_fit(tmp_path, ranked):
+def test_pack_max_tokens_cuts_the_window_into_as_few_forwards_as_fit(tmp_path, ranked, caplog):
     budget = 600
     reference = train(tmp_path / "ref", ranked, window_packing=False, pack_max_tokens=budget)
-    windowed = train(tmp_path / "win", ranked, pack_max_tokens=budget)
+    with caplog.at_level(logging.INFO, logger="trl_rm_env.trainer.windows"):
+        windowed = train(tmp_path / "win", ranked, pack_max_tokens=budget)
+    assert "window_packing='auto': the 4 micro-batches of each optimizer step run as few forwards as " \
+           "pack_max_tokens=600 allows." in caplog.messages
     for step, ref_step in zip(windowed[2], reference[2]):
         assert sum(step) == sum(ref_step) and len(step) < len(ref_step)
         assert all(n <= budget for n in step)  # (no record of these is over the budget alone)
@@ -124,9 +134,11 @@ def test_the_last_window_of_an_epoch_may_be_shorter(tmp_path, ranked):
     assert_same_training(windowed, reference)
 
 
-def test_auto_is_off_where_it_does_not_apply(tmp_path, ranked):
-    kv = ranked_trainer(tmp_path / "kv", _tokenizer(), ranked, gradient_accumulation_steps=2)  # CPU default: KV
+def test_auto_is_off_where_it_does_not_apply(tmp_path, ranked, caplog):
+    with caplog.at_level(logging.DEBUG, logger="trl_rm_env.trainer.windows"):
+        kv = ranked_trainer(tmp_path / "kv", _tokenizer(), ranked, gradient_accumulation_steps=2)  # CPU default: KV
     assert kv._layout.name == "kv" and not kv._window_packing
+    assert "window_packing='auto': off (the kv layout)." in caplog.messages
     one = ranked_trainer(tmp_path / "one", _tokenizer(), ranked, prefix_sharing="packed")
     assert not one._window_packing  # one micro-batch a step
     on = ranked_trainer(tmp_path / "on", _tokenizer(), ranked, gradient_accumulation_steps=2, window_packing=True)
@@ -137,6 +149,7 @@ def test_auto_is_off_where_it_does_not_apply(tmp_path, ranked):
     (dict(prefix_sharing=False), "prefix_sharing resolved to the plain layout (windows are packed in the packed and KV "
                                  "layouts)"),
     (dict(ensemble_heads=3), "ensemble_heads=3 weighs each head's pairs by its own resample"),
+    (dict(ensemble_heads=2), "ensemble_heads=2 weighs each head's pairs by its own resample"),
     (dict(gradient_accumulation_steps=1), "gradient_accumulation_steps=1: each optimizer step is one micro-batch "
                                           "already"),
 ])  # fmt: skip
@@ -276,6 +289,23 @@ def test_a_regression_reward_model_refuses_it_and_its_auto_is_off(tmp_path):
     with pytest.raises(ValueError, match=r"^window_packing lays out the ranked records of an accumulation window in the "
                                          r"packed layout; a regression reward model trains on the plain one"):
         RegressionRewardConfig(str(tmp_path), window_packing=True)
+
+
+def test_the_forward_repeated_for_the_other_process_is_the_last_one():
+    """This process cuts its window into 3 forwards, the other into 4: the 4th here repeats the 3rd (weight 0), the
+    forward whose layer calls match the other process's last (ZeRO-3 and FSDP2 gather weights per forward)."""
+    accelerator = FakeAccelerator(other=[4, 1, 1])
+    trainer = FakeTrainer(accelerator)
+    a, b, c = chunk("a", [[0, 1]], 0.0, 2), chunk("b", [[0, 1]], 2.0, 2), chunk("c", [[0, 1]], 4.0, 2)
+    window = {"chunks": [a, b, c], "ranks": torch.tensor([0, 1] * 3), "record_index": torch.tensor([0, 0, 1, 1, 2, 2]),
+              WINDOW_RECORDS: torch.tensor([2, 1])}  # fmt: skip
+    trainer._window_training_step("model", window, None)
+    assert [name for name, _, _ in trainer.forwards] == ["a", "b", "c", "c"]
+    assert trainer.forwards[-1][1] == [0.0] and trainer.forwards[-1][2] is True
+    one = FakeTrainer(FakeAccelerator(other=[3, 1]))  # one forward here, three there
+    one._window_training_step("model", {"chunks": [a], "ranks": torch.tensor([0, 1]), "record_index": torch.tensor([0, 0]),
+                                        WINDOW_RECORDS: torch.tensor([1])}, None)  # fmt: skip
+    assert [name for name, _, _ in one.forwards] == ["a", "a", "a"]
 
 
 @pytest.mark.parametrize("other_forwards", [1, 4])  # the other process runs fewer forwards, or more
