@@ -246,11 +246,15 @@ def test_a_vllm_that_fails_to_start_falls_back_to_transformers_unless_vllm_was_a
             loading.load_engine(asked, tiny_tokenizer)
 
 
-def test_a_judge_engine_shares_no_prefixes(policy, tiny_tokenizer):
+def test_a_judge_engine_shares_no_prefixes(policy, tiny_tokenizer, caplog):
+    import logging
+
     from trl_rm_env.runtime.model_options import ScoringOptions
 
-    engine = HFEngine(policy, tiny_tokenizer, ScoringOptions(prefix_sharing=True), kind="judge")
+    with caplog.at_level(logging.INFO, logger="trl_rm_env"):
+        engine = HFEngine(policy, tiny_tokenizer, ScoringOptions(prefix_sharing=True), kind="judge")
     assert engine.prefix_sharing is False and engine.layout.name == "plain"  # its prompts are its own
+    assert caplog.messages == []  # nothing to decide for a judge, so nothing said about it
 
 
 def test_hf_engine_waves_are_one_pass_of_its_layout(tiny_tokenizer):
