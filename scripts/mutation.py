@@ -12,6 +12,9 @@ CI; its report is docs/reliability.md's "Mutation testing".
     python scripts/mutation.py report                # counts by module, and every mutant the tests let through
     python scripts/mutation.py check NAME tests/test_genrm.py   # one mutant against chosen tests (after a run)
 
+mutmut maps each test to the functions it calls when it first sees the test: after changing an existing test (not only
+adding one), delete `mutants/mutmut-stats.json` so that the next `run --resume` maps every test again.
+
 `report` reads `scripts/mutation_survivors.tsv` (`name<TAB>kind<TAB>why`, kinds `equivalent` and `harmless`) for the
 reason of each mutant that was let through; one without a reason is listed as `missing test`.
 """
