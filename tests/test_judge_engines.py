@@ -99,6 +99,10 @@ def test_vllm_engine_starts_from_the_runtimes_arguments_and_stops(fake_vllm):
     engine.close()
     assert len(fake_vllm["stop_llm"]) == 1 and fake_vllm["stop_llm"][0][0] is fake_vllm["llm"]
 
+    # engine_kwargs win over the arguments the runtime planned
+    VLLMEngine("judge", config, options, kind="judge", engine_kwargs={"max_model_len": 99, "seed": 3})
+    assert fake_vllm["start_llm"][-1][1] == {"max_model_len": 99, "model": "ignored", "seed": 3}
+
     # No options: the defaults (show_progress None), handed to the runtime as an object.
     default = VLLMEngine("judge", config, kind="judge")
     ((_, given), _kwargs) = fake_vllm["engine_arguments"][-1]
@@ -244,6 +248,18 @@ def test_a_vllm_that_fails_to_start_falls_back_to_transformers_unless_vllm_was_a
         asked = ModelPlan("dir", None, config, options, kind, None, "vllm", "asked")
         with pytest.raises(RuntimeError, match="no device"):
             loading.load_engine(asked, tiny_tokenizer)
+
+
+def test_hf_engine_samples_every_prompt_from_one_stream_across_batches(policy, tiny_tokenizer):
+    """One random stream for the call, seeded with its first seed: a prompt repeated in several micro-batches draws a
+    sample of its own each time (not the same sample again), and the same seeds give the same texts."""
+    from trl_rm_env.runtime.model_options import ModelOptions
+
+    engine = HFEngine(policy, tiny_tokenizer, ModelOptions(batch_size=1), kind="judge")  # one prompt a batch
+    prompt = tiny_tokenizer("Say something.")["input_ids"]
+    texts = engine.generate([prompt] * 6, 6, 1.0, [5] * 6)
+    assert len(set(texts)) > 1
+    assert engine.generate([prompt] * 6, 6, 1.0, [5] * 6) == texts
 
 
 def test_a_judge_engine_shares_no_prefixes(policy, tiny_tokenizer, caplog):
