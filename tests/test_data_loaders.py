@@ -111,6 +111,15 @@ def test_sample_train_loads_bundled_data():
     assert len(ds) == len(records)
 
 
+def test_sample_easy_is_one_right_and_one_wrong_answer_per_question():
+    records, report = load_rank_records("sample:easy")
+    assert report.kept == len(records) == 40 and report.skipped == 0
+    assert len({r["context"][0]["content"] for r in records}) == 40  # no question twice
+    for r in records:
+        assert [c["rank"] for c in r["completions"]] == [0, 1]
+        assert r["completions"][0]["completion"] != r["completions"][1]["completion"]
+
+
 def test_sample_unknown_split_lists_available():
     with pytest.raises(FileNotFoundError, match="no bundled sample split 'nope'; available: .*train"):
         load_rank_dataset("sample:nope")

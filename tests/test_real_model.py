@@ -33,17 +33,6 @@ if MISSING and os.environ.get("TRL_RM_ENV_REQUIRE_REAL") != "1":
 
 
 @pytest.fixture(scope="module")
-def real_dir(tmp_path_factory):
-    from trl_rm_env.real_models import make_real
-
-    if MISSING:
-        pytest.fail(f"TRL_RM_ENV_REQUIRE_REAL=1 but {MISSING}")
-    out = tmp_path_factory.mktemp("real")
-    make_real(out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def tokenizer(real_dir):
     from transformers import AutoTokenizer
 
@@ -155,20 +144,16 @@ def test_a_wrong_position_in_the_packed_row_is_caught_on_real_weights(reward_mod
 
 
 # ---------------------------------------------------------------------------------------------------- judges
-EASY = [  # (question, right answer, wrong answer), written by hand
-    ("What is the capital of France?", "The capital of France is Paris.", "The capital of France is Berlin."),
-    ("How many days are in a week?", "There are 7 days in a week.", "There are 12 days in a week."),
-    ("What color is the sky on a clear day?", "Blue.", "Green."),
-    ("What is 2 + 2?", "4", "5"),
-    ("Which animal barks?", "A dog barks.", "A fish barks."),
-    ("What is the opposite of hot?", "Cold.", "Tall."),
-    ("How many legs does a cat have?", "Four.", "Nine."),
-    ("What do bees make?", "Honey.", "Steel."),
-    ("What is the largest planet in our solar system?", "Jupiter.", "Mercury."),
-    ("What is frozen water called?", "Ice.", "Sand."),
-    ("In which direction does the sun rise?", "In the east.", "In the north."),
-    ("What is 10 minus 3?", "7", "13"),
-]
+def _easy() -> list[tuple[str, str, str]]:
+    """The first 12 of the hand-written easy questions (`sample:easy`): (question, right answer, wrong answer)."""
+    from trl_rm_env.data.loaders import load_rank_records
+
+    records, _ = load_rank_records("sample:easy")
+    return [(r["context"][0]["content"], *(c["completion"][0]["content"] for c in r["completions"])) for r in
+            records[:12]]  # fmt: skip
+
+
+EASY = _easy()
 
 
 def easy_records():
