@@ -84,6 +84,27 @@ def bos_tiny_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def real_dir():
+    """`make_real` output (`<dir>/policy`, `<dir>/reward_model`: SmolLM2-135M-Instruct, tests/test_real_model.py),
+    converted once per checkout: the folder `.real-models/<key>` is reused by later sessions and by the vLLM suite's
+    own environment. The key hashes the converter's source and the model file, so a changed converter or file writes
+    a new folder; `make_real` writes each folder atomically, so a session stopped mid-way leaves nothing half."""
+    import hashlib
+
+    from trl_rm_env import real_models
+
+    try:  # the modules using this skip without the real model, unless TRL_RM_ENV_REQUIRE_REAL=1
+        source = real_models.gguf_path()
+        import gguf  # noqa: F401
+    except ImportError as err:  # RealModelUnavailable too
+        pytest.fail(f"TRL_RM_ENV_REQUIRE_REAL=1 but {err}")
+    key = hashlib.sha256(Path(real_models.__file__).read_bytes() + f"{source.name}:{source.stat().st_size}".encode())
+    out = REPO_ROOT / ".real-models" / key.hexdigest()[:16]
+    real_models.make_real(out)
+    return out
+
+
 @pytest.fixture
 def reference_varlen(monkeypatch):
     """The packed layout's GPU branch (`varlen`) on this CPU: `kernels.varlen_usable` answers yes for every device and

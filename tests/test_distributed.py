@@ -11,7 +11,10 @@ in a subprocess (2 CPU processes, gloo) and checks what a user gets:
   computed by scoring each validation completion one at a time with the reloaded model. The validation sets are
   sized so that 2 processes x `per_device_eval_batch_size` divides neither (the last batches are padded with
   repeated records): a record counted twice or lost shows up as a wrong `num_pairs` or accuracy;
-- every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs);
+- every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs); FSDP2
+  trains with the packed layout and window packing over 2 micro-batches a step (its one launch checks training,
+  window packing, saving, evaluation, resumption and the fresh folder), its losses those of one process with
+  transformers' own accumulation, as are those of ZeRO-3's window run;
 - a run resumed from its step-5 checkpoint (DDP, ZeRO-3, FSDP2) ends as the uninterrupted run does;
 - under ZeRO-3 and FSDP2 the environment's RM is sharded (half the parameters per process) and scores exactly;
 - grpo_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 trains with the reward model as its reward function. The RM that
@@ -146,20 +149,37 @@ class Runs:
         return self.results[config]
 
 
+WINDOW = ("--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2")
+"""Each process: 2 micro-batches of 8 records a step, the 2 x 2 x 8 = 32 records of the other runs' steps."""
+
+PACKED = ("--prefix_sharing", "packed", "--pack_max_tokens", "400")
+"""The packed layout (the GPU's default, forced here on the CPU), each process's forwards cut at 400 tokens
+(`pack_max_tokens`): the processes run different numbers of forwards, which they even out (ZeRO-3 and FSDP2 gather
+weights per forward)."""
+PACKED_WINDOWS = (*PACKED, *WINDOW, "--log_level", "info")
+"""The packed layout with `window_packing` (on by default under it) over 2 micro-batches a step, each process's window
+cut into forwards of at most 400 tokens; `info` logs the window line the tests read."""
+WINDOW_LINE = ("window_packing='auto': the 2 micro-batches of each optimizer step run as few forwards as "
+               "pack_max_tokens=400 allows.")  # fmt: skip
+
+
+def rm_args(config: str) -> tuple[str, ...]:
+    """The arguments of `config`'s train_rm runs (its first run and the run resumed from its checkpoint alike): ZeRO-3
+    cuts each micro-batch of 16 into bounded forwards (`trainer/bounded_forwards.py`, whose DeepSpeed steps are its
+    own), FSDP2 packs windows of 2 micro-batches (`trainer/windows.py`; ZeRO-3's window run is
+    `test_window_packing_under_zero3`)."""
+    return {"zero3_cpu.yaml": PACKED, "fsdp2_cpu.yaml": PACKED_WINDOWS}.get(config, ())
+
+
 @pytest.fixture(scope="module")
 def rm_runs(tiny, data, tmp_path_factory) -> Runs:
     """`rm_runs(config) -> (output, output_dir)`: one 2-process train_rm run per config. Each saves resume
-    checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`). ZeRO-3 and FSDP2 run `prefix_sharing="packed"`
-    with `pack_max_tokens=400` (several forwards per micro-batch)."""
+    checkpoints at steps 5 and 10 (`checkpoint-5`, `checkpoint-10`), with `rm_args(config)`: one launch checks
+    training, saving, evaluation, the layout's forwards, resumption and a fresh folder."""
 
     def start(config: str, output_dir: Path, fresh: Path | None) -> tuple[str, Path]:
-        # ZeRO-3 and FSDP2 train with the packed layout (the GPU's default, forced here on the CPU), each
-        # micro-batch of 16 records cut into forwards of at most 400 tokens (`pack_max_tokens`): the processes
-        # run different numbers of chunks, which they even out (ZeRO-3 and FSDP2 gather weights per forward).
-        packed = (("--prefix_sharing", "packed", "--pack_max_tokens", "400")
-                  if config in ("zero3_cpu.yaml", "fsdp2_cpu.yaml") else ())
-        output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5", *packed,
-                          fresh=fresh)  # fmt: skip
+        output = train_rm(config, tiny, data, output_dir, "--save_strategy", "steps", "--save_steps", "5",
+                          *rm_args(config), fresh=fresh)  # fmt: skip
         return output, output_dir
 
     return Runs(tmp_path_factory, "rm", start)
@@ -295,18 +315,18 @@ def test_train_rm_deepspeed_cpu(config, rm_runs, tiny, data, single_process_loss
     check_same_losses_as_one_process(output_dir, single_process_losses)
 
 
-def test_train_rm_fsdp2_cpu(rm_runs, tiny, data, single_process_losses):
-    """accelerate alone would run fsdp2_cpu.yaml as DDP on CPU; the recipe's `enable_fsdp_on_cpu` makes it FSDP2:
-    the trained model is saved as a full state dict that loads in one process and scores exactly."""
+def test_train_rm_fsdp2_with_window_packing_cpu(rm_runs, tiny, data, accumulated_losses):
+    """accelerate alone would run fsdp2_cpu.yaml as DDP on CPU; the recipe's `enable_fsdp_on_cpu` makes it FSDP2. It
+    trains with `window_packing` over 2 micro-batches a step (`PACKED_WINDOWS`: each process's window cut into
+    forwards of at most 400 tokens, the processes running different numbers, evened out): every step's loss is the
+    one-process accumulated step's (the pairs of each micro-batch weighted over both processes), and the trained
+    model is saved as a full state dict that loads in one process and scores exactly."""
     output, output_dir = rm_runs("fsdp2_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: FSDP x2")
     assert held_share(output) < 0.55  # FSDP2 shards: half of every parameter (rounded up) per process
+    assert WINDOW_LINE in output
     check_saved_reward_model(output_dir, tiny, data)
-    check_same_losses_as_one_process(output_dir, single_process_losses)
-
-
-WINDOW = ("--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2")
-"""Each process: 2 micro-batches of 8 records a step, the 2 x 2 x 8 = 32 records of the other runs' steps."""
+    check_same_losses_as_one_process(output_dir, accumulated_losses)
 
 
 @pytest.fixture(scope="module")
@@ -320,15 +340,12 @@ def accumulated_losses(tiny, data, tmp_path_factory) -> list[float]:
     return step_losses(output_dir)
 
 
-@pytest.mark.parametrize("config", [pytest.param("zero3_cpu.yaml", marks=needs_deepspeed), "fsdp2_cpu.yaml"])
-def test_window_packing_under_zero3_and_fsdp2(config, tiny, data, tmp_path, accumulated_losses):
-    """`window_packing` (on by default under the packed layout) with 2 micro-batches a step, each process's window cut
-    into forwards of at most 400 tokens (`pack_max_tokens`; the processes run different numbers, evened out): every
-    step's loss is the one-process accumulated step's (the pairs of each micro-batch weighted over both processes)."""
-    output = train_rm(config, tiny, data, tmp_path, "--prefix_sharing", "packed", "--pack_max_tokens", "400", *WINDOW,
-                      "--log_level", "info")  # fmt: skip
-    assert "window_packing='auto': the 2 micro-batches of each optimizer step run as few forwards as " \
-           "pack_max_tokens=400 allows." in output
+@needs_deepspeed
+def test_window_packing_under_zero3(tiny, data, tmp_path, accumulated_losses):
+    """`window_packing` under ZeRO-3 (FSDP2's is its `rm_runs` run, `test_train_rm_fsdp2_with_window_packing_cpu`):
+    every step's loss is the one-process accumulated step's."""
+    output = train_rm("zero3_cpu.yaml", tiny, data, tmp_path, *PACKED_WINDOWS)
+    assert WINDOW_LINE in output
     check_same_losses_as_one_process(tmp_path, accumulated_losses)
 
 
@@ -337,13 +354,14 @@ def test_window_packing_under_zero3_and_fsdp2(config, tiny, data, tmp_path, accu
 )
 def test_resume_from_checkpoint_cpu(config, rm_runs, tiny, data, tmp_path):
     """A 2-process run "stopped" after checkpoint-5 and resumed with `--resume_from_checkpoint` (model, optimizer,
-    scheduler, RNG and data position restored in the backend's own format) logs the uninterrupted run's losses at
-    steps 6-10 and ends with its evaluation metrics and saved weights."""
+    scheduler, RNG and data position restored in the backend's own format; under FSDP2 with window packing over 2
+    micro-batches a step) logs the uninterrupted run's losses at steps 6-10 and ends with its evaluation metrics and
+    saved weights."""
     _, full_dir = rm_runs(config)
     checkpoint = full_dir / "checkpoint-5"
     assert checkpoint.is_dir(), sorted(p.name for p in full_dir.iterdir())
     resumed_dir = tmp_path / "resumed"
-    train_rm(config, tiny, data, resumed_dir, "--resume_from_checkpoint", str(checkpoint))
+    train_rm(config, tiny, data, resumed_dir, "--resume_from_checkpoint", str(checkpoint), *rm_args(config))
     full, resumed = step_losses(full_dir), step_losses(resumed_dir)  # steps 1-5 come from the checkpoint's state
     assert resumed[5:] == pytest.approx(full[5:], rel=1e-4, abs=1e-5), list(zip(resumed, full))
     full_metrics = json.loads((full_dir / "eval_results.json").read_text())

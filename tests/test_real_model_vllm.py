@@ -27,17 +27,6 @@ if MISSING and os.environ.get("TRL_RM_ENV_REQUIRE_REAL") != "1":
 pytestmark = [pytest.mark.vllm, pytest.mark.real]
 
 
-@pytest.fixture(scope="module")
-def real_dir(tmp_path_factory):
-    from trl_rm_env.real_models import make_real
-
-    if MISSING:
-        pytest.fail(f"TRL_RM_ENV_REQUIRE_REAL=1 but {MISSING}")
-    out = tmp_path_factory.mktemp("real")
-    make_real(out)
-    return out
-
-
 def test_vllm_scores_the_real_reward_model_as_one_forward_of_the_plain_model(real_dir):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
