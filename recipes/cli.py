@@ -45,7 +45,7 @@ def _make_real(args: argparse.Namespace) -> int:
 
     try:
         paths = make_real(args.outdir, seed=args.seed)
-    except RealModelUnavailable as err:
+    except (RealModelUnavailable, ValueError) as err:
         print(f"trl-rm-env make-real: {err}", file=sys.stderr)
         return 1
     for name, path in paths.items():

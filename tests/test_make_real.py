@@ -68,6 +68,22 @@ def test_complete_folders_are_reused_and_a_half_one_is_written_again(tmp_path, m
         real_models.make_real(out)
 
 
+def test_a_reward_model_written_with_another_seed_is_refused_not_reused(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "real"
+    for kind in real_models.KINDS:
+        (out / kind).mkdir(parents=True)
+        for name in real_models.WRITTEN:
+            (out / kind / name).write_text("{}")
+    monkeypatch.setattr(real_models, "_load_gguf", lambda source: pytest.fail("nothing to convert"))
+    assert real_models.make_real(out) == {"policy": out / "policy", "reward_model": out / "reward_model"}  # no record: 0
+    (out / "reward_model" / "make_real.json").write_text('{"kind": "reward_model", "seed": 3}')
+    assert real_models.make_real(out, seed=3)["reward_model"] == out / "reward_model"
+    assert cli_main(["make-real", str(out)]) == 1  # --seed 0 against a head drawn with 3: one line, nothing written
+    assert capsys.readouterr().err == (f"trl-rm-env make-real: {out / 'reward_model'} was written with seed 3, not 0: "
+                                       "remove it or give another folder (a folder already written is reused, never "
+                                       "rewritten)\n")  # fmt: skip
+
+
 class Saving:
     """A model or tokenizer whose `save_pretrained` writes a file, or fails half-way."""
 
@@ -87,6 +103,7 @@ def test_a_folder_appears_whole_or_not_at_all(tmp_path):
     assert list(tmp_path.iterdir()) == []  # no half folder, no staging left
     path.mkdir()
     (path / "stale.txt").write_text("old")
-    real_models._save_atomically(Saving("model.safetensors"), Saving("tokenizer.json"), path)
+    real_models._save_atomically(Saving("model.safetensors"), Saving("tokenizer.json"), path, seed=5)
     assert sorted(p.name for p in path.iterdir()) == ["make_real.json", "model.safetensors", "tokenizer.json"]
+    assert real_models._written_seed(path) == 5
     assert [p.name for p in tmp_path.iterdir()] == ["policy"]

@@ -77,10 +77,15 @@ def make_real(outdir: str | os.PathLike, seed: int = 0) -> dict[str, Path]:
 
     Raises:
         RealModelUnavailable: the model file or `gguf` is not installed (one line naming the install).
+        ValueError: `outdir/reward_model` is complete but its score head was drawn with another `seed`.
     """
     outdir = Path(outdir)
     paths = {kind: outdir / kind for kind in KINDS}
     missing = [kind for kind, path in paths.items() if not is_complete(path)]
+    head = paths["reward_model"]
+    if "reward_model" not in missing and (written := _written_seed(head)) != seed:
+        raise ValueError(f"{head} was written with seed {written}, not {seed}: remove it or give another folder "
+                         "(a folder already written is reused, never rewritten)")  # fmt: skip
     if not missing:
         logger.info("make_real: %s already written, reused.", outdir)
         return paths
@@ -90,8 +95,17 @@ def make_real(outdir: str | os.PathLike, seed: int = 0) -> dict[str, Path]:
     outdir.mkdir(parents=True, exist_ok=True)
     for kind in missing:
         model = policy if kind == "policy" else _reward_model(policy, tokenizer, seed)
-        _save_atomically(model, tokenizer, paths[kind])
+        _save_atomically(model, tokenizer, paths[kind], seed=None if kind == "policy" else seed)
     return paths
+
+
+def _written_seed(path: Path) -> int:
+    """The seed of a written reward model's score head, from its `make_real.json` (0 where none is recorded: the
+    default, before the seed was recorded)."""
+    try:
+        return int(json.loads((path / "make_real.json").read_text()).get("seed", 0))
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 def _load_gguf(source: Path):
@@ -131,12 +145,13 @@ def _reward_model(policy, tokenizer, seed: int):
     return model.eval()
 
 
-def _save_atomically(model, tokenizer, path: Path) -> None:
+def _save_atomically(model, tokenizer, path: Path, seed: int | None = None) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        (staging / "make_real.json").write_text(json.dumps({"source": GGUF_FILE, "kind": path.name}) + "\n")
+        meta = {"source": GGUF_FILE, "kind": path.name, **({"seed": seed} if seed is not None else {})}
+        (staging / "make_real.json").write_text(json.dumps(meta) + "\n")
         if path.exists():
             shutil.rmtree(path)
         os.replace(staging, path)
