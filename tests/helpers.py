@@ -284,6 +284,19 @@ def launch(
     return run_process(cmd, cwd, variables, timeout, f"{config} {script}")
 
 
+def recipe_in_process(recipe: str, *argv: str) -> None:
+    """`recipes/<recipe>.py` run in this process as its launched worker runs it (`run_recipe`): what `accelerate
+    launch --num_processes 1` would run, without a launcher and a second import of TRL. For one-process runs whose
+    test checks what the recipe computes, not how it is launched (every launch path has tests of its own); paths in
+    `argv` absolute."""
+    import importlib
+
+    from trl_rm_env.errors import run_recipe
+
+    module = importlib.import_module(f"trl_rm_env.recipes.{recipe}")
+    run_recipe(module.make_parser, module.main, list(argv))
+
+
 def launch_env(port: int, env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a launched recipe: this one without Accelerate's and torch's launch variables, offline,
     one thread per process, quiet bars; `env` added (its `PYTHONPATH` in front of the repository's)."""

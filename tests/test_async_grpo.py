@@ -18,7 +18,7 @@ import pickle
 import pytest
 import torch
 from helpers import ASYNC_GRPO_GROUPS as GROUPS
-from helpers import ServerProcess, score_like_async_grpo, threads
+from helpers import ServerProcess, score_like_async_grpo
 
 from trl_rm_env import JudgeEnvironment, RewardModelEnvironment
 
@@ -166,10 +166,9 @@ def test_attribute_rewards_refuse_a_bradley_terry_model(tiny_dir):
 @pytest.mark.slow
 def test_grpo_recipe_reward_per_attribute(tmp_path, tiny_dir, tiny_tokenizer):
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from helpers import recipe_in_process
 
     from trl_rm_env.heads import set_regression_labels
     from trl_rm_env.tiny_models import build_tiny_reward_model
@@ -180,15 +179,12 @@ def test_grpo_recipe_reward_per_attribute(tmp_path, tiny_dir, tiny_tokenizer):
     rm.save_pretrained(tmp_path / "rm")
     tiny_tokenizer.save_pretrained(tmp_path / "rm")
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": threads(), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", "recipes/grpo_rm.py",
-           "--config", "recipes/configs/grpo_rm_tiny.yaml", "--output_dir", str(tmp_path / "out"),
-           "--model_name_or_path", str(tiny_dir / "policy"), "--reward_model", str(tmp_path / "rm"),
-           "--reward_per_attribute", "true", "--multi_objective_aggregation", "normalize_then_sum",
-           "--max_steps", "2", "--reward_name", "rm"]  # fmt: skip
-    out = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, out.stderr[-3000:]
+    # The recipe in this process (`recipe_in_process`): what is checked is its rewards, not its launch.
+    recipe_in_process("grpo_rm", "--config", str(root / "recipes" / "configs" / "grpo_rm_tiny.yaml"),
+                      "--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(tiny_dir / "policy"),
+                      "--reward_model", str(tmp_path / "rm"), "--reward_per_attribute", "true",
+                      "--multi_objective_aggregation", "normalize_then_sum", "--max_steps", "2",
+                      "--reward_name", "rm")  # fmt: skip
     history = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"]
     steps = [h for h in history if "rewards/helpfulness/mean" in h]
     assert len(steps) == 2

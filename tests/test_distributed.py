@@ -11,11 +11,12 @@ in a subprocess (2 CPU processes, gloo) and checks what a user gets:
   computed by scoring each validation completion one at a time with the reloaded model. The validation sets are
   sized so that 2 processes x `per_device_eval_batch_size` divides neither (the last batches are padded with
   repeated records): a record counted twice or lost shows up as a wrong `num_pairs` or accuracy;
-- every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs); FSDP2
-  trains with the packed layout and window packing over 2 micro-batches a step (its one launch checks training,
-  window packing, saving, evaluation, resumption and the fresh folder), its losses those of one process with
-  transformers' own accumulation, as are those of ZeRO-3's window run;
-- a run resumed from its step-5 checkpoint (DDP, ZeRO-3, FSDP2) ends as the uninterrupted run does;
+- every training step's loss equals a 1-process run's with the same global batch (ranked and regression RMs; the
+  references run in the test's own process); under the packed layout FSDP2 cuts each micro-batch into bounded
+  forwards and ZeRO-3 packs windows of 2 micro-batches a step, its losses those of one process with transformers'
+  own accumulation (each launch checks training, its layout's forwards, saving, evaluation, resumption and the fresh
+  folder);
+- a run resumed from its step-5 checkpoint (ZeRO-3, FSDP2) ends as the uninterrupted run does;
 - under ZeRO-3 and FSDP2 the environment's RM is sharded (half the parameters per process) and scores exactly;
 - grpo_rm under DDP, ZeRO-2, ZeRO-3 and FSDP2 trains with the reward model as its reward function. The RM that
   `RewardModelEnvironment` loads is sharded (ZeRO-3: by `zero.Init`; FSDP2: by `fully_shard`); its first-step
@@ -36,7 +37,16 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, SAMPLE, assert_clean_exits, assert_quiet, launch, needs_deepspeed, probe_env
+from helpers import (
+    ROOT,
+    SAMPLE,
+    assert_clean_exits,
+    assert_quiet,
+    launch,
+    needs_deepspeed,
+    probe_env,
+    recipe_in_process,
+)
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -104,18 +114,9 @@ def run_recipe(
     return output
 
 
-def train_rm(
-    config: str,
-    tiny: Path,
-    data: dict[str, Path],
-    output_dir: Path,
-    *extra: str,
-    processes: int | None = None,
-    batch: int = 16,
-    fresh: Path | None = None,
-) -> str:
-    return run_recipe(
-        config, "recipes/train_rm.py", output_dir, ("--model_name_or_path", str(tiny / "reward_model")),
+def rm_options(data: dict[str, Path], batch: int, *extra: str) -> tuple[str, ...]:
+    """The train_rm arguments every run here shares (the model and output folder aside)."""
+    return (
         "--config", RM_TINY,
         "--train_data", str(data["train"]),
         "--eval_data", *(f"{name}={data[name]}" for name in EVAL_SIZES),
@@ -126,9 +127,20 @@ def train_rm(
         "--logging_steps", "1",
         "--disable_tqdm", "true",
         *extra,
-        fresh=fresh,
-        processes=processes,
     )  # fmt: skip
+
+
+def train_rm(
+    config: str,
+    tiny: Path,
+    data: dict[str, Path],
+    output_dir: Path,
+    *extra: str,
+    batch: int = 16,
+    fresh: Path | None = None,
+) -> str:
+    return run_recipe(config, "recipes/train_rm.py", output_dir, ("--model_name_or_path", str(tiny / "reward_model")),
+                      *rm_options(data, batch, *extra), fresh=fresh)  # fmt: skip
 
 
 class Runs:
@@ -165,10 +177,11 @@ WINDOW_LINE = ("window_packing='auto': the 2 micro-batches of each optimizer ste
 
 def rm_args(config: str) -> tuple[str, ...]:
     """The arguments of `config`'s train_rm runs (its first run and the run resumed from its checkpoint alike): ZeRO-3
-    cuts each micro-batch of 16 into bounded forwards (`trainer/bounded_forwards.py`, whose DeepSpeed steps are its
-    own), FSDP2 packs windows of 2 micro-batches (`trainer/windows.py`; ZeRO-3's window run is
-    `test_window_packing_under_zero3`)."""
-    return {"zero3_cpu.yaml": PACKED, "fsdp2_cpu.yaml": PACKED_WINDOWS}.get(config, ())
+    packs windows of 2 micro-batches (`trainer/windows.py`; the forwards before a window's last only accumulate, which
+    under DeepSpeed means no optimizer step: `BoundedForwardsMixin._accumulating`'s own path), FSDP2 cuts each
+    micro-batch of 16 into bounded forwards (`trainer/bounded_forwards.py`, under `no_sync`). Each mixin has one sharded
+    2-process run, and resumes in it."""
+    return {"zero3_cpu.yaml": PACKED_WINDOWS, "fsdp2_cpu.yaml": PACKED}.get(config, ())
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +202,8 @@ def rm_runs(tiny, data, tmp_path_factory) -> Runs:
 def single_process_losses(tiny, data, tmp_path_factory) -> list[float]:
     """Per-step training losses of one process with the 2-process runs' global batch (1 x 32 = 2 x 16)."""
     output_dir = tmp_path_factory.mktemp("rm-one-process")
-    train_rm("ddp_cpu.yaml", tiny, data, output_dir, processes=1, batch=32)
+    recipe_in_process("train_rm", "--model_name_or_path", str(tiny / "reward_model"), "--output_dir",
+                      str(output_dir), *rm_options(data, 32))  # fmt: skip
     return step_losses(output_dir)
 
 
@@ -304,29 +318,42 @@ def test_train_rm_ddp_cpu(rm_runs, tiny, data, single_process_losses):
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("config", ["zero2_cpu.yaml", "zero3_cpu.yaml"])
-def test_train_rm_deepspeed_cpu(config, rm_runs, tiny, data, single_process_losses):
-    output, output_dir = rm_runs(config)
+def test_train_rm_zero2_cpu(rm_runs, tiny, data, single_process_losses):
+    """ZeRO-2 shards optimizer states and gradients only: whole weights on every process."""
+    output, output_dir = rm_runs("zero2_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
-    # ZeRO-2 shards optimizer states and gradients only; ZeRO-3 also the parameters.
-    assert held_share(output) == 1.0 if config == "zero2_cpu.yaml" else held_share(output) < 0.55
+    assert held_share(output) == 1.0
     assert not list(output_dir.glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
     check_saved_reward_model(output_dir, tiny, data)
     check_same_losses_as_one_process(output_dir, single_process_losses)
 
 
-def test_train_rm_fsdp2_with_window_packing_cpu(rm_runs, tiny, data, accumulated_losses):
-    """accelerate alone would run fsdp2_cpu.yaml as DDP on CPU; the recipe's `enable_fsdp_on_cpu` makes it FSDP2. It
-    trains with `window_packing` over 2 micro-batches a step (`PACKED_WINDOWS`: each process's window cut into
-    forwards of at most 400 tokens, the processes running different numbers, evened out): every step's loss is the
-    one-process accumulated step's (the pairs of each micro-batch weighted over both processes), and the trained
-    model is saved as a full state dict that loads in one process and scores exactly."""
+@needs_deepspeed
+def test_train_rm_zero3_with_window_packing_cpu(rm_runs, tiny, data, accumulated_losses):
+    """ZeRO-3 shards the parameters too. It trains with `window_packing` over 2 micro-batches a step
+    (`PACKED_WINDOWS`: each process's window cut into forwards of at most 400 tokens, the processes running different
+    numbers, evened out: ZeRO-3 gathers each layer's weights in every forward): every step's loss is the one-process
+    accumulated step's (the pairs of each micro-batch weighted over both processes), and the checkpoint is a plain
+    Hugging Face one that scores exactly."""
+    output, output_dir = rm_runs("zero3_cpu.yaml")
+    assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
+    assert held_share(output) < 0.55
+    assert WINDOW_LINE in output
+    assert not list(output_dir.glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
+    check_saved_reward_model(output_dir, tiny, data)
+    check_same_losses_as_one_process(output_dir, accumulated_losses)
+
+
+def test_train_rm_fsdp2_cpu(rm_runs, tiny, data, single_process_losses):
+    """accelerate alone would run fsdp2_cpu.yaml as DDP on CPU; the recipe's `enable_fsdp_on_cpu` makes it FSDP2. Each
+    micro-batch of 16 runs as bounded forwards (`PACKED`: at most 400 tokens each, the processes running different
+    numbers, evened out: FSDP2 gathers weights in every forward): every step's loss is one process's with the global
+    batch, and the trained model is saved as a full state dict that loads in one process and scores exactly."""
     output, output_dir = rm_runs("fsdp2_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: FSDP x2")
     assert held_share(output) < 0.55  # FSDP2 shards: half of every parameter (rounded up) per process
-    assert WINDOW_LINE in output
     check_saved_reward_model(output_dir, tiny, data)
-    check_same_losses_as_one_process(output_dir, accumulated_losses)
+    check_same_losses_as_one_process(output_dir, single_process_losses)
 
 
 @pytest.fixture(scope="module")
@@ -335,28 +362,20 @@ def accumulated_losses(tiny, data, tmp_path_factory) -> list[float]:
     micro-batch) over the window runs' micro-batches: 2 of 16 records a step (process p's m-th micro-batch of 8 and
     the other's are records 16m..16m+15 of the step)."""
     output_dir = tmp_path_factory.mktemp("rm-one-process-accumulated")
-    train_rm("ddp_cpu.yaml", tiny, data, output_dir, "--gradient_accumulation_steps", "2", "--window_packing", "false",
-             processes=1)  # fmt: skip
+    recipe_in_process("train_rm", "--model_name_or_path", str(tiny / "reward_model"), "--output_dir",
+                      str(output_dir), *rm_options(data, 16, "--gradient_accumulation_steps", "2", "--window_packing",
+                                                   "false"))  # fmt: skip
     return step_losses(output_dir)
 
 
-@needs_deepspeed
-def test_window_packing_under_zero3(tiny, data, tmp_path, accumulated_losses):
-    """`window_packing` under ZeRO-3 (FSDP2's is its `rm_runs` run, `test_train_rm_fsdp2_with_window_packing_cpu`):
-    every step's loss is the one-process accumulated step's."""
-    output = train_rm("zero3_cpu.yaml", tiny, data, tmp_path, *PACKED_WINDOWS)
-    assert WINDOW_LINE in output
-    check_same_losses_as_one_process(tmp_path, accumulated_losses)
-
-
-@pytest.mark.parametrize(
-    "config", ["ddp_cpu.yaml", pytest.param("zero3_cpu.yaml", marks=needs_deepspeed), "fsdp2_cpu.yaml"]
-)
+@pytest.mark.parametrize("config", [pytest.param("zero3_cpu.yaml", marks=needs_deepspeed), "fsdp2_cpu.yaml"])
 def test_resume_from_checkpoint_cpu(config, rm_runs, tiny, data, tmp_path):
     """A 2-process run "stopped" after checkpoint-5 and resumed with `--resume_from_checkpoint` (model, optimizer,
-    scheduler, RNG and data position restored in the backend's own format; under FSDP2 with window packing over 2
-    micro-batches a step) logs the uninterrupted run's losses at steps 6-10 and ends with its evaluation metrics and
-    saved weights."""
+    scheduler, RNG and data position restored in the backend's own format; under ZeRO-3 with window packing over 2
+    micro-batches a step, under FSDP2 with bounded forwards) logs the uninterrupted run's losses at steps 6-10 and
+    ends with its evaluation metrics and saved weights. (DDP's checkpoint is the plain `Trainer` format of one
+    process, resumed in tests/test_trainer.py and tests/test_checkpoints.py; its 2-process data position and per-rank
+    RNG are what these two runs restore too.)"""
     _, full_dir = rm_runs(config)
     checkpoint = full_dir / "checkpoint-5"
     assert checkpoint.is_dir(), sorted(p.name for p in full_dir.iterdir())
@@ -509,10 +528,9 @@ def train_regression_rm(tmp: Path, output_dir: Path, processes: int, batch: int)
         if not sample[split].exists():
             lines = (SAMPLE / f"regression_{split}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
             sample[split].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    run_recipe(
-        "ddp_cpu.yaml", "recipes/train_regression_rm.py", output_dir,
-        ("--model_name_or_path", str(tmp / "regression_model")),  # built by the first run (build_tiny_model: true)
-        "--config", "recipes/configs/rm_regression_tiny.yaml",
+    model = ("--model_name_or_path", str(tmp / "regression_model"))  # built by the first run (build_tiny_model: true)
+    options = (
+        "--config", str(ROOT / "recipes" / "configs" / "rm_regression_tiny.yaml"),
         "--train_data", str(sample["train"]),
         "--eval_data", f"in_domain={sample['in_domain']}",
         "--max_steps", str(MAX_STEPS),
@@ -520,8 +538,11 @@ def train_regression_rm(tmp: Path, output_dir: Path, processes: int, batch: int)
         "--per_device_train_batch_size", str(batch),
         "--logging_steps", "1",
         "--disable_tqdm", "true",
-        processes=processes,
     )  # fmt: skip
+    if processes == 1:
+        recipe_in_process("train_regression_rm", *model, "--output_dir", str(output_dir), *options)
+    else:
+        run_recipe("ddp_cpu.yaml", "recipes/train_regression_rm.py", output_dir, model, *options, processes=processes)
     return step_losses(output_dir)
 
 

@@ -9,7 +9,7 @@ import json
 import sys
 
 import pytest
-from helpers import ROOT, free_port, launch, launch_env, run_process, visible_cue_records, write_jsonl
+from helpers import ROOT, free_port, launch_env, run_process, visible_cue_records, write_jsonl
 
 pytestmark = pytest.mark.slow
 CONFIG = str(ROOT / "recipes" / "configs" / "genrm_tiny.yaml")
@@ -19,14 +19,22 @@ CONFIG = str(ROOT / "recipes" / "configs" / "genrm_tiny.yaml")
 def trained(tmp_path_factory):
     """The GenRM trained on 300 records (40 supervised warm-start steps, then 40 GRPO steps), evaluated on 60
     held-out records before training, after the warm start and at the end."""
+    import contextlib
+    import io
+
+    from helpers import recipe_in_process
+
     work = tmp_path_factory.mktemp("genrm")
     train = write_jsonl(work / "train.jsonl", visible_cue_records(300, seed=0))
     held_out = write_jsonl(work / "held_out.jsonl", visible_cue_records(60, seed=1))
-    output = launch("cpu.yaml", "recipes/train_genrm.py", "--config", CONFIG, "--train_data", str(train),
-                    "--eval_data", f"held_out={held_out}", "--eval_at_start", "true", "--pairs_per_record", "null",
-                    "--warm_start_steps", "40", "--learning_rate", "5e-4", "--max_steps", "40",
-                    "--output_dir", str(work / "genrm"), cwd=work, timeout=600)  # fmt: skip
-    return work, output
+    # In this process, from `work` (the config's tiny model is built there): the launch is the CLI test's below.
+    printed = io.StringIO()
+    with contextlib.chdir(work), contextlib.redirect_stdout(printed):
+        recipe_in_process("train_genrm", "--config", CONFIG, "--train_data", str(train), "--eval_data",
+                          f"held_out={held_out}", "--eval_at_start", "true", "--pairs_per_record", "null",
+                          "--warm_start_steps", "40", "--learning_rate", "5e-4", "--max_steps", "40",
+                          "--output_dir", str(work / "genrm"))  # fmt: skip
+    return work, printed.getvalue()
 
 
 def test_genrm_learns_the_human_order_from_no_verdict_at_all(trained):

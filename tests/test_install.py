@@ -1,6 +1,6 @@
 """The installed package is whole: a wheel built from this checkout, installed in a fresh virtual environment and
 run from a folder outside the checkout, trains a reward model and runs GRPO with it on the shipped tiny configs,
-through `trl-rm-env train` / `trl-rm-env grpo` in one process and `train` in two (`--accelerate_config ddp_cpu`),
+through `trl-rm-env train` in two processes (`--accelerate_config ddp_cpu`) and `trl-rm-env grpo` in one (`cpu`),
 as docs/quickstart.md's commands.
 
 The fresh environment gets the wheel alone (`pip install --no-deps`); its dependencies (torch, TRL, ...) are the
@@ -79,19 +79,20 @@ def test_installed_commands_train_and_run_grpo_outside_the_checkout(installed, t
     where = run([str(installed / "python"), "-c", "import trl_rm_env.recipes as r; print(r.__file__)"], cwd=work)
     assert str(installed.parent) in where and str(ROOT) not in where
     cli = str(installed / "trl-rm-env")
-    # docs/quickstart.md's three commands: train and GRPO in one process (the shipped `cpu` Accelerate config), then
-    # training in two (`ddp_cpu`; GRPO under DDP is tests/test_distributed.py's, from the checkout).
-    for accelerate_config, extra in (("cpu", []), ("ddp_cpu", ["--main_process_port", str(free_port())])):
-        out_dir = f"outputs/rm-{accelerate_config}"
-        out = run([cli, "train", "--config", "rm_tiny.yaml", "--accelerate_config", accelerate_config, *extra,
-                   "--max_steps", "6", "--eval_steps", "6", "--output_dir", out_dir], cwd=work)  # fmt: skip
-        assert f"Reward model saved to {out_dir}" in out
-        assert "gemm_4bit_forward" not in out and "Setting accelerator to CPU" not in out  # no import noise
-        assert f"x{2 if accelerate_config == 'ddp_cpu' else 1} on cpu" in out  # "Distributed: MULTI_CPU x2 on cpu"
-        assert (work / out_dir / "model.safetensors").is_file() and (work / out_dir / "eval_results.json").is_file()
+    # docs/quickstart.md's commands, each shipped Accelerate config once: training in two processes (`ddp_cpu`), then
+    # GRPO in one (`cpu`) rewarded by that model. (Training in one process from a checkout is the docs run's and
+    # tests/test_quickstart.py's; GRPO under DDP is tests/test_distributed.py's.)
+    out_dir = "outputs/rm-ddp_cpu"
+    out = run([cli, "train", "--config", "rm_tiny.yaml", "--accelerate_config", "ddp_cpu", "--main_process_port",
+               str(free_port()), "--max_steps", "6", "--eval_steps", "6", "--output_dir", out_dir], cwd=work)  # fmt: skip
+    assert f"Reward model saved to {out_dir}" in out
+    assert "gemm_4bit_forward" not in out and "Setting accelerator to CPU" not in out  # no import noise
+    assert "x2 on cpu" in out  # "Distributed: MULTI_CPU x2 on cpu"
+    assert (work / out_dir / "model.safetensors").is_file() and (work / out_dir / "eval_results.json").is_file()
     grpo_dir = "outputs/grpo-cpu"
     out = run([cli, "grpo", "--config", "grpo_rm_tiny.yaml", "--accelerate_config", "cpu", "--reward_model",
-               "outputs/rm-cpu", "--max_steps", "2", "--output_dir", grpo_dir], cwd=work)  # fmt: skip
+               out_dir, "--max_steps", "2", "--output_dir", grpo_dir], cwd=work)  # fmt: skip
     assert f"Policy saved to {grpo_dir}" in out
+    assert "gemm_4bit_forward" not in out and "x1 on cpu" in out
     assert (work / grpo_dir / "trainer_state.json").is_file()
     assert (work / "tiny-models" / "reward_model").is_dir()  # the quickstart's tiny models, built where it ran

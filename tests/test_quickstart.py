@@ -1,4 +1,5 @@
-"""The README's offline quickstart, end to end, as a user runs it: train the tiny RM, then GRPO with it.
+"""The README's offline quickstart: train the tiny RM, then GRPO with it, on the shipped configs (run in this process;
+the README's commands themselves are launched by the docs run and from the installed wheel).
 
 The RM run is the shipped `rm_tiny.yaml` unchanged (400 steps); it must learn (in_domain accuracy >= 0.90), and the
 saved checkpoint must reload with plain transformers and reproduce the logged accuracy. The GRPO run is the shipped
@@ -50,13 +51,25 @@ def launch(
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
+    """The shipped configs, unchanged but for the folders, run in this process (`recipe_in_process`, what their
+    launched worker runs): the README's own commands are launched by the docs run (tests/test_docs_run.py) and from an
+    installed wheel (tests/test_install.py); what is checked here is what the runs learn."""
+    import contextlib
+    import io
+
+    from helpers import recipe_in_process
+
     work = tmp_path_factory.mktemp("quickstart")
     rm_dir, tiny = work / "rm-tiny", work / "tiny-models"
-    rm = launch("train_rm", "rm_tiny.yaml", "--output_dir", str(rm_dir),
-                "--model_name_or_path", str(tiny / "reward_model"))
-    grpo = launch("grpo_rm", "grpo_rm_tiny.yaml", "--output_dir", str(work / "grpo-tiny"),
-                  "--model_name_or_path", str(tiny / "policy"), "--reward_model", str(rm_dir))
-    return {"rm_dir": rm_dir, "grpo_dir": work / "grpo-tiny", "rm_out": rm.stdout, "grpo_out": grpo.stdout}
+    configs = ROOT / "recipes" / "configs"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        recipe_in_process("train_rm", "--config", str(configs / "rm_tiny.yaml"), "--output_dir", str(rm_dir),
+                          "--model_name_or_path", str(tiny / "reward_model"))  # fmt: skip
+    recipe_in_process("grpo_rm", "--config", str(configs / "grpo_rm_tiny.yaml"), "--output_dir",
+                      str(work / "grpo-tiny"), "--model_name_or_path", str(tiny / "policy"), "--reward_model",
+                      str(rm_dir))  # fmt: skip
+    return {"rm_dir": rm_dir, "grpo_dir": work / "grpo-tiny", "rm_out": printed.getvalue()}
 
 
 def test_rm_quickstart_learns_and_reports_both_sets(quickstart):
@@ -149,11 +162,15 @@ def test_printed_table_is_the_saved_metrics_and_the_published_one_has_its_shape(
 def test_grpo_with_a_pairwise_judge_beside_the_rm_logs_both_rewards(quickstart, tmp_path):
     # The shipped grpo_judge_tiny.yaml: the trained tiny RM and the tiny causal LM as a pairwise judge, weighed by
     # TRL's reward_weights. Each step judges 2 groups of 8 in circular pairs, both orders: 2 x 8 x 2 judgements.
+    # In this process (`recipe_in_process`): the run's rewards are checked here; the recipe's launches are the docs
+    # run's and the installed wheel's.
+    from helpers import recipe_in_process
+
     tiny = quickstart["rm_dir"].parent / "tiny-models"
     out = tmp_path / "grpo-judge"
-    launch("grpo_rm", "grpo_judge_tiny.yaml", "--output_dir", str(out), "--max_steps", "2",
-           "--model_name_or_path", str(tiny / "policy"), "--reward_model", str(quickstart["rm_dir"]),
-           "--reward_judge", str(tiny / "policy"))  # fmt: skip
+    recipe_in_process("grpo_rm", "--config", str(ROOT / "recipes" / "configs" / "grpo_judge_tiny.yaml"),
+                      "--output_dir", str(out), "--max_steps", "2", "--model_name_or_path", str(tiny / "policy"),
+                      "--reward_model", str(quickstart["rm_dir"]), "--reward_judge", str(tiny / "policy"))  # fmt: skip
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     steps = [h for h in history if "rewards/judge/mean" in h]
     assert len(steps) == 2
@@ -213,7 +230,8 @@ def test_the_genrm_recipe_config_runs_in_two_processes_and_judges_each_split_gro
 def test_grpo_rewarded_by_an_ensemble_of_a_local_and_a_served_reward_model(quickstart, tmp_path):
     # `reward_ensemble_members`: the quickstart's trained RM here and the tiny RM behind `trl-rm-env serve`, one
     # EnsembleReward aggregated by `min` (the conservative choice), its metrics in TRL's logs.
-    from helpers import ServerProcess
+    # The GRPO run in this process (`recipe_in_process`), the served member in its own.
+    from helpers import ServerProcess, recipe_in_process
 
     tiny = quickstart["rm_dir"].parent / "tiny-models"
     out = tmp_path / "grpo-ensemble"
@@ -221,9 +239,10 @@ def test_grpo_rewarded_by_an_ensemble_of_a_local_and_a_served_reward_model(quick
     try:
         url = server.wait(timeout=300)
         member = json.dumps({"model": str(tiny / "reward_model"), "remote_url": [url], "name": "served_rm"})
-        launch("grpo_rm", "grpo_rm_tiny.yaml", "--output_dir", str(out), "--max_steps", "2",
-               "--model_name_or_path", str(tiny / "policy"), "--reward_model", str(quickstart["rm_dir"]),
-               "--reward_ensemble", "min", "--reward_ensemble_members", member)  # fmt: skip
+        recipe_in_process("grpo_rm", "--config", str(ROOT / "recipes" / "configs" / "grpo_rm_tiny.yaml"),
+                          "--output_dir", str(out), "--max_steps", "2", "--model_name_or_path", str(tiny / "policy"),
+                          "--reward_model", str(quickstart["rm_dir"]), "--reward_ensemble", "min",
+                          "--reward_ensemble_members", member)  # fmt: skip
     finally:
         server.shut_down()
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
