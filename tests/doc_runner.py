@@ -216,7 +216,8 @@ SUBSTITUTIONS = {
     "data files": "the page's file names exist in the workspace as small fixtures in the documented format",
     "install steps": "`python3 -m venv`, `. .venv/bin/activate`, `pip install/uninstall` are skipped (the suite runs "
                      "inside that install), their extras and pins checked against pyproject.toml and .ci/run",  # fmt: skip
-    "training length": "`--max_steps 2` appended to a training command without one",
+    "training length": "`--max_steps 2` appended to a training command without one; a Python block's "
+                       "`max_steps=N` runs 2 steps",
     "GPU configs": "rm.yaml, grpo_rm.yaml, rm_regression.yaml, genrm.yaml on the CPU: `--use_cpu true` (and "
                    "GRPO's `--max_completion_length 16`)",  # fmt: skip
     "ports": "8000 and 8001 are free ports",
@@ -257,6 +258,7 @@ def substitute_python(code: str, world: Workspace) -> str:
     """A Python block as it runs here: `...` arguments from `GIVEN`, remote hosts the page's served model."""
     for pattern, replacement in ELLIPSES:
         code = re.sub(pattern, replacement, code)
+    code = re.sub(r"\bmax_steps=\d+", "max_steps=2", code)  # training length, as for a command
     for host in ("http://10.0.0.5:8000", "http://10.0.0.6:8000", "http://rm-0:8000", "http://rm-1:8000"):
         code = code.replace(host, world.served_url or host)
     return code
@@ -350,8 +352,9 @@ def _sums(n: int, offset: int = 0) -> list[tuple[str, str, str]]:
             for a in range(n)]  # fmt: skip
 
 
-def build_workspace(root: Path) -> Workspace:
-    """The workspace every page runs in (see the module docstring)."""
+def build_workspace(root: Path, commands: tuple[str, ...] | None = None) -> Workspace:
+    """The workspace every page runs in (see the module docstring); `commands`: the `WORKSPACE_COMMANDS` run in it
+    (all by default; the vLLM suite's blocks need the quickstart's reward model only)."""
     from trl_rm_env.data.loaders import load_rank_records
     from trl_rm_env.tiny_models import make_tiny
 
@@ -429,7 +432,7 @@ def build_workspace(root: Path) -> Workspace:
     # The reward models the pages read before (or without) training them, by the pages' own commands (both at once):
     # they count as run in every lane (`Workspace.ran`), so the page that has them does not run them again.
     runs = {}
-    for command in WORKSPACE_COMMANDS:
+    for command in WORKSPACE_COMMANDS if commands is None else commands:
         assert any(command in _chain(c) for page in PAGES for b in blocks_of(page) if b.lang == "bash"
                    for c in commands_of(b.text)), f"no page has the workspace's command {command!r}"  # fmt: skip
         runs[command] = subprocess.Popen(substitute_command(command, world), shell=True, cwd=root, env=env,

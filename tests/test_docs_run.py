@@ -56,9 +56,16 @@ def test_install_steps_are_checked_against_pyproject_and_ci():
 
 
 @pytest.fixture(scope="module")
-def worlds(tmp_path_factory):
-    """One workspace per lane (`doc_runner.LANES`), the second a copy of the first."""
-    first = doc_runner.build_workspace(tmp_path_factory.mktemp("docs") / "lane0")
+def worlds(tmp_path_factory, request):
+    """One workspace per lane (`doc_runner.LANES`), the second a copy of the first. Where no page runs (the vLLM
+    suite, `-m vllm`), one workspace with the quickstart's reward model, which its blocks serve."""
+    root = tmp_path_factory.mktemp("docs")
+    if not any(getattr(item, "originalname", None) == "test_page_runs" for item in request.session.items):
+        world = doc_runner.build_workspace(root / "lane1", commands=doc_runner.WORKSPACE_COMMANDS[:1])
+        yield [world, world]
+        world.close()
+        return
+    first = doc_runner.build_workspace(root / "lane0")
     worlds = [first, doc_runner.copy_workspace(first, first.root.parent / "lane1")]
     yield worlds
     for world in worlds:

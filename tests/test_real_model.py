@@ -185,13 +185,15 @@ def label_probabilities(policy, text, labels):
 def test_the_judges_verdicts_are_the_plain_models_log_probabilities(real_dir, policy):
     """Pointwise (expected rating over 1-9) and pairwise in both orders, on easy questions: every pick and the
     position consistency equal what one forward of the plain instruct model gives; how many it gets right is
-    reported (tests/test_real_model.py prints it with -s), not tuned."""
+    reported (tests/test_real_model.py prints it with -s), not tuned. The first 6 easy pairs: each judgement is a
+    forward of the 135M model on the CPU, so its accuracy is measured on all 40 by benchmarks/bench_real_judge.py."""
+    judged = EASY[:6]
     from trl_rm_env import JudgeEnvironment
     from trl_rm_env.evaluation.judge import evaluate_judge
     from trl_rm_env.judges.builtin_modes import MODES
     from trl_rm_env.judges.templates import PAIRWISE, POINTWISE
 
-    datasets = easy_records()
+    datasets = {"easy": easy_records()["easy"][: len(judged)]}
     pointwise = JudgeEnvironment(str(real_dir / "policy"), mode="pointwise")
     results, picks = evaluate_judge(pointwise, datasets)
     fmt = MODES["pointwise"].answer_formats["logprobs"].format(max_score=9)
@@ -201,13 +203,13 @@ def test_the_judges_verdicts_are_the_plain_models_log_probabilities(real_dir, po
         text = POINTWISE.format(prompt=q, completion=a, max_score=9, answer_format=fmt)
         return float((label_probabilities(policy, text, digits) * torch.arange(1, 10)).sum())
 
-    want = ["better" if rating(q, r) > rating(q, w) else "worse" for q, r, w in EASY]
+    want = ["better" if rating(q, r) > rating(q, w) else "worse" for q, r, w in judged]
     assert picks == want
     pairwise = JudgeEnvironment(str(real_dir / "policy"), mode="pairwise")
     results_2, picks_2 = evaluate_judge(pairwise, datasets)
     fmt = MODES["pairwise"].answer_formats["logprobs"]
     consistent, want_2 = 0, []
-    for q, right, wrong in EASY:
+    for q, right, wrong in judged:
         first = float(label_probabilities(policy, PAIRWISE.format(prompt=q, completion_a=right, completion_b=wrong,
                                                                  answer_format=fmt), "AB")[0])  # fmt: skip
         second = 1 - float(label_probabilities(policy, PAIRWISE.format(prompt=q, completion_a=wrong,
@@ -215,9 +217,9 @@ def test_the_judges_verdicts_are_the_plain_models_log_probabilities(real_dir, po
         want_2.append("better" if (first + second) / 2 > 0.5 else "worse")
         consistent += (first > 0.5) == (second > 0.5)
     assert picks_2 == want_2
-    assert results_2["sets"]["easy"]["position_consistency"] == pytest.approx(consistent / len(EASY))
-    print(f"\nreal judge on {len(EASY)} easy pairs: pointwise {want.count('better')} right, pairwise "
-          f"{want_2.count('better')} right, position consistency {consistent}/{len(EASY)}")
+    assert results_2["sets"]["easy"]["position_consistency"] == pytest.approx(consistent / len(judged))
+    print(f"\nreal judge on {len(judged)} easy pairs: pointwise {want.count('better')} right, pairwise "
+          f"{want_2.count('better')} right, position consistency {consistent}/{len(judged)}")
 
 
 # ---------------------------------------------------------------------------------------------------- GRPO
@@ -282,7 +284,7 @@ def test_a_short_warm_start_teaches_the_real_model_to_write_verdicts(real_dir, t
     data.write_text("".join(json.dumps(r) + "\n" for r in train["easy"]))
     genrm_args, training_args, model_args = make_parser().parse_args_and_config([
         "--model_name_or_path", str(real_dir / "policy"), "--output_dir", str(tmp_path / "out"), "--use_cpu", "true",
-        "--report_to", "none", "--train_data", str(data), "--genrm_template", "builtin", "--warm_start_steps", "8",
+        "--report_to", "none", "--train_data", str(data), "--genrm_template", "builtin", "--warm_start_steps", "4",
         "--warm_start_learning_rate", "3e-4", "--per_device_train_batch_size", "2", "--num_generations", "2",
         "--max_completion_length", "32", "--seed", "0", "--logging_steps", "100",
     ])  # fmt: skip
@@ -295,5 +297,5 @@ def test_a_short_warm_start_teaches_the_real_model_to_write_verdicts(real_dir, t
     before = genrm_share(base, held_out)
     warm = genrm.warm_start(str(real_dir / "policy"), tokenizer, comparisons, genrm_args, training_args, model_args)
     after = genrm_share(warm, held_out)
-    print(f"\nreal GenRM verdicts parsed on held-out comparisons: {before:.0%} before, {after:.0%} after 8 steps")
+    print(f"\nreal GenRM verdicts parsed on held-out comparisons: {before:.0%} before, {after:.0%} after 4 steps")
     assert before == 0.0 and after >= 0.75
