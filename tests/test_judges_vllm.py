@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from helpers import ServerProcess, judge_conversations, judge_reference
+from helpers import ROOT, ServerProcess, judge_conversations, judge_reference
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("TRL_RM_ENV_REQUIRE_VLLM") == "1":
@@ -47,7 +47,11 @@ def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transf
     from trl_rm_env.recipes.cli import main as cli_main
 
     results, out = {}, {engine: tmp_path / f"{engine}.json" for engine in ("vllm", "hf")}
-    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--data", "sample:in_domain", "--no-progress",
+    # The first 40 records of the bundled in-domain set (over 100 pairs, each judged in both orders on both engines).
+    lines = (ROOT / "trl_rm_env" / "data" / "sample" / "in_domain.jsonl").read_text(encoding="utf-8").splitlines()
+    data = tmp_path / "in_domain.jsonl"
+    data.write_text("\n".join(lines[:40]) + "\n", encoding="utf-8")
+    common = ["--judge", str(judge_dir), "--judge-mode", "pairwise", "--data", f"in_domain={data}", "--no-progress",
               "--judge-options", json.dumps({"max_length": MAX_LENGTH})]  # fmt: skip
     # Both engines eager (`--enforce-eager`, `vllm_enforce_eager`): two compiling starts cost this test a minute.
     command = [sys.executable, "-m", "trl_rm_env.recipes.cli", "eval", "--model", str(tiny_dir / "reward_model"),
@@ -61,7 +65,7 @@ def test_eval_judge_on_vllm_beside_a_vllm_reward_model_exits_0_and_equals_transf
     assert "terminate called" not in output and "force killing" not in output, output[-3000:]
     assert cli_main(["eval", "--judge-engine", "hf", "--output", str(out["hf"]), *common]) == 0
     for engine, path in out.items():
-        results[engine] = json.loads(path.read_text())["judge"]["sets"]["sample:in_domain"]
+        results[engine] = json.loads(path.read_text())["judge"]["sets"]["in_domain"]
     vllm, hf = results["vllm"], results["hf"]
     assert vllm["pairs"] == hf["pairs"] > 100
     # Verdicts equal within 1e-4: a pair whose two orders sit that close to 0.5 could flip; none does here.

@@ -43,12 +43,13 @@ def test_vllm_scores_the_real_reward_model_as_one_forward_of_the_plain_model(rea
 
 
 def test_the_real_judge_on_vllm_equals_the_judge_on_transformers(real_dir):
-    """Pointwise `logprobs` ratings of the easy pairs (tests/test_real_model.py holds the transformers judge to the
-    plain model): vLLM's full-vocabulary log-probabilities give the same ratings."""
+    """Pointwise `logprobs` ratings of the first 6 easy pairs (tests/test_real_model.py holds the transformers judge
+    to the plain model): vLLM's full-vocabulary log-probabilities give the same ratings."""
     from trl_rm_env import JudgeEnvironment
 
-    prompts = [[{"role": "user", "content": q}] for q, _, _ in EASY for _ in range(2)]
-    completions = [[{"role": "assistant", "content": a}] for _, right, wrong in EASY for a in (right, wrong)]
+    judged = EASY[:6]  # as tests/test_real_model.py's judge test
+    prompts = [[{"role": "user", "content": q}] for q, _, _ in judged for _ in range(2)]
+    completions = [[{"role": "assistant", "content": a}] for _, right, wrong in judged for a in (right, wrong)]
     hf = JudgeEnvironment(str(real_dir / "policy"), engine="hf")
     on_vllm = JudgeEnvironment(str(real_dir / "policy"), engine="vllm", vllm_enforce_eager=True)
     try:
