@@ -196,6 +196,8 @@ def substitute_command(command: str, world: Workspace) -> str:
     command = " && ".join(steps)
     for port, free in world.ports.items():
         command = re.sub(rf"(?<=[:\s]){port}\b", str(free), command)
+    if re.search(r"\bserve\b.*--engine vllm\b", command) and "--enforce-eager" not in command:
+        command += " --enforce-eager"  # vLLM eager on the CPU: its compiling start is tests/test_vllm.py's engine's
     if TRAINING.search(command):
         extra = []
         config = re.search(r"--config\s+(\S+)", command)
@@ -221,6 +223,8 @@ SUBSTITUTIONS = {
     "GPU configs": "rm.yaml, grpo_rm.yaml, rm_regression.yaml, genrm.yaml on the CPU: `--use_cpu true` (and "
                    "GRPO's `--max_completion_length 16`)",  # fmt: skip
     "ports": "8000 and 8001 are free ports",
+    "vLLM's start": "`--enforce-eager` appended to `serve --engine vllm` (on the CPU a compiling start costs 15 to 35 s "
+                    "more; the compiled engine is tested by tests/test_vllm.py's shared scorer)",
     "repeats": "a command run before in the lane runs once; one that adds flags to it has those flags checked "
                "(names, as a `parsed` block's), not another run",  # fmt: skip
     "remote hosts": "http://10.0.0.x:8000, rm-0/rm-1 are the page's served tiny RM",
