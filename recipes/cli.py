@@ -14,6 +14,8 @@
                                            # pairwise accuracy, length bias and calibration per set,
                                            # RewardBench v1 sections or RewardBench 2 (--format rewardbench2);
                                            # per-attribute RMSE/MAE/Pearson for a regression RM
+    trl-rm-env best-of-n --samples S.jsonl --proxy LABEL=RM ... [--policy P --prompts F] [--gold number]
+                                           # best-of-n over-optimization: each proxy's pick on the gold vs sqrt(KL)
     trl-rm-env serve --model M [--port 8000]  # HTTP scoring server: vLLM /pooling and /classify, OpenRLHF /get_reward
 """
 
@@ -24,6 +26,7 @@ import sys
 from collections.abc import Sequence
 
 from trl_rm_env.data.rows import ON_INVALID_MODES
+from trl_rm_env.evaluation.best_of_n_command import add_parser as add_best_of_n_parser
 
 from .judge_eval import add_judge_flags
 from .launch import RECIPES, add_launch_parsers
@@ -230,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_judge_flags(p)
     p.set_defaults(func=_eval)
 
+    add_best_of_n_parser(sub)
     add_serve_parser(sub)
     add_launch_parsers(sub)
     underscore_spellings(parser)
