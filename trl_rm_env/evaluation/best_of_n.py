@@ -258,6 +258,15 @@ def table(result: Mapping[str, Any]) -> str:
 
 
 def plot(result: Mapping[str, Any], path: str | Path, title: str = "best-of-n") -> None:
+    """`figure(result, title)` written to `path` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(result, title)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def figure(result: Mapping[str, Any], title: str = "best-of-n") -> Any:
     """Gold (left) and proxy z-score (right) of the best-of-n pick against d = sqrt(KL), a line per defence (the
     seeds' mean, their range as a band; colour: the aggregation, line style: the proxy), the policy's gold and the
     oracle's (the best sample's) as grey lines."""
@@ -289,5 +298,4 @@ def plot(result: Mapping[str, Any], path: str | Path, title: str = "best-of-n") 
     right.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig

@@ -79,7 +79,7 @@ def _numbered_rows(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
             raise DataValidationError(source, line, "context", "each line needs a 'context' list of messages")
         try:
             check_sample(row["context"], "context")
-        except ValueError as err:
+        except (TypeError, ValueError) as err:  # a message that is not one, a bad role or text
             raise DataValidationError(source, line, "context", str(err)) from None
         rows.append((line, row))
     if not rows:
