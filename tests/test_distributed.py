@@ -42,7 +42,9 @@ from helpers import (
     SAMPLE,
     assert_clean_exits,
     assert_quiet,
+    free_port,
     launch,
+    launch_env,
     needs_deepspeed,
     probe_env,
     recipe_in_process,
@@ -322,10 +324,43 @@ def test_train_rm_zero2_cpu(rm_runs, tiny, data, single_process_losses):
     """ZeRO-2 shards optimizer states and gradients only: whole weights on every process."""
     output, output_dir = rm_runs("zero2_cpu.yaml")
     assert distributed_line(output).startswith("Distributed: DEEPSPEED x2")
+    assert "deepspeed_shm_comm" not in output, "DeepSpeed built its CPU comm op (prepare_process should skip it)"
     assert held_share(output) == 1.0
     assert not list(output_dir.glob("global_step*")), "a DeepSpeed checkpoint instead of a HF one"
     check_saved_reward_model(output_dir, tiny, data)
     check_same_losses_as_one_process(output_dir, single_process_losses)
+
+
+SHM_PROBE = """
+import os
+import deepspeed.ops
+from deepspeed.comm.torch import build_shm_op
+from trl_rm_env.distributed import prepare_process
+
+os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+prepare_process()
+print("outside a DeepSpeed launch:", deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"])
+os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+prepare_process()
+print("in a DeepSpeed launch:", deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"], build_shm_op())
+"""
+
+
+@needs_deepspeed
+def test_a_deepspeed_launch_on_the_cpu_skips_the_comm_op_build_and_nothing_else(tmp_path):
+    """DeepSpeed's CPU backend would JIT-compile its shared-memory comm op as its process group starts (a minute, a
+    compiler needed; it serves only inference all-reduces). In a DeepSpeed launch without an accelerator
+    `prepare_process` marks it unavailable, so `build_shm_op` (what DeepSpeed's TorchBackend calls) returns None
+    without building; outside a DeepSpeed launch DeepSpeed's own table is left as it was."""
+    import subprocess
+    import sys
+
+    env = launch_env(free_port(), {"TORCH_EXTENSIONS_DIR": str(tmp_path)})  # a build would land here
+    result = subprocess.run([sys.executable, "-c", SHM_PROBE], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stdout.splitlines() if "DeepSpeed launch" in line]
+    assert lines == ["outside a DeepSpeed launch: True", "in a DeepSpeed launch: False None"]
+    assert not any(tmp_path.iterdir()), "something was built"
 
 
 @needs_deepspeed

@@ -55,12 +55,41 @@ def prepare_process() -> None:
     """Set up a recipe process before its arguments (and so its process group) exist.
 
     Tells DeepSpeed it runs on the CPU when there is no accelerator (`DS_ACCELERATOR=cpu`, unless set: DeepSpeed
-    would warn in every process that it could not find a GPU) and silences the warnings in `_UNACTIONABLE_WARNINGS`.
+    would warn in every process that it could not find a GPU), spares a DeepSpeed launch on the CPU the build of an op
+    it never calls (`skip_deepspeed_cpu_shm_build`) and silences the warnings in `_UNACTIONABLE_WARNINGS`. Call it
+    first in a launched script of your own to get the same.
     """
     if not _has_accelerator():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        skip_deepspeed_cpu_shm_build()
     for message in _UNACTIONABLE_WARNINGS:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+
+
+def skip_deepspeed_cpu_shm_build() -> bool:
+    """In a DeepSpeed launch on the CPU, mark DeepSpeed's shared-memory comm op (`deepspeed_shm_comm`) unavailable
+    unless it was prebuilt; return True when it was marked.
+
+    DeepSpeed's CPU backend JIT-compiles that op when its process group starts (a C++ compiler and ninja needed, about
+    a minute on 2 cores, once per environment: the build is keyed on the sources' paths). It serves only
+    `inference_all_reduce` (DeepSpeed inference and tensor parallelism); ZeRO's gradients and partitions go through
+    torch.distributed either way, and `inference_all_reduce` falls back to torch.distributed's all_reduce without it.
+    Marked through `deepspeed.ops.__compatible_ops__`, the table DeepSpeed itself consults before building. Nothing
+    happens outside a DeepSpeed launch (`ACCELERATE_USE_DEEPSPEED`), with an accelerator, or without DeepSpeed.
+    """
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() != "true" or _has_accelerator():
+        return False
+    try:
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.git_version_info import installed_ops
+    except ImportError:
+        return False
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or installed_ops.get(builder.NAME, False):
+        return False
+    deepspeed.ops.__compatible_ops__[builder.NAME] = False
+    return True
 
 
 def launched() -> bool:

@@ -22,10 +22,11 @@ from accelerate import PartialState
 from transformers import TrainingArguments
 
 from trl_rm_env import RewardModelEnvironment
-from trl_rm_env.distributed import exit_process, held_parameters
+from trl_rm_env.distributed import exit_process, held_parameters, prepare_process
 
 
 def main(model_dir: str, items_path: str, out_path: str) -> None:
+    prepare_process()  # as the recipes start: before the process group exists
     # As in the recipes: the training arguments switch on the accelerate config's ZeRO-3. transformers holds that
     # config through a weak reference, so the arguments must stay alive while the RM is created.
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), use_cpu=True, report_to="none")  # noqa: F841
