@@ -330,12 +330,10 @@ def test_evaluate_genrm_judges_greedily_within_the_completion_length_and_keeps_e
                 return [V(5, 1, 1)] * len(prompts)  # always "response 1 is much better"
 
             self.engine.generate = generate
+            self.engine.close = lambda: closed.append(self.engine)
 
     monkeypatch.setattr(judge_module, "JudgeEnvironment", Judge)
-    from trl_rm_env.evaluation import command
-
     closed = []
-    monkeypatch.setattr(command, "close_engine", closed.append)
     args = SimpleNamespace(max_completion_length=24, output_dir=str(tmp_path / "out"))
     sets = {"held": HELD_OUT}
     first = genrm_training.evaluate_genrm(str(tiny_dir / "policy"), None, sets, args, "start")

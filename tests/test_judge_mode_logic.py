@@ -50,6 +50,7 @@ from trl_rm_env.judges.templates import (
     template_fields,
 )
 from trl_rm_env.judges.verdicts import distribution, label_token_ids
+from trl_rm_env.runtime.engines.contract import Generate, LabelLogprobs
 
 
 class Scripted:
@@ -350,8 +351,8 @@ def test_generated_verdicts_are_asked_again_with_new_seeds_until_read_or_out_of_
         ["nope"],
     ])  # fmt: skip
     # seeds: attempt + 1000 * copy; a retry of a greedy judge (temperature 0) samples at 1.0
-    assert requests == [("generate", ["p0", "p2", "p3", "p4"], 0.0, [0, 1000, 0, 0]),
-                        ("generate", ["p2", "p4"], 1.0, [1001, 1]), ("generate", ["p4"], 1.0, [2])]  # fmt: skip
+    assert requests == [Generate(["p0", "p2", "p3", "p4"], 0.0, [0, 1000, 0, 0]),
+                        Generate(["p2", "p4"], 1.0, [1001, 1]), Generate(["p4"], 1.0, [2])]  # fmt: skip
     assert asked.verdicts == [4.0, None, 2.0, None, None] and asked.failed == [3, 4] and asked.masses == []
     # 5 judgements, 1 over-length; retried 2 then 1; failed p3 (its request) and p4 (unread): 1 unparsed
     assert asked.counts == {"num_judgements": 5.0, "num_overlength": 1.0, "num_retried": 3.0, "num_unparsed": 1.0,
@@ -360,7 +361,7 @@ def test_generated_verdicts_are_asked_again_with_new_seeds_until_read_or_out_of_
     # all read at once: no retry, nothing failed
     judge = JudgeOptions(mode="pointwise", scoring="generate", max_score=5, parse_retries=2, temperature=0.7)
     requests, asked = drive(ask_verdicts(Pointwise(), judge, [Judgement((0,), "p0")]), [["Score: 3"]])
-    assert requests == [("generate", ["p0"], 0.7, [0])] and asked.verdicts == [3.0] and asked.unparsed_text == ""
+    assert requests == [Generate(["p0"], 0.7, [0])] and asked.verdicts == [3.0] and asked.unparsed_text == ""
     assert asked.counts == {"num_judgements": 1.0, "num_overlength": 0.0, "num_retried": 0.0, "num_unparsed": 0.0,
                             "num_failed": 0.0}  # fmt: skip
 
@@ -370,7 +371,7 @@ def test_a_genrm_judgement_never_read_gets_the_neutral_verdict_of_the_defaults()
                          aggregator="individual_scores")  # fmt: skip
     requests, asked = drive(ask_verdicts(GenRM(), judge, [Judgement((0, 1), "p0"), Judgement((1, 0), "p1")]),
                             [['{"score_1": 4, "score_2": 2, "ranking": 2}', "none"], ["still none"]])  # fmt: skip
-    assert requests == [("generate", ["p0", "p1"], 0.7, [0, 0]), ("generate", ["p1"], 0.7, [1])]  # a sampling judge
+    assert requests == [Generate(["p0", "p1"], 0.7, [0, 0]), Generate(["p1"], 0.7, [1])]  # a sampling judge
     # the unread one: (default_score, default_score, default_ranking), individual_scores gives each its score
     assert asked.verdicts == [Comparison(4.0, 2.0, 2.0, 4.0, 2.0), Comparison(2.0, 2.0, 4.0, 2.0, 2.0)]
     assert asked.failed == [1] and asked.counts["num_failed"] == 1.0 and asked.unparsed_text == "still none"
@@ -385,7 +386,7 @@ def test_logprob_verdicts_are_read_over_the_labels_shown():
     nothing = [float("-inf")] * 9
     judgements = [Judgement((0, 1, 2), "p0"), Judgement((3, 4), "p1", overlength=True), Judgement((5, 6), "p2")]
     requests, asked = drive(ask_verdicts(Listwise(), judge, judgements), [[three, nothing]])
-    assert requests == [("logprobs", ["p0", "p2"])]
+    assert requests == [LabelLogprobs(["p0", "p2"])]
     # labels 1-3: .5, .25, .25 (mass 1, the other labels' probability not counted); p2's labels held nothing
     assert asked.verdicts == [[0.5, 0.25, 0.25], None, None] and asked.masses == [1.0, 0.0]
     assert asked.failed == [2] and asked.counts == {"num_judgements": 3.0, "num_overlength": 1.0, "num_retried": 0.0,

@@ -3,7 +3,7 @@ fake world, so the fast loop (`pytest -m "not slow"`) holds what the slow 2-proc
 (tests/test_genrm_judge.py and tests/test_quickstart.py for the GenRM; tests/test_distributed.py for
 `pack_max_tokens` under ZeRO-3 and FSDP2):
 
-- `trl_rm_env.rewards.whole_groups`: `whole_call` and `shared_values` are generators whose exchanges are `GATHER`
+- `trl_rm_env.rewards.whole_groups`: `whole_call` and `shared_values` are generators whose exchanges are `Gather`
   requests; here each process's generator is run in lockstep with the others (`lockstep`) and every request answered
   with every process's value in rank order, as `gather_objects` would (`rank` monkeypatched per process). The merged
   samples, the shifted `to_score`/`empty`, each process's `offset` and the errors are checked against literals; a
@@ -43,8 +43,9 @@ from trl_rm_env.rewards import base as base_module
 from trl_rm_env.rewards import judge as judge_module
 from trl_rm_env.rewards import whole_groups
 from trl_rm_env.rewards.judge import JudgeCall
-from trl_rm_env.rewards.whole_groups import GATHER, _raise_any, processes, shared_values, whole_call
-from trl_rm_env.trainer.bounded_forwards import BoundedForwardsMixin
+from trl_rm_env.rewards.whole_groups import Gather, _raise_any, processes, shared_values, whole_call
+from trl_rm_env.runtime.engines.contract import Generate, LabelLogprobs
+from trl_rm_env.trainer.bounded_forwards import SCORES_OUT, BoundedForwardsMixin, ScoresOut
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +78,7 @@ class FakeWorld:
 
 def lockstep(world: FakeWorld, steps: list, answer=None) -> tuple[list, list[str]]:
     """Run every process's generator (`steps[rank]`) to its end, answering its engine requests with `answer(rank,
-    request)` (an exception it raises is thrown into the generator, as `Reward._drive_sync` does) and its `GATHER`
+    request)` (an exception it raises is thrown into the generator, as `Reward._drive_sync` does) and its `Gather`
     requests, once every process has made one, with every process's value in rank order (each process its own copy,
     as pickled by `gather_objects`). Returns each process's result (a judge's: its rewards), or the exception it raised,
     and the `what` of each exchange."""
@@ -89,7 +90,7 @@ def lockstep(world: FakeWorld, steps: list, answer=None) -> tuple[list, list[str
         try:
             world.current = r
             request = next(steps_r) if first else steps_r.send(value)
-            while request[0] != GATHER:
+            while not isinstance(request, Gather):
                 try:
                     reply = answer(r, request)
                 except Exception as err:
@@ -109,10 +110,10 @@ def lockstep(world: FakeWorld, steps: list, answer=None) -> tuple[list, list[str
     while any(request is not None for request in requests):
         left = [r for r, request in enumerate(requests) if request is None]
         assert not left, f"processes {left} left while the others wait on an exchange: they would hang"
-        whats = {request[2] for request in requests}
+        whats = {request.what for request in requests}
         assert len(whats) == 1, f"the processes are in different exchanges: {whats}"
         exchanges.append(whats.pop())
-        values = [request[1] for request in requests]
+        values = [request.value for request in requests]
         requests = [advance(r, copy.deepcopy(values), False) for r in range(len(steps))]
     return results, exchanges
 
@@ -218,8 +219,8 @@ def test_one_process_keeps_its_own_call_without_an_exchange(monkeypatch):
 def test_the_gather_request_carries_this_process_share_and_its_error_message(monkeypatch):
     FakeWorld(monkeypatch, 2)
     request = next(whole_call(["p"], ["a"], {"rule": ["r"]}, [0], [], 2, "sharing", KeyError("k")))
-    assert request == (GATHER, ((["p"], ["a"], {"rule": ["r"]}, [0], []), "KeyError: 'k'"), "sharing")
-    assert next(shared_values({3: 0.5}, 2, "rewards")) == (GATHER, ({3: 0.5}, None), "rewards")
+    assert request == Gather(((["p"], ["a"], {"rule": ["r"]}, [0], []), "KeyError: 'k'"), "sharing")
+    assert next(shared_values({3: 0.5}, 2, "rewards")) == Gather(({3: 0.5}, None), "rewards")
 
 
 def test_shared_values_merge_every_process_share_on_every_process(monkeypatch):
@@ -276,7 +277,7 @@ def test_a_gather_request_is_answered_over_the_group_in_a_thread_for_an_asynchro
         return [value, "the other process's"]
 
     monkeypatch.setattr(whole_groups, "gather_objects", gather_objects)
-    request = (GATHER, {"mine": 1}, "rewards")
+    request = Gather({"mine": 1}, "rewards")
     assert whole_groups.gather(request, "group", asynchronous=False) == [{"mine": 1}, "the other process's"]
     assert asked == [({"mine": 1}, "rewards", "group", True)]  # a synchronous call waits in its own thread
     awaitable = whole_groups.gather(request, "group", asynchronous=True)
@@ -338,15 +339,15 @@ class Engine:
     def __call__(self, r: int, request: tuple):
         if r == self.fail_on:
             raise ConnectionError("judge server down")
-        kind, prompts = request[0], request[1]
-        if kind == "generate":  # a GenRM: the conversation, then response_1 and response_2
+        prompts = request.prompts
+        if isinstance(request, Generate):  # a GenRM: the conversation, then response_1 and response_2
             out = []
             for messages in prompts:
                 roles = {m["role"]: m["content"] for m in messages}
                 self.asked.append((r, roles["user"], roles["response_1"], roles["response_2"]))
                 out.append(genrm_verdict(roles["response_1"], roles["response_2"]))
             return out
-        assert kind == "logprobs"  # a pairwise judge: its template filled in a message
+        assert isinstance(request, LabelLogprobs)  # a pairwise judge: its template filled in a message
         out = []
         for messages in prompts:
             text = next(m["content"] for m in messages if "[Answer A]" in m["content"])
@@ -438,7 +439,7 @@ def test_a_pointwise_judge_judges_its_own_samples_without_exchanges(monkeypatch)
     monkeypatch.setattr(judge_module, "own_group", lambda: pytest.fail("a pointwise judge makes no process group"))
     judge = JudgeEnvironment(remote_url=NOWHERE, remote_input="messages", mode="pointwise", scoring="logprobs")
     steps = judge._steps(PROMPTS[:2], COMPLETIONS[:2], None, {})
-    results, exchanges = lockstep(world, [steps], lambda r, request: [[0.0] + [-50.0] * 9] * len(request[1]))
+    results, exchanges = lockstep(world, [steps], lambda r, request: [[0.0] + [-50.0] * 9] * len(request.prompts))
     assert exchanges == [] and results == [[1.0, 1.0]]  # every rating 1 (all the mass on "1")
 
 
@@ -495,16 +496,16 @@ class FakeAccelerator:
 
 class RecordingBase:
     """The trainer's base as `BoundedForwardsMixin` calls it: `training_step` runs one chunk through what
-    `RankedRewardTrainer.compute_loss` does with a `loss_weight` (stores the chunk's detached scores and token count
-    in `_chunk_outputs`, returns its loss times the weight), recording what it was given."""
+    `RankedRewardTrainer.compute_loss` does with a `loss_weight` (leaves the chunk's detached scores and token count in
+    the `ScoresOut` of its inputs, returns its loss times the weight), recording what it was given."""
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         weight = inputs["loss_weight"]
         syncs = not self.accelerator.unsynced and self.accelerator.gradient_state.sync_gradients
         self.forwards.append({"chunk": inputs["name"], "weight": weight, "syncs": syncs, "num_items": num_items_in_batch,
                               "in_attention": self.attention_depth == 1, "keys": set(inputs),
-                              "model": model})  # fmt: skip
-        self._chunk_outputs.append((inputs["scores"], inputs["tokens"]))
+                              "model": model, "out": inputs[SCORES_OUT]})  # fmt: skip
+        inputs[SCORES_OUT].add(inputs["scores"], inputs["tokens"])
         return torch.tensor(inputs["loss"], dtype=torch.float64) * weight
 
 
@@ -592,7 +593,8 @@ def test_a_chunked_step_weights_each_real_chunk_by_its_pairs_over_the_global_pai
     ((scores, pairwise, record_index, tokens),) = trainer.logged
     assert scores.tolist() == [0.0, 1.0, 2.0, 10.0, 11.0] and tokens == 13
     assert record_index.tolist() == [0, 0, 0, 1, 1] and pairwise.better.numel() == 4
-    assert trainer._chunk_outputs is None
+    assert len({id(f["out"]) for f in trainer.forwards}) == 1  # one ScoresOut for the step's forwards, not kept
+    assert not any(isinstance(v, ScoresOut) for v in vars(trainer).values())
 
     # The other process: pairs [2, 2, 2], the same total 5 -> weights [2/5, 2/5, 2/5], no repeat.
     other = FakeTrainer(FakeAccelerator(2, others=[[2, 4]]))
@@ -794,5 +796,5 @@ def test_shaping_warns_of_split_groups_only_where_a_process_shapes_its_own_share
         for _ in range(2):
             world.current = 0
             steps = pointwise._steps(PROMPTS[:4], COMPLETIONS[:4], None, {})
-            lockstep(world, [steps], lambda r, request: [[0.0] + [-50.0] * 9] * len(request[1]))
+            lockstep(world, [steps], lambda r, request: [[0.0] + [-50.0] * 9] * len(request.prompts))
     assert split() == [SPLIT_SHAPING]

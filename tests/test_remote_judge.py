@@ -23,9 +23,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from trl_rm_env import JudgeEnvironment, JudgeOptions
-from trl_rm_env.judges.remote import RemoteJudgeEngine, openai_base, remote_judge_tokenizer
 from trl_rm_env.rewards.base import RewardOptions
 from trl_rm_env.runtime.model_options import ModelOptions, ScoringOptions
+from trl_rm_env.serving.client.judge_engine import RemoteJudgeEngine, openai_base, remote_judge_tokenizer
 from trl_rm_env.serving.client.pool import RemoteScoringError
 from trl_rm_env.serving.client.remote_options import RemoteOptions
 
@@ -500,11 +500,11 @@ def test_failed_requests_answer_none_when_kept_else_raise_naming_the_server(capl
     async def call(url):
         return await engine(url).generate(prompts, 4, 0.0, seeds, keep_failures=True)
 
-    with caplog.at_level("WARNING", logger="trl_rm_env.judges.remote"):
+    with caplog.at_level("WARNING", logger="trl_rm_env.serving.client.judge_engine"):
         got, url, _ = on_server(refuse_7, call)
     refused = f"judge server {url}/v1/completions refused the request: HTTP 400: too long"
     assert got == ["two", None, "three"]
-    assert [r.getMessage() for r in caplog.records if r.name == "trl_rm_env.judges.remote"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "trl_rm_env.serving.client.judge_engine"] == [
         "1 of 2 requests to the judge servers failed (their judgements count as failed, in judge_env/num_failed); "
         f"the first: {refused}"
     ]

@@ -23,7 +23,7 @@ from helpers import ranked_trainer
 from transformers import TrainerCallback
 
 from trl_rm_env import RankedRewardConfig, load_rank_dataset
-from trl_rm_env.trainer.bounded_forwards import BoundedForwardsMixin
+from trl_rm_env.trainer.bounded_forwards import SCORES_OUT, BoundedForwardsMixin, ScoresOut
 from trl_rm_env.trainer.collator import DataCollatorForRankedPreference
 from trl_rm_env.trainer.loss import ranked_bradley_terry_loss
 from trl_rm_env.trainer.windows import WINDOW_RECORDS, WINDOW_SLOT, WindowPackingMixin, weighted_pair_loss
@@ -209,11 +209,11 @@ class FakeAccelerator:
 
 class RecordingBase:
     """transformers' `training_step` as the window's forwards reach it: records the chunk and its `record_weight`,
-    and stores the chunk's scores and tokens as `compute_loss` does."""
+    and leaves the chunk's scores and tokens in the inputs' `ScoresOut` as `compute_loss` does."""
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.forwards.append((inputs["name"], inputs["record_weight"].tolist(), not self.accelerator.unsynced))
-        self._chunk_outputs.append((inputs["scores"], inputs["tokens"]))
+        inputs[SCORES_OUT].add(inputs["scores"], inputs["tokens"])
         return torch.tensor(1.0)
 
 
@@ -254,7 +254,7 @@ def test_two_processes_weigh_each_pair_by_its_micro_batchs_pairs_over_both():
     assert loss.item() == 3.0  # the three forwards' returns, the repeat's included (it weighs 0)
     # Metrics per micro-batch, from its own scores, records numbered from 0; the window's tokens with the last.
     assert trainer.logged == [([0.0, 1.0, 2.0], [0, 0, 0], 3, 0), ([10.0, 11.0, 12.0, 13.0], [0, 0, 1, 1], 2, 17)]
-    assert trainer._chunk_outputs is None
+    assert not any(isinstance(v, ScoresOut) for v in vars(trainer).values())  # nothing handed over on the trainer
     # A slot is no forward at all.
     assert trainer._window_training_step("model", {WINDOW_SLOT: 0}, None).item() == 0.0 and len(trainer.forwards) == 3
 

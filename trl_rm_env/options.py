@@ -220,18 +220,29 @@ def prefix_sharing_option(help: str, **spelling: Any) -> Any:
 
 
 def normalize_prefix_sharing(value: bool | str | None) -> bool | str:
-    """`prefix_sharing`'s four values, `True`, `False`, `"auto"` or `"packed"`, from a bool, None (auto) or the
-    strings auto/true/false/packed in any case (training's `RankedRewardConfig` and scoring's `ScoringOptions` alike).
+    """`prefix_sharing`'s four values, `True`, `False`, `"auto"` or `"packed"` (`normalize_choice` over
+    `PREFIX_SHARING_TEXT`), for training's `RankedRewardConfig` and scoring's `ScoringOptions` alike.
 
     Raises:
         ValueError: any other value.
     """
+    return normalize_choice("prefix_sharing", value, PREFIX_SHARING_TEXT)
+
+
+def normalize_choice(name: str, value: bool | str | None, table: dict[str, bool | str]) -> bool | str:
+    """The one normalizer of an option whose values are text or bools (`prefix_sharing`, the switches): a bool as is,
+    None as `"auto"`, and text by `table` in any case and spacing.
+
+    Raises:
+        ValueError: any other value, naming the option and its values.
+    """
     if value is None or isinstance(value, bool):
         return "auto" if value is None else value
     text = str(value).strip().lower()
-    if text in PREFIX_SHARING_TEXT:
-        return PREFIX_SHARING_TEXT[text]
-    raise ValueError(f"prefix_sharing must be True, False, 'auto' or 'packed', got {value!r}.")
+    if text in table:
+        return table[text]
+    values = [str(v) for v in table.values() if isinstance(v, bool)] + [repr(v) for v in table.values() if isinstance(v, str)]
+    raise ValueError(f"{name} must be {', '.join(values[:-1])} or {values[-1]}, got {value!r}.")
 
 
 SWITCH_TEXT: dict[str, bool | str] = {"auto": "auto", "true": True, "false": False}
@@ -246,17 +257,12 @@ def switch_option(help: str, **spelling: Any) -> Any:
 
 
 def normalize_switch(name: str, value: bool | str | None) -> bool | str:
-    """A switch's three values, `True`, `False` or `"auto"`, from a bool, None (auto) or auto/true/false in any case.
+    """A switch's three values, `True`, `False` or `"auto"` (`normalize_choice` over `SWITCH_TEXT`).
 
     Raises:
         ValueError: any other value, naming the option.
     """
-    if value is None or isinstance(value, bool):
-        return "auto" if value is None else value
-    text = str(value).strip().lower()
-    if text in SWITCH_TEXT:
-        return SWITCH_TEXT[text]
-    raise ValueError(f"{name} must be True, False or 'auto', got {value!r}.")
+    return normalize_choice(name, value, SWITCH_TEXT)
 
 
 def document(cls: type) -> type:
@@ -269,21 +275,23 @@ def document(cls: type) -> type:
     return cls
 
 
-def route(values: Mapping[str, Any], *classes: type, own: Iterable[str] = (), what: str = "argument") -> list[dict]:
-    """Split keyword arguments by the options class that declares each: one dict per class, in order.
+def route(
+    values: Mapping[str, Any], *classes: type, own: Iterable[str] = (), what: str = "argument"
+) -> dict[type, dict[str, Any]]:
+    """Split keyword arguments by the options class that declares each: `{cls: {name: value}}`, every class a key
+    (an empty dict for one given nothing), read by class, never by position.
 
     Raises:
         TypeError: a name no class declares (and not in `own`), listing every accepted name.
     """
-    groups: list[dict[str, Any]] = [{} for _ in classes]
+    groups: dict[type, dict[str, Any]] = {cls: {} for cls in classes}
     unknown = []
     for key, value in values.items():
-        for group, cls in zip(groups, classes):
-            if key in names(cls):
-                group[key] = value
-                break
-        else:
+        owner = next((cls for cls in classes if key in names(cls)), None)
+        if owner is None:
             unknown.append(key)
+        else:
+            groups[owner][key] = value
     if unknown:
         accepted = sorted({*own, *(n for cls in classes for n in names(cls))})
         raise TypeError(f"unexpected keyword {what}(s) {sorted(unknown)}; accepted: {accepted}")

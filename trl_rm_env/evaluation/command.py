@@ -23,6 +23,7 @@ from ..judges.judge_options import JudgeOptions, JudgeSource
 from ..options import changed
 from ..runtime.model_options import ScoringOptions
 from .data import EvalRequestError, load_sets
+from .tables import nan_to_none
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def _with_reward_model(request: EvalRequest, show: Callable[[str], Any]) -> Eval
             )
         rm_seconds = time.perf_counter() - start
     finally:
-        close_engine(scorer.engine)  # its memory free for the judge; two vLLM engines never left to exit handlers
+        scorer.engine.close()  # its memory free for the judge; two vLLM engines never left to exit handlers
     results["model"] = request.model
     results["format"] = data_format
     show(format_regression_results_table(results) if regression else format_results_table(results))
@@ -265,29 +266,10 @@ def _judge_sources(
                 results["cascade"] = cascade
                 sources[f"cascade (|margin| < {request.cascade_margin:g}: judge)"] = cascade
     finally:
-        close_engine(judge.engine)
+        judge.engine.close()
     show("")
     show(format_comparison_table(sources, agreements))
     if request.report:
         from .report import write_comparison_figure
 
         show(f"side-by-side figure written to {write_comparison_figure(sources, request.report)}")
-
-
-def close_engine(engine: Any) -> None:
-    """Stop an engine's vLLM processes now (engines that hold none have no `close`): a command that runs two engines
-    stops each when it is done, and leaves none to the exit handlers."""
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
-
-
-def nan_to_none(value: Any) -> Any:
-    """`value` with every NaN float replaced by None, in nested dicts and lists (strict JSON)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {k: nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [nan_to_none(v) for v in value]
-    return value

@@ -1,7 +1,9 @@
-"""Plain-text tables of evaluation results, as `trl-rm-env eval` prints them (the report rounds the same way)."""
+"""Plain-text tables of evaluation results, as `trl-rm-env eval` prints them (the report rounds the same way), and
+the results made strict JSON (`nan_to_none`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -114,3 +116,14 @@ def format_regression_results_table(results: Mapping[str, Any]) -> str:
     if results.get("ignored_attributes"):
         lines.append(f"not predicted by the model, ignored: {', '.join(results['ignored_attributes'])}")
     return "\n".join(lines)
+
+
+def nan_to_none(value: Any) -> Any:
+    """`value` with every NaN float replaced by None, in nested dicts and lists (strict JSON)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [nan_to_none(v) for v in value]
+    return value

@@ -9,6 +9,7 @@ from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.engines.contract import Generate, LabelLogprobs
 from .mode_base import JudgeMode
 from .verdicts import distribution
 
@@ -56,9 +57,11 @@ class Asked:
     unparsed_text: str = ""
 
 
-def ask_verdicts(mode: JudgeMode, judge: Any, judgements: Sequence[Judgement]) -> Generator[tuple, Any, Asked]:
-    """Each judgement's verdict, yielding the engine's requests and receiving their answers: `("logprobs",
-    prompts)`, or `("generate", prompts, temperature, seeds)` (an answer None: its request failed, not asked again).
+def ask_verdicts(
+    mode: JudgeMode, judge: Any, judgements: Sequence[Judgement]
+) -> Generator[LabelLogprobs | Generate, Any, Asked]:
+    """Each judgement's verdict, yielding the engine's requests and receiving their answers: `LabelLogprobs`, or
+    `Generate` (an answer None: its request failed, not asked again).
     An unreadable `generate` answer is asked again up to `parse_retries` times (at `temperature`, or 1.0 when it is
     0); a judgement that still has no verdict gets the mode's `failed_verdict`.
     """
@@ -69,7 +72,7 @@ def ask_verdicts(mode: JudgeMode, judge: Any, judgements: Sequence[Judgement]) -
     counts["num_retried"] = 0.0
     requests_failed: set[int] = set()
     if judge.scoring == "logprobs" and sendable:
-        answers = yield ("logprobs", [judgements[k].prompt for k in sendable])
+        answers = yield LabelLogprobs([judgements[k].prompt for k in sendable])
         for k, logprobs in zip(sendable, answers):
             verdicts[k], mass = from_logprobs(mode, judgements[k], logprobs)
             asked.masses.append(mass)
@@ -82,7 +85,7 @@ def ask_verdicts(mode: JudgeMode, judge: Any, judgements: Sequence[Judgement]) -
                 counts["num_retried"] += len(pending)
                 temperature = judge.temperature if judge.temperature > 0 else 1.0
             seeds = [attempt + SEED_STRIDE * judgements[k].copy for k in pending]
-            answers = yield ("generate", [judgements[k].prompt for k in pending], temperature, seeds)
+            answers = yield Generate([judgements[k].prompt for k in pending], temperature, seeds)
             for k, text in zip(pending, answers):
                 if text is None:
                     requests_failed.add(k)

@@ -28,19 +28,20 @@ from ..judges.judgements import (
     template_columns,
 )
 from ..judges.mode_base import EvalPair, JudgeMode, PairVerdicts
-from ..judges.remote import RemoteJudgeEngine, remote_judge_tokenizer
 from ..judges.verdicts import label_token_ids
 from ..options import build, names, route, spelled
+from ..runtime.engines.contract import Generate, LabelLogprobs
 from ..runtime.loading import load_engine, load_tokenizer
 from ..runtime.model_options import ModelOptions
 from ..runtime.plan import plan_model
+from ..serving.client.judge_engine import RemoteJudgeEngine, remote_judge_tokenizer
 from ..serving.client.remote_options import RemoteOptions, local_only
 from ..tokenization import encode_messages
 from .base import Ids, RewardCall, RewardFunction, RewardOptions, Samples
 from .local_or_remote import loaded_here
 from .pickling import PicklesByArguments, accelerator_type
 from .shaping import GroupShaping, LengthShaping
-from .whole_groups import GATHER, gather, own_group, processes, shared_values, whole_call
+from .whole_groups import Gather, gather, own_group, processes, shared_values, whole_call
 
 logger = logging.getLogger(__name__)
 
@@ -125,19 +126,18 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             scoring_options=scoring_options,
             **options_by_name,
         )  # what pickling sends (AsyncGRPO): `trl_rm_env.rewards.pickling`
-        judge_values, scoring_values, reward_values, remote_values, shaping_values, length_values = route(
-            options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS
-        )
-        self.shaping_options = GroupShaping(**shaping_values)
-        self.length_shaping_options = LengthShaping(**length_values)
-        self.options = judge = JudgeOptions.build(options, **judge_values)
+        given = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
+        self.shaping_options = GroupShaping(**given[GroupShaping])
+        self.length_shaping_options = LengthShaping(**given[LengthShaping])
+        self.options = judge = JudgeOptions.build(options, **given[JudgeOptions])
         if scoring_options is not None and type(scoring_options) is not ModelOptions:
             raise TypeError(
                 f"scoring_options must be a ModelOptions (how the judge model loads and runs), got "
                 f"{type(scoring_options).__name__}: a reward model's own options are no judge's"
             )
-        scoring = ModelOptions.build(scoring_options, **scoring_values)
-        reward = RewardOptions(**{"name": "judge", **reward_values})
+        scoring = ModelOptions.build(scoring_options, **given[ModelOptions])
+        reward = RewardOptions(**{"name": "judge", **given[RewardOptions]})
+        remote_values = given[RemoteOptions]
         self._check_template(judge)
         self.scoring_options = scoring
         if loaded_here(type(self).__name__, "judge", model, remote_url, remote_values, "judge"):
@@ -211,14 +211,14 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             TypeError: a name that is not a `JudgeOptions` or `RewardOptions` option (a `ModelOptions` or
                 `GroupShaping` one needs a new judge: it says how the model loads and runs, or shapes every reward).
         """
-        judge_values, reward_values = route(values, JudgeOptions, RewardOptions, what="option")
+        given = route(values, JudgeOptions, RewardOptions, what="option")
         self.engine  # noqa: B018 - an unpickled judge loads before it is shared
         other = object.__new__(type(self))  # shares the engine; pickles as a new judge with these options
         other.__dict__.update(self.__dict__)
         other._remember(**{**self._arguments, **values})
         other._configure(
-            JudgeOptions.build(self.options, **judge_values),
-            build(RewardOptions, self.reward_options, **reward_values),
+            JudgeOptions.build(self.options, **given[JudgeOptions]),
+            build(RewardOptions, self.reward_options, **given[RewardOptions]),
         )
         other._calls = self._calls  # one engine, one call at a time
         other._gather_group = None  # its exchanges its own: two judges must not take each other's
@@ -260,23 +260,22 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         stack.enter_context(full_weights(self.engine.model, self.engine.sharding))
         return stack
 
-    def _answer(self, request: tuple) -> Any:
-        """One engine call, `("logprobs", prompts)` or `("generate", prompts, temperature, seeds)`, or an exchange
-        between the processes (`whole_groups.GATHER`)."""
-        if request[0] == GATHER:
+    def _answer(self, request: LabelLogprobs | Generate | Gather) -> Any:
+        """One engine call (`LabelLogprobs`, `Generate`: the engine contract's), or an exchange between the processes
+        (`whole_groups.Gather`)."""
+        if isinstance(request, Gather):
             return gather(request, self._gather_group, self.is_async)
-        if request[0] == "logprobs":
-            return self.engine.label_logprobs(request[1], self.label_ids, self.labels)
-        _, prompts, temperature, seeds = request
+        if isinstance(request, LabelLogprobs):
+            return self.engine.label_logprobs(request.prompts, self.label_ids, self.labels)
         return self.engine.generate(
-            prompts, self.options.max_new_tokens, temperature, seeds, self.options.top_p,
+            request.prompts, self.options.max_new_tokens, request.temperature, request.seeds, self.options.top_p,
             keep_failures=self.mode.failed_verdict(self.options) is not None or self.masks_failures,
         )
 
     # ------------------------------------------------------------------ one call
     def _steps(
         self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
-    ) -> Generator[tuple, Any, JudgeCall]:
+    ) -> Generator[LabelLogprobs | Generate | Gather, Any, JudgeCall]:
         """The whole reward call, yielding engine requests (`_answer`) and receiving their answers."""
         world = processes(self.mode.compares, getattr(self.engine, "sharding", "none"))
         if world > 1 and self._gather_group is None:
@@ -358,7 +357,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         """
         return self._drive(self._items(contexts, shown, columns))
 
-    def _items(self, contexts, shown, columns) -> Generator[tuple, Any, JudgeVerdicts]:
+    def _items(self, contexts, shown, columns) -> Generator[LabelLogprobs | Generate, Any, JudgeVerdicts]:
         optional = self.mode.optional_columns(self.options)
         values = template_columns(self.columns, columns, len(contexts), self.name, optional)
         wrong = [i for i, item in enumerate(shown) if self.mode.shows is not None and len(item) != self.mode.shows]

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,6 +37,17 @@ how servers are reached (with `remote_url`), how a group's rewards are shaped (N
 length shaping), a reward bounded against a reference answer (PAR), and a multi-head model's heads aggregated."""
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """A reward-model call asking its scorer for `score_pairs` of `(contexts[i], completions[i])`: one reward each,
+    or every output of each (`every_output`: a multi-head model's heads); `progress` as `Scorer.score_pairs`."""
+
+    contexts: list[Any]
+    completions: list[Any]
+    progress: bool | None = None
+    every_output: bool = False
 
 
 class RewardModelEnvironment(PicklesByArguments, RewardFunction):
@@ -91,11 +103,9 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         self._remember(
             model=model, tokenizer=tokenizer, remote_url=remote_url, fsdp_shard=fsdp_shard, options=options, **options_by_name
         )  # what pickling sends (AsyncGRPO's spawned reward workers): `trl_rm_env.rewards.pickling`
-        scoring_values, reward_values, remote_values, shaping_values, length_values, bound_values, ensemble_values = (
-            route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
-        )
-        self.bound, self.ensemble = ReferenceBound(**bound_values), EnsembleOptions(**ensemble_values)
-        if self.bound.active and reward_values.get("normalization") == "checkpoint":
+        given = route(options_by_name, *OPTION_CLASSES, own=OWN_ARGUMENTS)
+        self.bound, self.ensemble = ReferenceBound(**given[ReferenceBound]), EnsembleOptions(**given[EnsembleOptions])
+        if self.bound.active and given[RewardOptions].get("normalization") == "checkpoint":
             raise ValueError(
                 "reference_column bounds the reward in (0, 1); normalization='checkpoint' applies the checkpoint's "
                 "statistics of raw scores, which mean nothing there: use 'running' or 'none'"
@@ -105,9 +115,10 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 "ensemble reads every head of a multi-head model loaded here, from one forward: not with remote_url "
                 "(servers return one reward per item) nor with reference_column"
             )
-        shaping, length_shaping = GroupShaping(**shaping_values), LengthShaping(**length_values)
-        scoring = ScoringOptions.build(options, **scoring_values)
-        reward = RewardOptions(**reward_values)  # bad values fail here, before anything loads
+        shaping, length_shaping = GroupShaping(**given[GroupShaping]), LengthShaping(**given[LengthShaping])
+        scoring = ScoringOptions.build(options, **given[ScoringOptions])
+        reward = RewardOptions(**given[RewardOptions])  # bad values fail here, before anything loads
+        remote_values = given[RemoteOptions]
         if loaded_here(type(self).__name__, "reward model", model, remote_url, remote_values, "score"):
             scorer, self.sharding = local_scorer(model, tokenizer, scoring, fsdp_shard)
             self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
@@ -251,11 +262,11 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         stack.enter_context(full_weights(self.model, self.sharding))
         return stack
 
-    def _answer(self, request: tuple) -> Any:
-        """`(contexts, completions, progress)` scored: a `ScoredPairs`, or an awaitable of one when servers score;
-        with a fourth item True, every output of each (`(N, num_labels)`: a multi-head model's heads)."""
-        contexts, completions, progress, *outputs = request
-        return self.scorer.score_pairs(contexts, completions, progress, every_output=bool(outputs and outputs[0]))
+    def _answer(self, request: ScoreRequest) -> Any:
+        """The request scored: a `ScoredPairs`, or an awaitable of one when servers score."""
+        return self.scorer.score_pairs(
+            request.contexts, request.completions, request.progress, every_output=request.every_output
+        )
 
     def score(self, conversations: Sequence[Any]) -> Any:
         """Raw RM scores (fp32 tensor, input order) of full conversations or `(context, completion)` pairs: output
@@ -263,16 +274,16 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         metrics, which make rewards (offline use and evaluation); a coroutine of them when servers score."""
         return self._drive(self._scoring(conversations))
 
-    def _scoring(self, conversations: Sequence[Any]) -> Generator[Any, Any, torch.Tensor]:
+    def _scoring(self, conversations: Sequence[Any]) -> Generator[ScoreRequest, Any, torch.Tensor]:
         contexts, completions = as_pairs(conversations)
         with self._nonfinite_named(range(len(contexts)), "conversations") as nonfinite:
-            scored = yield contexts, completions, None
+            scored = yield ScoreRequest(list(contexts), list(completions))
             nonfinite.extend(scored.nonfinite)
         return scored.scores
 
     def _steps(
         self, prompts: Samples, completions: Samples, completion_ids: Ids, kwargs: Mapping[str, Any]
-    ) -> Generator[Any, Any, list[float]]:
+    ) -> Generator[ScoreRequest, Any, list[float]]:
         empty, to_score, rewards = self._plan(prompts, completions)
         references = self.bound.references(completions, kwargs, self.name) if self.bound.active else None
         nonfinite: list[int] = []
@@ -288,7 +299,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
                 named += [first[k] for k in range(len(more_contexts))]
             heads = self.ensemble.ensemble is not None
             with self._nonfinite_named(named, "completions") as nonfinite:
-                scored = yield contexts, answers, bool(self.show_progress), heads
+                scored = yield ScoreRequest(contexts, answers, bool(self.show_progress), heads)
                 nonfinite.extend(scored.nonfinite)
             scores, outputs = scored.scores, scored.outputs
             if heads:  # every head from the one forward, aggregated

@@ -6,7 +6,7 @@ samples from every process (`whole_call`), each process judges its share of the 
 and the processes exchange their rewards (`shared_values`), every process returning its own samples' rewards as one
 process judging the whole batch would.
 
-The exchanges are requests of the call's generator (`GATHER`), answered by `gather`:
+The exchanges are requests of the call's generator (`Gather`), answered by `gather`:
 
 - over a gloo process group of the reward function's own (`own_group`, made once, on its first call, at the same
   point of every process's program), on the CPU: a served judge runs in TRL's event-loop thread, where the CUDA
@@ -30,8 +30,14 @@ import torch
 from ..distributed import rank, world_size
 from ..waiting import gather_objects
 
-GATHER = "gather"
-"""A request of a call's generator: `(GATHER, value, what)`, answered by every process's `value`, in rank order."""
+
+@dataclass(frozen=True)
+class Gather:
+    """A request of a call's generator: answered by every process's `value`, in rank order; `what` names the exchange
+    (in a timeout's message)."""
+
+    value: Any
+    what: str
 
 
 @dataclass
@@ -62,13 +68,12 @@ def own_group() -> Any:
     return torch.distributed.new_group(backend="gloo")
 
 
-def gather(request: tuple, group: Any, asynchronous: bool) -> Any:
-    """Answer a `GATHER` request: every process's value over `group`; an awaitable of them (run in a thread) for an
+def gather(request: Gather, group: Any, asynchronous: bool) -> Any:
+    """Answer a `Gather` request: every process's value over `group`; an awaitable of them (run in a thread) for an
     asynchronous call."""
-    _, value, what = request
     if asynchronous:
-        return asyncio.to_thread(gather_objects, value, what, group)
-    return gather_objects(value, what, group)
+        return asyncio.to_thread(gather_objects, request.value, request.what, group)
+    return gather_objects(request.value, request.what, group)
 
 
 def _raise_any(found: list[tuple[Any, str | None]], own: BaseException | None, what: str) -> None:
@@ -90,7 +95,7 @@ def whole_call(
     world: int,
     what: str,
     error: BaseException | None = None,
-) -> Generator[tuple, Any, WholeCall]:
+) -> Generator[Gather, Any, WholeCall]:
     """The call as a whole: every process's samples in rank order (this process's own when `world` is 1). `error`:
     this process's failure so far, carried through the exchange and raised on every process."""
     if world == 1:
@@ -98,7 +103,7 @@ def whole_call(
             raise error
         return WholeCall(list(prompts), list(completions), {c: list(v) for c, v in columns.items()}, to_score, empty)
     local = (list(prompts), list(completions), {c: list(v) for c, v in columns.items()}, to_score, empty)
-    found = yield (GATHER, (local, None if error is None else f"{type(error).__name__}: {error}"), what)
+    found = yield Gather((local, None if error is None else f"{type(error).__name__}: {error}"), what)
     _raise_any(found, error, what)
     call = WholeCall([], [], {c: [] for c in columns}, [], [], rank=rank(), world=world)
     for k, ((p, c, cols, scored, blank), _) in enumerate(found):
@@ -116,13 +121,13 @@ def whole_call(
 
 def shared_values(
     values: dict[int, float], world: int, what: str, error: BaseException | None = None
-) -> Generator[tuple, Any, dict[int, float]]:
+) -> Generator[Gather, Any, dict[int, float]]:
     """Every process's share of the rewards, merged (this process's own when `world` is 1); `error` as for
     `whole_call`."""
     if world == 1:
         if error is not None:
             raise error
         return values
-    found = yield (GATHER, (values, None if error is None else f"{type(error).__name__}: {error}"), what)
+    found = yield Gather((values, None if error is None else f"{type(error).__name__}: {error}"), what)
     _raise_any(found, error, what)
     return {i: value for share, _ in found for i, value in share.items()}

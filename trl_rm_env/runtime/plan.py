@@ -71,6 +71,8 @@ class ModelPlan:
         head: How a reward model's outputs become one reward (`trl_rm_env.heads.RewardHead`); None for a judge.
         engine: `"vllm"` or `"hf"`.
         why: Why that engine (logged once per process).
+        reason: The same as a code for code to test (`REASONS`): `"per_process"` when several processes each load a
+            copy on transformers (where one served vLLM engine would do).
     """
 
     model: str | None
@@ -81,6 +83,7 @@ class ModelPlan:
     head: RewardHead | None
     engine: str
     why: str
+    reason: str = ""
 
     @property
     def source(self) -> str:
@@ -94,10 +97,24 @@ def engine_specific(options: ModelOptions) -> dict[str, str]:
     return {f.name: spelling(f).engine for f in option_fields(ModelOptions) if spelling(f).engine and f.name in given}
 
 
+REASONS = ("asked", "hf_only", "hf_option", "no_vllm", "per_process", "device", "vllm")
+"""Why an engine was chosen, as `choose_engine`'s cases in order: asked for, a case only transformers serves, a
+transformers-only option, vLLM not installed, several processes, a device vLLM is not placed on, vLLM installed."""
+
+
 def choose_engine(
     options: ModelOptions, *, hf_only: str | None = None, what: str = "reward model"
 ) -> tuple[str, str]:
-    """`(engine, why)` for a model (`what`, for messages) given by path or Hub id: `"vllm"` or `"hf"`.
+    """`(engine, why)` for a model (`what`, for messages) given by path or Hub id: `"vllm"` or `"hf"`; see
+    `engine_choice`, which also says which case decided."""
+    engine, why, _ = engine_choice(options, hf_only=hf_only, what=what)
+    return engine, why
+
+
+def engine_choice(
+    options: ModelOptions, *, hf_only: str | None = None, what: str = "reward model"
+) -> tuple[str, str, str]:
+    """`(engine, why, reason)` for a model (`what`, for messages) given by path or Hub id: `"vllm"` or `"hf"`.
 
     `"vllm"` and `"hf"` are taken as asked. `"auto"` keeps transformers when the caller says only transformers can
     serve the case (`hf_only`: a model to shard with FSDP2, a model already loaded), when a transformers-only option
@@ -111,20 +128,22 @@ def choose_engine(
     """
     specific = engine_specific(options)
     if options.engine in ("vllm", "hf"):
-        engine, why = options.engine, "asked for"
+        engine, why, reason = options.engine, "asked for", "asked"
     elif hf_only:
-        engine, why = "hf", hf_only
+        engine, why, reason = "hf", hf_only, "hf_only"
     elif "hf" in specific.values():
         names = sorted(k for k, v in specific.items() if v == "hf")
-        engine, why = "hf", f"{', '.join(names)} are transformers loading arguments"
+        engine, why, reason = "hf", f"{', '.join(names)} are transformers loading arguments", "hf_option"
     elif not vllm_installed():
-        engine, why = "hf", "vLLM is not installed"
+        engine, why, reason = "hf", "vLLM is not installed", "no_vllm"
     elif launched():
-        engine, why = "hf", "several processes run (each would start its own vLLM: serve it once and use remote_url)"
+        engine, reason = "hf", "per_process"
+        why = "several processes run (each would start its own vLLM: serve it once and use remote_url)"
     elif options.device is not None and not _vllm_runs_on(options.device):
-        engine, why = "hf", f"device {options.device} is not one vLLM can be placed on ({vllm_device()})"
+        engine, reason = "hf", "device"
+        why = f"device {options.device} is not one vLLM can be placed on ({vllm_device()})"
     else:
-        engine, why = "vllm", "vLLM is installed"
+        engine, why, reason = "vllm", "vLLM is installed", "vllm"
     if engine == "vllm" and hf_only:
         raise ValueError(f"engine='vllm' cannot serve this {what}: {hf_only}")
     if engine == "vllm" and options.device is not None and vllm_installed() and not _vllm_runs_on(options.device):
@@ -135,14 +154,14 @@ def choose_engine(
     wrong = sorted(name for name, owner in specific.items() if owner != engine)
     if wrong:
         owner = specific[wrong[0]]
-        fix = "install vLLM, or drop it" if why == "vLLM is not installed" else "drop it"
+        fix = "install vLLM, or drop it" if reason == "no_vllm" else "drop it"
         if options.engine != "auto":
             fix += f", or set engine='{owner}'"
         raise ValueError(
             f"{spelled(ModelOptions, wrong)} applies to engine='{owner}', but this {what} scores on "
             f"{'vLLM' if engine == 'vllm' else 'transformers'} ({why}): {fix}"
         )
-    return engine, why
+    return engine, why, reason
 
 
 def _vllm_runs_on(device: str | torch.device) -> bool:
@@ -237,7 +256,7 @@ def plan_model(
         hf_only = hf_only(plan)
     if loaded is not None:
         hf_only = hf_only or "the model is already loaded in this process"
-    engine, why = choose_engine(options, hf_only=hf_only, what=_what(kind))
-    if kind == "judge" and engine == "hf" and why.startswith("several processes"):
+    engine, why, reason = engine_choice(options, hf_only=hf_only, what=_what(kind))
+    if kind == "judge" and reason == "per_process":
         logger.warning("The judge is loaded on transformers in each of the processes (a copy per process): %s", why)
-    return dataclasses.replace(plan, engine=engine, why=why)
+    return dataclasses.replace(plan, engine=engine, why=why, reason=reason)

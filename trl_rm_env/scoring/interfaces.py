@@ -2,9 +2,10 @@
 
 Two backends implement it: `RewardScorer` (local: the chat template, truncation and fallbacks here, the forward
 passes by an engine of `trl_rm_env.runtime.engines`, `VLLMEngine` or `HFEngine`) and `RemoteScorer`
-(`trl_rm_env.serving.client`: servers that score over HTTP). A new local engine is one module with an `outputs()` as
-`HFEngine`'s and `VLLMEngine`'s (and a judge's `label_logprobs` and `generate`), handed to `RewardScorer(engine=...)`;
-a new remote dialect is one entry of `trl_rm_env.serving.dialects`.
+(`trl_rm_env.serving.client`: servers that score over HTTP). A new local engine is one module answering the engine
+contract (`trl_rm_env.runtime.engines.contract`: `outputs()` for a reward model, `label_logprobs` and `generate` for a
+judge, `close`), handed to `RewardScorer(engine=...)`; a new remote dialect is one entry of
+`trl_rm_env.serving.dialects`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from ..runtime.engines.contract import RewardModelEngine as Engine  # noqa: F401 - the scorer's engine, one contract
 
 
 @dataclass
@@ -71,22 +74,3 @@ class Scorer(Protocol):
         self, contexts: Sequence[Any], completions: Sequence[Any], progress: bool | None = None, *,
         every_output: bool = False,
     ) -> ScoredPairs | Awaitable[ScoredPairs]: ...
-
-
-class Engine(Protocol):
-    """What runs a local reward model's forward passes for `RewardScorer`: token ids in, `(N, num_labels)` fp32
-    outputs out, in input order, each equal to running that sequence alone (fp32: within 1e-4). The scorer hands it
-    each item's context length (`context_lengths`; None for token ids that came without them): an engine that shares
-    contexts uses them, or finds shared prefixes in the ids, and one that does not ignores them.
-
-    Optional members, read when present, for logs and placement: `prefix_sharing` (the sharing that runs) and
-    `device` (`HFEngine` has both).
-    """
-
-    name: str
-    num_labels: int
-
-    def outputs(
-        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int] | None = None,
-        progress: bool | None = None,
-    ) -> torch.Tensor: ...

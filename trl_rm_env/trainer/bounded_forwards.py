@@ -21,12 +21,32 @@ from .token_budget import training_token_budget
 
 logger = logging.getLogger(__name__)
 
+SCORES_OUT = "scores_out"
+"""The input key of a forward's `ScoresOut`: transformers' `training_step` returns only the loss, so what
+`compute_loss` scored comes back through the object handed in with the inputs."""
+
+
+class ScoresOut:
+    """Where `compute_loss` leaves what its forwards scored: `(detached scores, real tokens)` per forward, in order.
+    Made by the caller of `training_step` (or `compute_loss`) for that call and handed in its inputs under
+    `SCORES_OUT`; nothing of it stays on the trainer. (Not a list: transformers' `_prepare_inputs` copies lists.)"""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[torch.Tensor, object]] = []
+
+    def add(self, scores: torch.Tensor, token_count: object) -> None:
+        self.parts.append((scores.detach(), token_count))
+
+    def joined(self, count: int | None = None) -> tuple[torch.Tensor, object]:
+        """The scores of the first `count` forwards (all: None), concatenated, and their tokens summed."""
+        parts = self.parts[:count]
+        return torch.cat([s for s, _ in parts]), sum(t for _, t in parts)
+
 
 class BoundedForwardsMixin:
-    """`pack_max_tokens` for a `RewardTrainer` subclass whose `compute_loss` takes a chunk's `loss_weight` and stores
-    `(scores, token count)` in `_chunk_outputs`, and which records a step's metrics with `_log_train_metrics`."""
-
-    _chunk_outputs: list | None = None
+    """`pack_max_tokens` for a `RewardTrainer` subclass whose `compute_loss` takes a chunk's `loss_weight` and leaves
+    `(scores, token count)` in the `ScoresOut` of its inputs, and which records a step's metrics with
+    `_log_train_metrics`."""
 
     def _check_forward_budget(self, user_collator) -> int | None:
         """The most tokens one training forward takes (`pack_max_tokens`), for the packed and KV layouts (the block-mask
@@ -103,26 +123,29 @@ class BoundedForwardsMixin:
             with self.accelerator.no_sync(model):
                 yield
 
+    def _run_forwards(self, model, chunks: list[dict], extras: list[dict], real: int, num_items_in_batch,
+                      drop: tuple[str, ...] = ("chunks",)):
+        """One step's forwards and backwards: transformers' `training_step` on each chunk (its keys in `drop` left
+        out, `extras[i]` added: a chunk's loss weighting), all but the last only accumulating gradients, each in the
+        layout's attention. `(summed loss, the first `real` chunks' scores, their tokens)`: the one chunk loop of
+        bounded forwards and window packing."""
+        out, loss = ScoresOut(), 0.0
+        for i, (chunk, extra) in enumerate(zip(chunks, extras)):
+            with contextlib.nullcontext() if i == len(chunks) - 1 else self._accumulating(model):
+                chunk = {k: v for k, v in chunk.items() if k not in drop}
+                with self._layout.attention(model):
+                    loss = loss + super().training_step(model, {**chunk, **extra, SCORES_OUT: out},
+                                                        num_items_in_batch)
+        scores, token_count = out.joined(real)
+        return loss, scores, token_count
+
     def _chunked_training_step(self, model, inputs, num_items_in_batch):
         # The pair share is the global one, as in `compute_loss` (each process's gradients are averaged); a repeated
-        # chunk weighs 0.
+        # chunk weighs 0. Metrics once, over the whole batch, from each real chunk's detached scores and token count.
         chunks, real, pairs, total = self._forwards(inputs)
         weights = [n / total if total else 0.0 for n in pairs] + [0.0] * (len(chunks) - real)
-        self._chunk_outputs = []
-        loss = 0.0
-        try:
-            for i, (chunk, weight) in enumerate(zip(chunks, weights)):
-                with contextlib.nullcontext() if i == len(chunks) - 1 else self._accumulating(model):
-                    chunk = {k: v for k, v in chunk.items() if k != "chunks"}
-                    with self._layout.attention(model):
-                        loss = loss + super().training_step(model, {**chunk, "loss_weight": weight},
-                                                            num_items_in_batch)
-            # Metrics once, over the whole batch, from each real chunk's detached scores and token count.
-            outputs = self._chunk_outputs[:real]
-            scores = torch.cat([s for s, _ in outputs])
-            token_count = sum(t for _, t in outputs)
-        finally:
-            self._chunk_outputs = None
+        extras = [{"loss_weight": weight} for weight in weights]
+        loss, scores, token_count = self._run_forwards(model, chunks, extras, real, num_items_in_batch)
         ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
         if "score_order" in inputs:  # chunks of TRL pairs: every chosen, then every rejected
             scores = scores[inputs["score_order"].to(scores.device)]

@@ -200,8 +200,8 @@ def evaluate_genrm(model: str, tokenizer: Any, eval_sets: dict, training_args: A
     (greedy, no retries: a verdict it cannot write is a failed one); the table printed and the results added to
     `output_dir/genrm_eval.json` under `when`. One process only (`evaluate_judge`'s group calls would wait for the
     others): the recipe calls it before the process group exists in a one-process launch, or after it has ended."""
-    from ..evaluation.command import close_engine, nan_to_none
     from ..evaluation.judge import evaluate_judge, format_comparison_table
+    from ..evaluation.tables import nan_to_none
     from ..rewards.judge import JudgeEnvironment
 
     judge = JudgeEnvironment(
@@ -211,7 +211,7 @@ def evaluate_genrm(model: str, tokenizer: Any, eval_sets: dict, training_args: A
     try:
         results, _ = evaluate_judge(judge, eval_sets)
     finally:
-        close_engine(judge.engine)
+        judge.engine.close()
     print(f"\nGenRM on the held-out sets ({when}):")
     print(format_comparison_table({f"judge (genrm, {when})": results}, {}))
     out = os.path.join(training_args.output_dir, "genrm_eval.json")

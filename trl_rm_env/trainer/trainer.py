@@ -48,7 +48,7 @@ from ..metrics import record_statistics, summarize_statistics
 from ..sharing import training_layout
 from ..sharing.layouts import KV_CACHE, PLAIN, Layout
 from ..sharing.model_support import packs_fast
-from .bounded_forwards import BoundedForwardsMixin
+from .bounded_forwards import SCORES_OUT, BoundedForwardsMixin, ScoresOut
 from .checkpoints import AtomicCheckpointMixin
 from .classifier import ensemble_model, one_label_view
 from .collator import DataCollatorForRankedPreference
@@ -113,7 +113,6 @@ class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForw
         self._full_evaluation: tuple[int, dict[str, float], bool] | None = None  # (step, metrics, silent)
         self._pending_total_time: tuple[str, float, str] | None = None  # (key, start time, last set's prefix)
         self._silent_logs = False
-        self._predicted_scores: torch.Tensor | None = None  # one evaluation batch's, from compute_loss to prediction_step
         user_collator = data_collator
         self._heads = args.ensemble_heads
         self._eval_head_stats: list[torch.Tensor] = []
@@ -202,9 +201,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForw
 
     # ------------------------------------------------------------------ loss
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        loss, scores, outputs = self._loss_and_scores(model, inputs)
-        if not self.model.training:  # handed to `prediction_step`, which called this (through a subclass's override,
-            self._predicted_scores = scores  # as transformers' own calls it) and takes them at once
+        """TRL's loss of a batch (our ranked loss); the scores go to the `ScoresOut` its caller put in `inputs`
+        (`SCORES_OUT`: a step's chunk loop, `prediction_step`), if any."""
+        loss, _, outputs = self._loss_and_scores(model, inputs)
         return (loss, outputs) if return_outputs else loss
 
     def _loss_and_scores(self, model, inputs) -> tuple[torch.Tensor, torch.Tensor, object]:
@@ -217,6 +216,7 @@ class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForw
         loss_weight = inputs.pop("loss_weight", None)  # a chunk of a bounded step (`_chunked_training_step`)
         record_weight = inputs.pop("record_weight", None)  # a forward of an accumulation window: each pair's weight
         score_order = inputs.pop("score_order", None)
+        scores_out = inputs.pop(SCORES_OUT, None)  # the caller's `ScoresOut`: where this batch's scores go
         bootstrap = inputs.pop("bootstrap_weights", None)  # `ensemble_heads`: (B, K)
         inputs.pop("context_length", None)
         scores, outputs, token_count = self._layout_scores(model, inputs)
@@ -236,8 +236,9 @@ class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForw
                 scores, ranks, record_index, margin, self.args.center_rewards_coefficient
             )
             loss = pairwise.loss
+        if scores_out is not None:
+            scores_out.add(scores, token_count)
         if mode == "train" and (loss_weight is not None or record_weight is not None):  # a chunk; metrics per step
-            self._chunk_outputs.append((scores.detach(), token_count))
             if record_weight is not None:  # each pair by its micro-batch's weight (`trl_rm_env.trainer.windows`)
                 loss = weighted_pair_loss(pairwise, scores, record_index, record_weight,
                                           self.args.center_rewards_coefficient)
@@ -331,12 +332,14 @@ class RankedRewardTrainer(AtomicCheckpointMixin, WindowPackingMixin, BoundedForw
         and `(B, N)` ranks (-100 where a record has fewer than N completions)."""
         inputs = self._prepare_inputs(inputs)
         ranks, record_index = inputs.get("ranks"), inputs.get("record_index")
+        out = ScoresOut()
         with torch.no_grad(), self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs)  # a subclass's own compute_loss runs in evaluation too
+            # a subclass's own compute_loss runs in evaluation too; the scores come back in `out`
+            loss = self.compute_loss(model, {**inputs, SCORES_OUT: out})
         loss = loss.detach()
-        scores, self._predicted_scores = self._predicted_scores, None
         if prediction_loss_only:
             return loss, None, None
+        scores, _ = out.joined()
         if ranks is None:  # TRL's layout, TRL's shapes
             return loss, scores[:, None], ()
         num_records = int(record_index.max().item()) + 1

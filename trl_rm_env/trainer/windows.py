@@ -28,7 +28,6 @@ from the data loader's workers to the main process (once per window).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -76,7 +75,7 @@ def weighted_pair_loss(pairwise: PairwiseOutput, scores: torch.Tensor, record_in
 
 
 class WindowPackingMixin:
-    """`window_packing` for `RankedRewardTrainer`, on `BoundedForwardsMixin`'s `_accumulating`, `_chunk_outputs` and
+    """`window_packing` for `RankedRewardTrainer`, on `BoundedForwardsMixin`'s chunk loop (`_run_forwards`) and
     `_log_train_metrics`; `compute_loss` takes a chunk's `record_weight`."""
 
     _window_packing: bool = False
@@ -166,25 +165,16 @@ class WindowPackingMixin:
             chunks += [chunks[-1]] * (int(gathered[:, 0].max()) - len(chunks))
             global_pairs = gathered[:, 1:].sum(0)
         record_weight = (processes / global_pairs.double())[record_micro]  # (B,): each pair's weight by its record
-        self._chunk_outputs = []
-        loss, first = 0.0, 0
-        try:
-            for i, chunk in enumerate(chunks):
-                count = int(chunk["record_index"].max()) + 1
-                if i < real:
-                    weight, first = record_weight[first:first + count], first + count
-                else:  # a repeat: as many forwards as the other processes, adding nothing
-                    weight = torch.zeros(count, dtype=torch.float64)
-                with contextlib.nullcontext() if i == len(chunks) - 1 else self._accumulating(model):
-                    chunk = {k: v for k, v in chunk.items() if k not in ("chunks", WINDOW_RECORDS)}
-                    with self._layout.attention(model):
-                        loss = loss + super().training_step(model, {**chunk, "record_weight": weight},
-                                                            num_items_in_batch)
-            outputs = self._chunk_outputs[:real]
-            scores = torch.cat([s for s, _ in outputs])
-            token_count = sum(t for _, t in outputs)
-        finally:
-            self._chunk_outputs = None
+        extras, first = [], 0
+        for i, chunk in enumerate(chunks):
+            count = int(chunk["record_index"].max()) + 1
+            if i < real:
+                weight, first = record_weight[first:first + count], first + count
+            else:  # a repeat: as many forwards as the other processes, adding nothing
+                weight = torch.zeros(count, dtype=torch.float64)
+            extras.append({"record_weight": weight})
+        loss, scores, token_count = self._run_forwards(model, chunks, extras, real, num_items_in_batch,
+                                                       drop=("chunks", WINDOW_RECORDS))
         self._log_window_metrics(scores, inputs, record_micro, len(sizes), token_count)
         return loss
 

@@ -1,13 +1,14 @@
 """The engines: what runs any model we use for rewards, one per backend, each running both kinds of model (a reward
 model scored: `outputs`; a judge asked: `label_logprobs`, `generate`), on token ids already rendered.
 
+- `contract.py`: what every engine answers (`Engine`, `RewardModelEngine`, `JudgeEngine`), declared once;
 - `transformers_engine.py`: `HFEngine`, the model loaded with transformers in this process (the exact reference);
 - `vllm_engine.py`: `VLLMEngine`, vLLM in this process (pooling runner for a reward model, generate for a judge).
 
 `trl_rm_env.runtime.loading.load_engine(plan, tokenizer)` builds the engine of a plan, with the vLLM-to-transformers
 fallback and the weights' sharding under ZeRO-3 or FSDP2, for both kinds. Their users are thin: the reward model's
 `RewardScorer` (`trl_rm_env.scoring`) and the judge (`trl_rm_env.rewards.judge`). A judge behind servers is
-`trl_rm_env.judges.remote.RemoteJudgeEngine`, a reward model behind servers `trl_rm_env.serving.RemoteScorer`.
+`trl_rm_env.serving.client.judge_engine.RemoteJudgeEngine`, a reward model behind servers `trl_rm_env.serving.RemoteScorer`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from ...lazy import lazy_exports
 
 _MODULES = {
+    ".contract": ("Engine", "JudgeEngine", "RewardModelEngine"),
     ".transformers_engine": ("HFEngine",),
     ".vllm_engine": ("VLLMEngine",),
 }

@@ -74,6 +74,9 @@ class HFEngine:
     def num_labels(self) -> int:
         return self.model.config.num_labels
 
+    def close(self) -> None:
+        """Nothing to stop: the model is this process's, freed with the engine (the `Engine` contract's `close`)."""
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

@@ -2,7 +2,7 @@
 retries with exponential backoff, the API key, and one error that names the URL (`RemoteScoringError`).
 
 The reward-model client (`RemoteScorer`) and the judge's OpenAI-compatible client
-(`trl_rm_env.judges.remote.RemoteJudgeEngine`) post their requests through a `ServerPool`.
+(`trl_rm_env.serving.client.judge_engine.RemoteJudgeEngine`) post their requests through a `ServerPool`.
 """
 
 from __future__ import annotations

@@ -144,9 +144,9 @@ class RemoteScorer:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
-        remote_values, scoring_values = route(values, RemoteOptions, ScoringOptions, what="option")
-        options = build(RemoteOptions, options, **remote_values)
-        scoring = ScoringOptions.build(scoring, **scoring_values)
+        given = route(values, RemoteOptions, ScoringOptions, what="option")
+        options = build(RemoteOptions, options, **given[RemoteOptions])
+        scoring = ScoringOptions.build(scoring, **given[ScoringOptions])
         local = local_only(scoring)
         if local:
             raise ValueError(

@@ -1,6 +1,7 @@
 """A judge behind OpenAI-compatible servers (`trl-rm-env serve --engine vllm --model JUDGE`, `vllm serve`, SGLang,
-TGI, a hosted API): `RemoteJudgeEngine`, through the pool every client of ours uses (`trl_rm_env.serving.client.pool`: URLs
-round-robin, retries with backoff, a concurrency limit, timeouts, the API key).
+TGI, a hosted API): `RemoteJudgeEngine`, beside the reward model's `RemoteScorer` in the one package that talks to
+servers, through the pool every client of ours uses (`pool.py`: URLs round-robin, retries with backoff, a concurrency
+limit, timeouts, the API key).
 
 Two ways to send a judgement (`remote_input`):
 
@@ -19,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..serving.client.pool import RemoteScoringError, ServerPool
-from ..serving.client.remote_options import RemoteOptions
-from ..serving.client.tokenizer import client_tokenizer
-from ..serving.dialects import api_key_from_env
+from ..dialects import api_key_from_env
+from .pool import RemoteScoringError, ServerPool
+from .remote_options import RemoteOptions
+from .tokenizer import client_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class RemoteJudgeEngine:
 
     name = "remote"
     is_async = True
+    sharding = "none"  # the servers hold the weights
 
     def __init__(
         self,
@@ -82,6 +84,9 @@ class RemoteJudgeEngine:
         self.pool = ServerPool(self.urls, options, api_key, "judge server")
         self.max_length = max_length  # tokens: checked here; None: the server refuses an over-long prompt itself
         self.template_kwargs = dict(template_kwargs or {})
+
+    def close(self) -> None:
+        """Nothing to stop: each call opens and closes its own connections (the `Engine` contract's `close`)."""
 
     def _chunks(self, prompts: Sequence[Any]) -> list[list[Any]]:
         """The prompts of one request each: token ids go `PROMPTS_PER_REQUEST` at a time (OpenAI's completions take a
