@@ -213,6 +213,7 @@ class RecordingBase:
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.forwards.append((inputs["name"], inputs["record_weight"].tolist(), not self.accelerator.unsynced))
+        self.handed.append((set(inputs), num_items_in_batch))
         inputs[SCORES_OUT].add(inputs["scores"], inputs["tokens"])
         return torch.tensor(1.0)
 
@@ -224,7 +225,7 @@ class FakeTrainer(WindowPackingMixin, BoundedForwardsMixin, RecordingBase):
         self.accelerator = accelerator
         self.args = SimpleNamespace(device=torch.device("cpu"), center_rewards_coefficient=None)
         self._layout = SimpleNamespace(attention=lambda model: contextlib.nullcontext())
-        self.forwards, self.logged = [], []
+        self.forwards, self.logged, self.handed = [], [], []
 
     def _log_train_metrics(self, scores, pairwise, record_index, token_count):
         self.logged.append((scores.tolist(), record_index.tolist(), pairwise.better.numel(), token_count))
@@ -257,6 +258,17 @@ def test_two_processes_weigh_each_pair_by_its_micro_batchs_pairs_over_both():
     assert not any(isinstance(v, ScoresOut) for v in vars(trainer).values())  # nothing handed over on the trainer
     # A slot is no forward at all.
     assert trainer._window_training_step("model", {WINDOW_SLOT: 0}, None).item() == 0.0 and len(trainer.forwards) == 3
+
+
+def test_a_window_of_one_forward_hands_transformers_a_batch_and_its_item_count_only():
+    # No `chunks`: the window's batch is the one forward; its window keys stay with the window, and transformers'
+    # `num_items_in_batch` reaches the forward as the step got it.
+    trainer = FakeTrainer(FakeAccelerator(other=[1, 1, 1]))
+    window = {**chunk("w", [[0, 1], [1, 0]], 0.0, 5), WINDOW_RECORDS: torch.tensor([1, 1])}
+    trainer._window_training_step("model", window, 16)
+    ((keys, items),) = trainer.handed
+    assert items == 16
+    assert keys == {"name", "ranks", "record_index", "scores", "tokens", "record_weight", SCORES_OUT}
 
 
 def test_a_micro_batch_without_a_pair_is_refused_as_its_own_step_would_be():

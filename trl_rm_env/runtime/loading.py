@@ -18,6 +18,8 @@ from transformers import (
 
 from ..distributed import shard_if_requested
 from ..fused_kernels import use_fused_kernels
+from .engines.contract import Engine
+from .engines.registry import registered_engine
 from .engines.transformers_engine import HFEngine
 from .engines.vllm_engine import VLLMEngine
 from .plan import ModelPlan, default_device, engine_specific, load_dtype, log_engine_choice
@@ -60,7 +62,7 @@ def load_engine(
     shard: bool = False,
     fsdp_shard: bool | None = None,
     log: logging.Logger = logger,
-) -> HFEngine | VLLMEngine:
+) -> Engine:
     """The engine of a plan, a reward model's or a judge's (`plan.kind`): `VLLMEngine`, or `HFEngine` on the weights
     `load_weights` loads. Under `engine="auto"` with no vLLM option given, a vLLM that fails to start is a warning and
     transformers runs the model instead. A judge given loaded runs as it was given (not frozen or moved: it may be a
@@ -69,7 +71,12 @@ def load_engine(
     `shard`: hold the weights as the launch says, for a reward function called on every process (`zero3`: already
     partitioned by DeepSpeed as they loaded; `fsdp2`: sharded here under an FSDP2 launch, or with `fsdp_shard=True`;
     `distributed.shard_if_requested`), each call gathering them; the engine's `sharding` says which. `log`: the
-    caller's logger (the reward function's: its users filter on it)."""
+    caller's logger (the reward function's: its users filter on it). An engine registered by name
+    (`runtime.engines.registry`) is its builder's `build(plan, tokenizer)`, as it is."""
+    build = registered_engine(plan.engine)
+    if build is not None:
+        log_engine_choice(plan)
+        return build(plan, tokenizer)
     if plan.engine == "vllm":
         if plan.options.fused_kernels is True:
             raise ValueError("fused_kernels=True applies Liger Kernel's kernels to a model transformers runs, but the "

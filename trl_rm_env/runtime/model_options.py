@@ -34,6 +34,7 @@ from ..options import (
     switch_option,
 )
 from ..options import names as option_names
+from .engines.registry import check_engine
 
 PRECISIONS = {
     "auto": "auto",
@@ -188,7 +189,8 @@ class ModelOptions:
             object.__setattr__(self, name, value)
         refuse_renamed(self)
         # normalized above (a reward model's `overlap_encoding` by `ScoringOptions`), each bad value refused there
-        check_choices(self, skip=("prefix_sharing", "fused_kernels", "overlap_encoding"))
+        check_choices(self, skip=("prefix_sharing", "fused_kernels", "overlap_encoding", "engine"))
+        check_engine(self.engine)  # the built-in engines and any registered one (`runtime.engines.registry`)
         if self.vllm_gpu_memory_utilization is not None and not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         for name in ("batch_size", "max_tokens_per_batch", "max_length", "vllm_tensor_parallel_size"):

@@ -127,7 +127,7 @@ def engine_choice(
             with `engine="vllm"`, or a `device` vLLM does not run on with `engine="vllm"`.
     """
     specific = engine_specific(options)
-    if options.engine in ("vllm", "hf"):
+    if options.engine != "auto":  # vllm, hf or a registered engine (`runtime.engines.registry`)
         engine, why, reason = options.engine, "asked for", "asked"
     elif hf_only:
         engine, why, reason = "hf", hf_only, "hf_only"
@@ -159,9 +159,14 @@ def engine_choice(
             fix += f", or set engine='{owner}'"
         raise ValueError(
             f"{spelled(ModelOptions, wrong)} applies to engine='{owner}', but this {what} scores on "
-            f"{'vLLM' if engine == 'vllm' else 'transformers'} ({why}): {fix}"
+            f"{engine_label(engine)} ({why}): {fix}"
         )
     return engine, why, reason
+
+
+def engine_label(engine: str) -> str:
+    """An engine as messages name it: vLLM, transformers, or a registered engine's own name."""
+    return {"vllm": "vLLM", "hf": "transformers"}.get(engine, engine)
 
 
 def _vllm_runs_on(device: str | torch.device) -> bool:
@@ -175,7 +180,7 @@ def log_engine_choice(plan: ModelPlan) -> None:
     if (plan.kind, plan.engine, plan.why) not in _logged_choices:
         _logged_choices.add((plan.kind, plan.engine, plan.why))
         what = "Reward model scoring" if plan.kind == "reward" else "Judge"
-        logger.info("%s engine: %s (%s)", what, "vLLM" if plan.engine == "vllm" else "transformers", plan.why)
+        logger.info("%s engine: %s (%s)", what, engine_label(plan.engine), plan.why)
 
 
 def _what(kind: str | None) -> str:

@@ -2,6 +2,7 @@
 model scored: `outputs`; a judge asked: `label_logprobs`, `generate`), on token ids already rendered.
 
 - `contract.py`: what every engine answers (`Engine`, `RewardModelEngine`, `JudgeEngine`), declared once;
+- `registry.py`: engines by name (`register_engine`): a new engine is one module and its builder registered there;
 - `transformers_engine.py`: `HFEngine`, the model loaded with transformers in this process (the exact reference);
 - `vllm_engine.py`: `VLLMEngine`, vLLM in this process (pooling runner for a reward model, generate for a judge).
 
@@ -17,6 +18,7 @@ from ...lazy import lazy_exports
 
 _MODULES = {
     ".contract": ("Engine", "JudgeEngine", "RewardModelEngine"),
+    ".registry": ("engine_names", "register_engine", "unregister_engine"),
     ".transformers_engine": ("HFEngine",),
     ".vllm_engine": ("VLLMEngine",),
 }

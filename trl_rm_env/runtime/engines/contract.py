@@ -24,14 +24,17 @@ class Engine(Protocol):
     """Any engine.
 
     Attributes:
-        name: Its backend: `"hf"`, `"vllm"`, `"remote"`.
+        name: Its backend: `"hf"`, `"vllm"`, `"remote"`, or a registered engine's name (`registry.py`).
         is_async: Whether its calls return awaitables (servers) rather than results.
         sharding: How its weights are held across processes: `"none"`, `"zero3"` or `"fsdp2"`.
+        model: The `torch.nn.Module` it runs in this process, or None where it holds the weights itself (vLLM) or
+            servers do (for a remote judge: the model name sent to them).
     """
 
     name: str
     is_async: bool
     sharding: str
+    model: Any
 
     def close(self) -> None:
         """Release what the engine holds beyond its Python objects (vLLM's processes); idempotent."""
@@ -61,7 +64,15 @@ class RewardModelEngine(Engine, Protocol):
 
 
 class JudgeEngine(Engine, Protocol):
-    """What runs a judge: each prompt's log-probabilities of the verdict labels, and generation."""
+    """What runs a judge: each prompt's log-probabilities of the verdict labels, and generation. One in this process
+    also has `device` (where the judge runs).
+
+    Attributes:
+        max_length: The longest prompt plus answer it takes, in tokens (a longer judgement is over length, never
+            sent); None: unchecked here.
+    """
+
+    max_length: int | None
 
     def label_logprobs(self, prompts: Sequence[Any], label_ids: Sequence[int], labels: Sequence[str]) -> Any:
         """Per prompt, the log-probability of each label's token as the next token (an awaitable when `is_async`)."""
