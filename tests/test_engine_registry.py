@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trl_rm_env import JudgeEnvironment, RewardModelEnvironment
+from trl_rm_env.judges.judge_options import JudgeSource
 from trl_rm_env.runtime.engines import engine_names, register_engine, unregister_engine
 from trl_rm_env.runtime.engines.transformers_engine import HFEngine
 from trl_rm_env.runtime.loading import load_weights
@@ -104,6 +105,7 @@ def test_an_engine_is_an_option_value_once_registered_and_not_after(tiny_dir):
     try:
         assert engine_names() == ("auto", "vllm", "hf", "recording")
         assert ModelOptions(engine="recording").engine == "recording"
+        assert JudgeSource(judge="judge-dir", judge_engine="recording").judge_engine == "recording"  # eval's judge
         # an option that belongs to one engine is refused on another, the registered one named
         with pytest.raises(ValueError, match="applies to engine='vllm', but this reward model scores on recording"):
             RewardModelEnvironment(str(tiny_dir / "reward_model"), engine="recording", vllm_gpu_memory_utilization=0.5)
@@ -111,6 +113,8 @@ def test_an_engine_is_an_option_value_once_registered_and_not_after(tiny_dir):
         unregister_engine("recording")
     with pytest.raises(ValueError, match="engine must be one of"):
         ModelOptions(engine="recording")
+    with pytest.raises(ValueError, match=r"^judge_engine must be one of \['auto', 'vllm', 'hf'\], got 'recording'$"):
+        JudgeSource(judge="judge-dir", judge_engine="recording")
 
 
 @pytest.mark.parametrize(("name", "error"), [("auto", ValueError), ("hf", ValueError), ("vllm", ValueError),

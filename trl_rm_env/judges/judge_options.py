@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..options import ENGINES, build, changed, check_choices, document, option
+from ..runtime.engines.registry import check_engine
 from .builtin_modes import MODES
 from .genrm import AGGREGATORS, FAILED_JUDGEMENTS, PAIR_STRATEGIES, VERDICT_RANGES
 
@@ -259,7 +260,9 @@ class JudgeSource:
     def __post_init__(self) -> None:
         from ..runtime.model_options import json_object  # here: the command line reads this class without torch
 
-        check_choices(self)
+        check_choices(self, skip=("judge_engine",))
+        if self.judge_engine is not None:
+            check_engine(self.judge_engine, "judge_engine")  # as `ModelOptions.engine`: a registered engine too
         object.__setattr__(self, "judge_options", json_object(self.judge_options) or None)
 
     def arguments(

@@ -277,7 +277,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
     def _scoring(self, conversations: Sequence[Any]) -> Generator[ScoreRequest, Any, torch.Tensor]:
         contexts, completions = as_pairs(conversations)
         with self._nonfinite_named(range(len(contexts)), "conversations") as nonfinite:
-            scored = yield ScoreRequest(list(contexts), list(completions))
+            scored = yield ScoreRequest(contexts, completions)  # `as_pairs`' lists
             nonfinite.extend(scored.nonfinite)
         return scored.scores
 
