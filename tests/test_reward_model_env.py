@@ -246,7 +246,7 @@ def test_an_unpickled_reward_function_loads_only_for_its_own_attributes(tiny_dir
 def test_checkpoint_statistics_are_the_pair_saved_in_the_config():
     from types import SimpleNamespace
 
-    from trl_rm_env.rewards.reward_model_scorer import checkpoint_statistics
+    from trl_rm_env.rewards.reward_model import checkpoint_statistics
 
     assert checkpoint_statistics(SimpleNamespace(reward_mean=2, reward_std="4.5")) == (2.0, 4.5)
     assert checkpoint_statistics(SimpleNamespace(reward_mean=2.0)) is None  # both or neither
@@ -380,7 +380,7 @@ def test_the_local_scorer_reports_where_its_weights_are(tiny_rm, tiny_tokenizer,
     of 2)."""
     from types import SimpleNamespace
 
-    from trl_rm_env.rewards import reward_model_scorer
+    from trl_rm_env.rewards import backend, reward_model
     from trl_rm_env.runtime import plan
     from trl_rm_env.runtime.model_options import ScoringOptions
 
@@ -396,10 +396,9 @@ def test_the_local_scorer_reports_where_its_weights_are(tiny_rm, tiny_tokenizer,
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    with caplog.at_level(logging.WARNING, logger=reward_model_scorer.logger.name):
-        _, sharding = reward_model_scorer.local_scorer(tiny_rm, tiny_tokenizer, ScoringOptions(device="cpu"), None)
-    assert sharding == "none"
-    assert [r.getMessage() for r in caplog.records if r.name == reward_model_scorer.logger.name] == [
+    with caplog.at_level(logging.WARNING, logger=reward_model.logger.name):
+        assert RewardModelEnvironment(tiny_rm, tiny_tokenizer, device="cpu").sharding == "none"
+    assert [r.getMessage() for r in caplog.records if r.name == reward_model.logger.name] == [
         "The Accelerate config is DeepSpeed ZeRO-3 but the reward model is not partitioned: it was loaded before the "
         "training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig first, "
         "then RewardModelEnvironment (as recipes/grpo_rm.py does), to partition it."
@@ -408,11 +407,14 @@ def test_the_local_scorer_reports_where_its_weights_are(tiny_rm, tiny_tokenizer,
     # The scorer is loaded asking for its weights to be held as the launch says, and says how they are held (a
     # model an engine holds, vLLM's, is never sharded: tests/test_judge_engines.py, `load_engine`).
     asked = []
-    held = SimpleNamespace(engine=SimpleNamespace(sharding="fsdp2"))
-    monkeypatch.setattr(reward_model_scorer, "plan_model", lambda *args, **kwargs: "plan")
-    monkeypatch.setattr(reward_model_scorer, "load_scorer", lambda plan, tokenizer, **kw: asked.append(kw) or held)
-    assert reward_model_scorer.local_scorer("org/rm", None, ScoringOptions(), True) == (held, "fsdp2")
-    assert asked == [{"shard": True, "fsdp_shard": True, "log": reward_model_scorer.logger}]
+    engine = SimpleNamespace(sharding="fsdp2", name="hf", device=torch.device("cpu"))
+    held = SimpleNamespace(engine=engine, tokenizer=tiny_tokenizer, model=None, config=None, head=None)
+    monkeypatch.setattr(backend, "plan_model", lambda *args, **kwargs: "plan")
+    monkeypatch.setattr(backend, "load_tokenizer", lambda plan, tokenizer: tokenizer)
+    monkeypatch.setattr(backend, "load_scorer", lambda plan, tokenizer, **kw: asked.append(kw) or held)
+    got = backend.connect("reward", "RM", "org/rm", tiny_tokenizer, options=ScoringOptions(), fsdp_shard=True)
+    assert got.runs is held and got.sharding == "fsdp2" and got.engine == "hf"
+    assert asked == [{"shard": True, "fsdp_shard": True, "log": backend.logger}]
 
 
 def test_from_config_sends_the_blocks_model_and_tokenizer_to_servers(served_rm, tiny_rm, tiny_tokenizer, tiny_dir):

@@ -108,12 +108,12 @@ def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monke
     """A judge loaded in this process pickles the accelerator type of its engine's device (`cuda` for `cuda:0`):
     unpickled where there is none, it is rebuilt on the CPU and warned once naming it; one built on the CPU is
     rebuilt as given, without a warning."""
-    from trl_rm_env.rewards import judge as judge_module
+    from trl_rm_env.rewards import backend
 
-    real = judge_module.load_engine
-    monkeypatch.setattr(judge_module, "load_engine", lambda *args, **kwargs: reporting_cuda(real(*args, **kwargs)))
+    real = backend.load_engine
+    monkeypatch.setattr(backend, "load_engine", lambda *args, **kwargs: reporting_cuda(real(*args, **kwargs)))
     built_on_gpu = JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", name="gpu_judge")
-    monkeypatch.setattr(judge_module, "load_engine", real)
+    monkeypatch.setattr(backend, "load_engine", real)
     assert built_on_gpu.__getstate__()["built_on"] == "cuda"
     monkeypatch.setattr(pickling, "_available", lambda device_type: device_type == "cpu")
     monkeypatch.setattr(pickling, "_warned", set())
@@ -131,16 +131,16 @@ def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monke
 
 def test_a_local_reward_model_remembers_the_accelerator_it_was_built_on(tiny_dir, monkeypatch):
     """As for a judge: the accelerator type of the scoring engine's device (`cuda` for `cuda:0`) is what pickles."""
-    from trl_rm_env.rewards import reward_model as reward_model_module
+    from trl_rm_env.rewards import backend
 
-    real = reward_model_module.local_scorer
+    real = backend.load_scorer
 
-    def on_cuda(*args):
-        scorer, sharding = real(*args)
+    def on_cuda(*args, **kwargs):
+        scorer = real(*args, **kwargs)
         reporting_cuda(scorer.engine)
-        return scorer, sharding
+        return scorer
 
-    monkeypatch.setattr(reward_model_module, "local_scorer", on_cuda)
+    monkeypatch.setattr(backend, "load_scorer", on_cuda)
     assert RewardModelEnvironment(str(tiny_dir / "reward_model")).__getstate__()["built_on"] == "cuda"
 
 

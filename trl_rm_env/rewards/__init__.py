@@ -8,7 +8,6 @@
 - `reward_model.py`: `RewardModelEnvironment` (and `RemoteRewardModelEnvironment`), a reward model as the reward:
   renders each conversation with the RM's own chat template, scores in bounded micro-batches, left-truncates
   over-long contexts; scores equal one-at-a-time scoring with the plain model (fp32, within 1e-4);
-  `reward_model_scorer.py`: the scorer it holds, loaded here (sharded under ZeRO-3/FSDP2) or behind servers;
 - `attributes.py`: one reward per attribute of a regression RM, all from one forward
   (`RewardModelEnvironment.attribute_rewards`);
 - `nemo.py`: NeMo RL's `env.reward_model` and `grpo.reward_shaping` blocks read as arguments
@@ -25,7 +24,8 @@
 - `reward_sources.py`: a GRPO run's reward functions from its sources, and their weights (`RewardSources`);
 - `pickling.py`: `PicklesByArguments` (a reward function crosses to AsyncGRPO's spawned workers as the arguments it
   was built with);
-- `local_or_remote.py`: where a reward function's model runs, loaded here or behind servers (`loaded_here`).
+- `backend.py`: the one way a reward function reaches its model, a reward model or a judge, loaded here (sharded
+  under ZeRO-3/FSDP2) or behind servers (`connect`, returning a `Backend`).
 """
 
 from __future__ import annotations

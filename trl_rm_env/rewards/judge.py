@@ -29,17 +29,14 @@ from ..judges.judgements import (
 )
 from ..judges.mode_base import EvalPair, JudgeMode, PairVerdicts
 from ..judges.verdicts import label_token_ids
-from ..options import build, names, route, spelled
+from ..options import build, names, route
 from ..runtime.engines.contract import Generate, LabelLogprobs
-from ..runtime.loading import load_engine, load_tokenizer
 from ..runtime.model_options import ModelOptions
-from ..runtime.plan import plan_model
-from ..serving.client.judge_engine import RemoteJudgeEngine, remote_judge_tokenizer
-from ..serving.client.remote_options import RemoteOptions, local_only
+from ..serving.client.remote_options import RemoteOptions
 from ..tokenization import encode_messages
+from .backend import connect
 from .base import Ids, RewardCall, RewardFunction, RewardOptions, Samples
-from .local_or_remote import loaded_here
-from .pickling import PicklesByArguments, accelerator_type
+from .pickling import PicklesByArguments
 from .shaping import GroupShaping, LengthShaping
 from .whole_groups import Gather, gather, own_group, processes, shared_values, whole_call
 
@@ -137,46 +134,15 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             )
         scoring = ModelOptions.build(scoring_options, **given[ModelOptions])
         reward = RewardOptions(**{"name": "judge", **given[RewardOptions]})
-        remote_values = given[RemoteOptions]
         self._check_template(judge)
         self.scoring_options = scoring
-        if loaded_here(type(self).__name__, "judge", model, remote_url, remote_values, "judge"):
-            plan = plan_model(model, scoring, kind="judge")
-            self.tokenizer, self.tokens, self.remote_url = load_tokenizer(plan, tokenizer), True, None
-            self._labels_of(judge, reward.name)  # a verdict that is not one token fails before the model loads
-            self.engine = load_engine(plan, self.tokenizer, shard=True, log=logger)
-            self._built_on = accelerator_type(self.engine.device)
-        else:
-            remote = RemoteOptions(**remote_values)
-            if remote.remote_api != "pooling":
-                raise ValueError("remote_api is the dialect of reward-model servers; a judge speaks OpenAI's API")
-            self.tokenizer = remote_judge_tokenizer(tokenizer, model, remote.remote_input, reward.name)
-            self.tokens = self.tokenizer is not None and remote.remote_input != "messages"
-            # Rendered here (token ids): the prompt's length is known here, so over-long judgements are ours.
-            local = sorted(set(local_only(scoring)) - ({"overlength_reward"} if self.tokens else set()))
-            if local:
-                raise ValueError(
-                    f"{spelled(ModelOptions, local)}: applied by a judge loaded in this process, not by one behind "
-                    "servers; give them to the server or drop them"
-                )
-            self._labels_of(judge, reward.name)
-            self.engine = RemoteJudgeEngine(
-                remote_url,
-                model=model,
-                tokens=self.tokens,
-                options=remote,
-                max_length=scoring.max_length if self.tokens else None,
-                template_kwargs=scoring.template_kwargs,
-            )
-            self.remote_url = self.engine.bases
-            if not self.tokens:
-                logger.warning(
-                    "%s: judgements go to the server as messages, which it renders with its own chat template: "
-                    "special-token text in a completion is read there as control tokens (a policy could forge the "
-                    "judge's turns), and verdict log-probabilities come from its top 20. Give the judge's tokenizer "
-                    "to send token ids.",
-                    reward.name,
-                )
+        backend = connect(
+            "judge", type(self).__name__, model, tokenizer, options=scoring, remote_url=remote_url,
+            remote_values=given[RemoteOptions], name=reward.name, log=logger,
+            check_tokenizer=lambda tok: self._labels_of(judge, reward.name, tok),  # a verdict that is not one token
+        )
+        self.engine, self.tokenizer, self.tokens = backend.runs, backend.tokenizer, backend.tokens
+        self.remote_url, self._built_on = backend.remote_url, backend.built_on
         self._configure(judge, reward)
 
     def _check_template(self, judge: JudgeOptions) -> None:
@@ -193,7 +159,7 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         self.masks_failures = judge.failed_judgement == "masked"
         self.template_kwargs = scoring.template_kwargs
         self.overlength_reward = scoring.overlength_reward
-        self.labels, self.label_ids = self._labels_of(judge, reward.name)
+        self.labels, self.label_ids = self._labels_of(judge, reward.name, self.tokenizer)
         if self.tokens:
             self.mode.check_tokenizer(self.tokenizer, judge, self.template_kwargs)
         self._setup(
@@ -224,7 +190,8 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
         other._gather_group = None  # its exchanges its own: two judges must not take each other's
         return other
 
-    def _labels_of(self, judge: JudgeOptions, name: str) -> tuple[list[str], list[int] | None]:
+    @staticmethod
+    def _labels_of(judge: JudgeOptions, name: str, tokenizer: Any) -> tuple[list[str], list[int] | None]:
         """The verdict labels of the mode, and their token ids where they are read by id (`logprobs` with the
         judge's tokenizer).
 
@@ -232,9 +199,9 @@ class JudgeEnvironment(PicklesByArguments, RewardFunction):
             ValueError: a verdict that is not one token of the judge's tokenizer.
         """
         labels = mode_of(judge.mode).labels(judge)
-        if judge.scoring != "logprobs" or self.tokenizer is None:
+        if judge.scoring != "logprobs" or tokenizer is None:
             return labels, None
-        return labels, label_token_ids(self.tokenizer, labels, name)
+        return labels, label_token_ids(tokenizer, labels, name)
 
     @classmethod
     def argument_names(cls) -> set[str]:

@@ -19,12 +19,11 @@ from ..scoring.scorer import as_pairs
 from ..serving.client.remote_options import RemoteOptions
 from . import nemo
 from .attributes import AttributeReward, SharedOutputs
+from .backend import connect
 from .base import Ids, RewardFunction, RewardOptions, Samples
 from .ensemble import EnsembleOptions, aggregate, ensemble_metrics
-from .local_or_remote import loaded_here
-from .pickling import PicklesByArguments, accelerator_type
+from .pickling import PicklesByArguments
 from .reference_bound import ReferenceBound
-from .reward_model_scorer import checkpoint_statistics, local_scorer, remote_scorer
 from .shaping import GroupShaping, LengthShaping
 
 OWN_ARGUMENTS = ("model", "tokenizer", "remote_url", "fsdp_shard", "options")
@@ -37,6 +36,12 @@ how servers are reached (with `remote_url`), how a group's rewards are shaped (N
 length shaping), a reward bounded against a reference answer (PAR), and a multi-head model's heads aggregated."""
 
 logger = logging.getLogger(__name__)
+
+
+def checkpoint_statistics(config: Any) -> tuple[float, float] | None:
+    """The `(reward_mean, reward_std)` training saved into the model config (None: not saved, or no config here)."""
+    mean, std = getattr(config, "reward_mean", None), getattr(config, "reward_std", None)
+    return (float(mean), float(std)) if mean is not None and std is not None else None
 
 
 @dataclass(frozen=True)
@@ -118,37 +123,26 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         shaping, length_shaping = GroupShaping(**given[GroupShaping]), LengthShaping(**given[LengthShaping])
         scoring = ScoringOptions.build(options, **given[ScoringOptions])
         reward = RewardOptions(**given[RewardOptions])  # bad values fail here, before anything loads
-        remote_values = given[RemoteOptions]
-        if loaded_here(type(self).__name__, "reward model", model, remote_url, remote_values, "score"):
-            scorer, self.sharding = local_scorer(model, tokenizer, scoring, fsdp_shard)
-            self.model, self.tokenizer, self.engine = scorer.model, scorer.tokenizer, scorer.engine.name
-            self.remote_url, self._built_on = None, accelerator_type(scorer.engine.device)
-            statistics, attributes = checkpoint_statistics(scorer.config), scorer.head.attributes
-            if self.ensemble.ensemble is not None and scorer.config.num_labels < 2:
-                raise ValueError(
-                    f"ensemble aggregates the heads of a multi-head model; {scorer.config._name_or_path} has one output"
-                )
-            if self.ensemble.ensemble is None and scorer.head.ensemble > 1:
-                logger.info("%s is an ensemble of %d heads (ensemble_heads): its reward is their mean (ensemble='mean'; "
-                            "label_index=k reads head k alone).",
-                            scorer.config._name_or_path, scorer.head.ensemble)  # fmt: skip
-                self.ensemble = EnsembleOptions("mean")  # their metrics too (`ensemble_std`)
-        else:
-            if fsdp_shard:
-                raise ValueError("fsdp_shard shards a reward model loaded here; with remote_url a server holds it")
-            scorer = remote_scorer(remote_url, model, tokenizer, RemoteOptions(**remote_values), scoring, reward.name)
-            # The RM's tokenizer where conversations are rendered here (token ids, OpenRLHF text); None where the
-            # server renders them (messages), so nothing set on it here could change a reward.
-            self.model, self.tokenizer, self.engine = None, scorer.tokenizer if scorer.renders_here else None, "remote"
-            self.sharding, self.remote_url = "none", scorer.urls
-            statistics, attributes = None, ()
+        backend = connect("reward", type(self).__name__, model, tokenizer, options=scoring, remote_url=remote_url,
+                          remote_values=given[RemoteOptions], name=reward.name, fsdp_shard=fsdp_shard, log=logger)
+        scorer, head = backend.runs, backend.head
+        self.model, self.tokenizer, self.engine = backend.model, backend.tokenizer, backend.engine
+        self.sharding, self.remote_url, self._built_on = backend.sharding, backend.remote_url, backend.built_on
+        if self.ensemble.ensemble is not None and backend.config.num_labels < 2:  # (a loaded model: see above)
+            raise ValueError(
+                f"ensemble aggregates the heads of a multi-head model; {backend.config._name_or_path} has one output"
+            )
+        if self.ensemble.ensemble is None and head is not None and head.ensemble > 1:
+            logger.info("%s is an ensemble of %d heads (ensemble_heads): its reward is their mean (ensemble='mean'; "
+                        "label_index=k reads head k alone).", backend.config._name_or_path, head.ensemble)  # fmt: skip
+            self.ensemble = EnsembleOptions("mean")  # their metrics too (`ensemble_std`)
         self.show_progress = scoring.show_progress
         self._setup(
             scorer,
             reward,
             strip_reasoning=scoring.strip_reasoning,
-            checkpoint_stats=statistics,
-            attributes=attributes,
+            checkpoint_stats=checkpoint_statistics(backend.config),
+            attributes=head.attributes if head is not None else (),
             shaping=shaping,
             length_shaping=length_shaping,
         )
