@@ -282,3 +282,62 @@ def test_auto_shares_where_the_cost_model_says_and_stays_exact(
     with watch_passes(forced) as passes:
         torch.testing.assert_close(forced.score(prompts, completions), reference, atol=1e-4, rtol=0)
     assert passes.shared == list(range(6))
+
+
+# ---------------------------------------------------------------------------------------------------- decided once
+@pytest.mark.parametrize(
+    ("kind", "engine", "asked", "planned"),
+    [
+        ("reward", "hf", "auto", "auto"),
+        ("reward", "hf", "true", True),
+        ("reward", "hf", "packed", "packed"),
+        ("reward", "hf", False, False),
+        ("judge", "hf", True, False),  # a judge's prompts are its own: nothing shared on transformers
+        ("reward", "vllm", "auto", True),  # vLLM: its prefix caching, on unless prefix_sharing=False
+        ("judge", "vllm", "packed", True),
+        ("judge", "vllm", "false", False),
+        ("reward", "recording", "packed", "packed"),  # any other engine gets the mode as asked
+    ],
+)
+def test_the_plan_decides_the_sharing_asked_of_its_engine(kind, engine, asked, planned):
+    from trl_rm_env.runtime.model_options import ScoringOptions
+    from trl_rm_env.runtime.plan import planned_sharing
+
+    assert planned_sharing(kind, engine, ScoringOptions(prefix_sharing=asked)) == planned
+
+
+def test_the_engine_resolves_its_plans_sharing_once_and_every_call_reads_it(tiny_dir, monkeypatch):
+    """`plan_model` puts the mode in the plan, `load_engine` hands it to the engine, which resolves it against its
+    weights once (`scoring_sharing`); the calls read that object and resolve nothing again. On the CPU `True` and
+    `"auto"` run the KV layout, `"packed"` the packed one; `always` holds for `True` and `"packed"` only."""
+    from trl_rm_env.runtime.loading import load_engine, load_tokenizer
+    from trl_rm_env.runtime.plan import plan_model
+    from trl_rm_env.scoring.scorer import RewardScorer
+    from trl_rm_env.sharing import layouts, model_support
+    from trl_rm_env.tokenization import encode_conversation
+
+    resolved = []
+    real = model_support.scoring_mode
+    monkeypatch.setattr(layouts, "scoring_mode", lambda model, mode: resolved.append(mode) or real(model, mode))
+    monkeypatch.setattr(model_support, "forces_sharing", lambda mode: pytest.fail("re-resolved on a call"))
+    path = tiny_dir / "reward_model"
+    prompts, completions = grpo_groups(2, 8)
+    expected = {"auto": ("kv", False), True: ("kv", True), "packed": ("packed", True), False: ("plain", False)}
+    scores = {}
+    for asked, (layout, always) in expected.items():
+        resolved.clear()
+        plan = plan_model(str(path), prefix_sharing=asked, engine="hf", device="cpu")
+        assert plan.prefix_sharing == asked
+        tokenizer = load_tokenizer(plan)
+        engine = load_engine(plan, tokenizer)
+        assert (engine.sharing.layout.name, engine.sharing.always, engine.prefix_sharing) == (layout, always, asked)
+        scorer = RewardScorer(engine.model, tokenizer, plan.options, engine=engine, head=plan.head)
+        scores[asked] = [scorer.score(prompts, completions) for _ in range(3)]
+        assert resolved == ([] if asked is False else [asked])  # once, when the engine was built
+        with torch.no_grad():  # one forward of the plain model per conversation
+            reference = torch.tensor([
+                engine.model(input_ids=torch.tensor([encode_conversation(tokenizer, p, c)])).logits[0, 0].item()
+                for p, c in zip(prompts, completions)
+            ])
+        for got in scores[asked]:
+            torch.testing.assert_close(got, reference, atol=1e-4, rtol=0)

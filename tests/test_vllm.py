@@ -145,6 +145,9 @@ def test_environment_on_vllm_equals_environment_on_transformers(tiny_dir, vllm_s
     try:
         assert env.engine == "vllm" and env.model is None and env.sharding == "none"
         assert env.scorer.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
+        assert env.scorer.prefix_sharing is False  # what the engine reports is what vLLM runs
+        assert vllm_scorer.engine.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True
+        assert vllm_scorer.prefix_sharing is True  # vLLM's default: its prefix caching shares a group's prompt
         hf = RewardModelEnvironment(tiny_dir / "reward_model", engine="hf")
         assert hf.engine == "hf"
         torch.testing.assert_close(

@@ -207,10 +207,11 @@ PREFIX_SHARING_TEXT: dict[str, bool | str] = {"auto": "auto", "true": True, "fal
 """`prefix_sharing`'s values by their text (a command line's, a YAML file's)."""
 
 PrefixSharing = str | None
-"""`prefix_sharing` as every options class declares it (`ScoringOptions`, `RankedRewardConfig`: `prefix_sharing_option`):
-its text, `auto`, `true`, `false` or `packed` (what TRL's parser and a YAML file give; None: `auto`), or True/False
-from Python. A built options object holds it normalized (`normalize_prefix_sharing`): True, False, "auto" or
-"packed"; the layout that runs is resolved from it once (`trl_rm_env.sharing`)."""
+"""`prefix_sharing` as the training config declares it for TRL's parser (`RankedRewardConfig`, read by `TrlParser`,
+which would read `bool | str` as a bool): its text, `auto`, `true`, `false` or `packed` (None: `auto`), or True/False
+from Python; its `__post_init__` normalizes it (`normalize_prefix_sharing`) to what it then holds, True, False,
+"auto" or "packed". The scoring options (`ModelOptions`) declare that type, `bool | str`, with their text spelled for
+the command line (`Spelling.text`)."""
 
 
 def prefix_sharing_option(help: str, **spelling: Any) -> Any:

@@ -22,7 +22,7 @@ from .engines.contract import Engine
 from .engines.registry import registered_engine
 from .engines.transformers_engine import HFEngine
 from .engines.vllm_engine import VLLMEngine
-from .plan import ModelPlan, default_device, engine_specific, load_dtype, log_engine_choice
+from .plan import ModelPlan, default_device, engine_specific, load_dtype, log_engine_choice, planned_sharing
 
 logger = logging.getLogger(__name__)
 
@@ -89,13 +89,15 @@ def load_engine(
                 raise
             doing = "scoring" if plan.kind == "reward" else "judging"
             log.warning("vLLM could not start (%s: %s); %s with transformers instead.", type(err).__name__, err, doing)
-            plan = dataclasses.replace(plan, engine="hf", why="vLLM failed to start")
+            sharing = planned_sharing(plan.kind, "hf", plan.options)
+            plan = dataclasses.replace(plan, engine="hf", why="vLLM failed to start", prefix_sharing=sharing)
         else:
             log_engine_choice(plan)
             return engine
     log_engine_choice(plan)
     as_given = plan.kind == "judge" and plan.loaded is not None
-    engine = HFEngine(plan.loaded if as_given else load_weights(plan), tokenizer, plan.options, kind=plan.kind)
+    weights = plan.loaded if as_given else load_weights(plan)
+    engine = HFEngine(weights, tokenizer, plan.options, kind=plan.kind, prefix_sharing=plan.prefix_sharing)
     if shard:
         engine.sharding = shard_if_requested(engine.model, fsdp_shard, log)
     return engine

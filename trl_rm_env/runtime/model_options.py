@@ -19,7 +19,6 @@ from ..heads import parse_attribute_weights
 from ..options import (
     ENGINES,
     TRUNCATION,
-    PrefixSharing,
     build,
     changed,
     check_choices,
@@ -123,7 +122,7 @@ class ModelOptions:
         text=dict,
         remote=True,
     )
-    prefix_sharing: PrefixSharing = prefix_sharing_option(
+    prefix_sharing: bool | str = prefix_sharing_option(
         help="Score the completions that share a context (a GRPO group) against one encoding of it, exactly. "
         "`auto`: on a GPU, every group in one packed padding-free forward per micro-batch; on the CPU, against a KV "
         "cache where a cost model says it pays; `true`: every group; `packed`: the GPU's packed layout on any "

@@ -22,7 +22,7 @@ from ..heads import RewardHead, check_label_index, reward_head
 from ..model_source import check_model_source
 from ..options import changed, option_fields, spelled, spelling
 from .model_options import PRECISIONS, ModelOptions, ScoringOptions
-from .vllm import vllm_device, vllm_installed
+from .vllm import prefix_caching, vllm_device, vllm_installed
 
 logger = logging.getLogger(__name__)
 _logged_choices: set[tuple[str, str]] = set()
@@ -73,6 +73,10 @@ class ModelPlan:
         why: Why that engine (logged once per process).
         reason: The same as a code for code to test (`REASONS`): `"per_process"` when several processes each load a
             copy on transformers (where one served vLLM engine would do).
+        prefix_sharing: The prefix sharing asked of the engine, decided here once for the kind and the engine
+            (`planned_sharing`): a reward model's mode on transformers (`False`, `True`, `"auto"` or `"packed"`, which
+            the engine resolves against its weights once: `trl_rm_env.sharing.scoring_sharing`), `False` for a
+            judge there (its prompts are its own), and whether vLLM's prefix caching is on.
     """
 
     model: str | None
@@ -84,11 +88,20 @@ class ModelPlan:
     engine: str
     why: str
     reason: str = ""
+    prefix_sharing: bool | str = False
 
     @property
     def source(self) -> str:
         """Where the weights and the tokenizer come from: the path or Hub id, or the loaded model's own."""
         return self.model if self.model is not None else str(self.loaded.config._name_or_path)
+
+
+def planned_sharing(kind: str, engine: str, options: ModelOptions) -> bool | str:
+    """`ModelPlan.prefix_sharing`: on vLLM, whether its prefix caching is on (unless `prefix_sharing=False`, for
+    either kind); on any other engine, a reward model's `prefix_sharing` mode, and nothing for a judge."""
+    if engine == "vllm":
+        return prefix_caching(options)
+    return options.prefix_sharing if kind == "reward" else False
 
 
 def engine_specific(options: ModelOptions) -> dict[str, str]:
@@ -264,4 +277,5 @@ def plan_model(
     engine, why, reason = engine_choice(options, hf_only=hf_only, what=_what(kind))
     if kind == "judge" and reason == "per_process":
         logger.warning("The judge is loaded on transformers in each of the processes (a copy per process): %s", why)
-    return dataclasses.replace(plan, engine=engine, why=why, reason=reason)
+    sharing = planned_sharing(kind, engine, options)
+    return dataclasses.replace(plan, engine=engine, why=why, reason=reason, prefix_sharing=sharing)

@@ -75,7 +75,7 @@ def engine_arguments(
         runner=runner,
         **({"convert": "classify"} if runner == "pooling" else {}),
         dtype=dtype,
-        enable_prefix_caching=options.prefix_sharing is not False,
+        enable_prefix_caching=prefix_caching(options),
         max_num_batched_tokens=batched,
         tensor_parallel_size=options.vllm_tensor_parallel_size,
         trust_remote_code=options.trust_remote_code,
@@ -92,6 +92,12 @@ def engine_arguments(
     elif not (own_device and vllm_device() != "cpu"):
         arguments["kv_cache_memory_bytes"] = kv_cache_bytes(config, dtype, batched + (longest or batched))
     return arguments
+
+
+def prefix_caching(options: ModelOptions) -> bool:
+    """Whether vLLM's prefix caching is on for `options`: unless `prefix_sharing=False` (for a reward model and a
+    judge alike; vLLM finds the shared prefixes itself)."""
+    return options.prefix_sharing is not False
 
 
 def check_max_length(config: Any, max_length: int | None) -> None:

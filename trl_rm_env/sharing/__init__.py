@@ -16,7 +16,18 @@ The collators (one per layout, each naming its layout) are in `trl_rm_env.traine
 """
 
 from .kv import collate_shared_context, shared_context_scores
-from .layouts import BLOCK_MASK, KV_CACHE, PACKED, PLAIN, Layout, scoring_layout, training_layout
+from .layouts import (
+    BLOCK_MASK,
+    KV_CACHE,
+    NO_SHARING,
+    PACKED,
+    PLAIN,
+    Layout,
+    ScoringSharing,
+    scoring_layout,
+    scoring_sharing,
+    training_layout,
+)
 from .mask import plan_rows, record_row, shared_prefix_mask, shared_prefix_scores
 from .model_support import (
     KV_ATTENTION,
@@ -41,6 +52,8 @@ __all__ = [
     "BLOCK_MASK",
     "KV_CACHE",
     "Layout",
+    "NO_SHARING",
+    "ScoringSharing",
     "PACKED",
     "PLAIN",
     "KV_ATTENTION",
@@ -59,6 +72,7 @@ __all__ = [
     "record_row",
     "scoring_layout",
     "scoring_mode",
+    "scoring_sharing",
     "share_plan",
     "shared_context_scores",
     "shared_prefix_length",

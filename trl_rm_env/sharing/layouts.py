@@ -32,6 +32,7 @@ from .model_support import (
     kv_sharing_unsupported,
     on_accelerator,
     packed_choice,
+    scoring_mode,
 )
 from .packed import device_token_budget, pack_groups, packed_attention, packed_scores
 from .planning import greedy_batches, padded_batches, plan_packed_rows, plan_passes, share_plan, shared_prefix_length
@@ -406,3 +407,34 @@ def scoring_layout(mode: bool | str) -> Layout:
     if mode == "packed":
         return PACKED
     return KV_CACHE if mode else PLAIN
+
+
+@dataclass(frozen=True)
+class ScoringSharing:
+    """How a scoring engine shares prefixes, resolved once for its model (`scoring_sharing`) and read on every call.
+
+    Args:
+        mode: The mode that runs: `False` (each sequence alone), `"auto"` (a group against its context's KV cache
+            where the cost model says it pays), `True` (every group against it) or `"packed"`.
+        layout: The layout that plans and runs the forward passes (`PLAIN`, `KV_CACHE` or `PACKED`).
+        always: Whether every group of two or more sharing a context is scored against it, whatever the cost model
+            says (`True`, `"packed"`).
+    """
+
+    mode: bool | str
+    layout: Layout
+    always: bool
+
+
+NO_SHARING = ScoringSharing(False, PLAIN, False)
+"""Each sequence scored alone (a judge's prompts, which are its own; `prefix_sharing=False`)."""
+
+
+def scoring_sharing(model: torch.nn.Module, mode: bool | str) -> ScoringSharing:
+    """A scoring engine's sharing for `model`, from the mode its plan asks for (`ModelPlan.prefix_sharing`):
+    `scoring_mode` (packed on an accelerator, off where the model cannot share, logged once), its layout, and
+    whether it shares whatever the cost model says."""
+    resolved = scoring_mode(model, mode) if mode is not False else False
+    if resolved is False:
+        return NO_SHARING
+    return ScoringSharing(resolved, scoring_layout(resolved), resolved is True or resolved == "packed")

@@ -29,9 +29,7 @@ from typing import Any
 
 import torch
 
-from ...sharing import scoring_mode
-from ...sharing.layouts import Sizing, scoring_layout
-from ...sharing.model_support import forces_sharing
+from ...sharing.layouts import Layout, Sizing, scoring_sharing
 from ...sharing.planning import linear_to_attention_cost, padded_batches, shared_prefixes_in
 from ..model_options import ModelOptions
 
@@ -51,6 +49,9 @@ class HFEngine:
             `False` where the model cannot share (logged once), `"auto"` and `True` run `"packed"` on an
             accelerator; `show_progress`: a bar over a reward model's batches, None only for more than 8).
         kind: `"reward"` or `"judge"` (`ModelPlan.kind`): which calls it answers; a judge shares no prefixes here.
+        prefix_sharing: The mode its plan asks for (`ModelPlan.prefix_sharing`), resolved here once against the model
+            (`sharing.scoring_sharing`: `self.sharing`, read on every call). None: a reward model's
+            `options.prefix_sharing`, nothing for a judge (an engine built around a loaded model, `RewardScorer`).
     """
 
     name = "hf"
@@ -58,17 +59,33 @@ class HFEngine:
     sharding = "none"  # `zero3` or `fsdp2` when the weights are sharded (`trl_rm_env.runtime.loading.load_engine`)
 
     def __init__(
-        self, model: torch.nn.Module, tokenizer: Any, options: ModelOptions | None = None, *, kind: str = "reward"
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        options: ModelOptions | None = None,
+        *,
+        kind: str = "reward",
+        prefix_sharing: bool | str | None = None,
     ):
         self.model, self.tokenizer, self.kind = model, tokenizer, kind
         self.options = options = options or ModelOptions()
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.max_length = options.longest_sequence(model.config)
-        # The mode that runs, for this model (a judge's prompts are its own: nothing shared here).
-        self.prefix_sharing = scoring_mode(model, options.prefix_sharing) if kind == "reward" else False
-        self.layout = scoring_layout(self.prefix_sharing)
+        if prefix_sharing is None:  # a judge's prompts are its own: nothing shared here
+            prefix_sharing = options.prefix_sharing if kind == "reward" else False
+        self.sharing = scoring_sharing(model, prefix_sharing)
         self.cost_ratio = linear_to_attention_cost(getattr(model, "config", None))
+
+    @property
+    def prefix_sharing(self) -> bool | str:
+        """The sharing mode that runs (the engine contract's, for logs and tests): `self.sharing.mode`."""
+        return self.sharing.mode
+
+    @property
+    def layout(self) -> Layout:
+        """The layout that plans and runs the forward passes: `self.sharing.layout`."""
+        return self.sharing.layout
 
     @property
     def num_labels(self) -> int:
@@ -94,18 +111,18 @@ class HFEngine:
         without them, the prefixes the sequences share are found in their ids (`shared_prefixes_in`: a server's
         token-id requests). The layout plans the forward passes and runs each (`Layout.plan_scoring`,
         `Layout.score_pass`)."""
-        always = forces_sharing(self.prefix_sharing)
-        if context_lengths is None and self.prefix_sharing and len(sequences) > 1:
-            context_lengths = shared_prefixes_in(sequences, self.cost_ratio, always=always)
+        sharing = self.sharing
+        if context_lengths is None and sharing.mode is not False and len(sequences) > 1:
+            context_lengths = shared_prefixes_in(sequences, self.cost_ratio, always=sharing.always)
         sizing = Sizing(
             rows=self.options.rows_per_pass(),
             tokens=self.options.max_tokens_per_batch,
             row_sequences=self.options.batch_size,
-            always_share=always,
+            always_share=sharing.always,
             cost_ratio=self.cost_ratio,
         )
         outputs = torch.empty(len(sequences), self.num_labels, dtype=torch.float32)
-        passes = self.layout.plan_scoring(self.model, sequences, context_lengths, sizing)
+        passes = sharing.layout.plan_scoring(self.model, sequences, context_lengths, sizing)
         with self._in_eval_mode(), self._progress(passes, progress) as iterator:
             for scoring_pass in iterator:
                 values = scoring_pass.run(self.model, sequences, self.pad_token_id, sizing)
@@ -117,7 +134,7 @@ class HFEngine:
         the waves an overlapped call encodes ahead (`trl_rm_env.scoring.overlap`)."""
         sizing = Sizing(rows=self.options.rows_per_pass(), tokens=self.options.max_tokens_per_batch,
                         row_sequences=self.options.batch_size, always_share=False, cost_ratio=self.cost_ratio)
-        return self.layout.pass_bounds(self.model, sizing)
+        return self.sharing.layout.pass_bounds(self.model, sizing)
 
     def plan_batches(self, lengths: Sequence[int]) -> list[list[int]]:
         """Group item indices into padded micro-batches: longest first, within `batch_size` rows and the token

@@ -46,7 +46,6 @@ class VLLMEngine:
     name = "vllm"
     is_async = False
     model, sharding = None, "none"  # vLLM holds the weights
-    prefix_sharing = False  # vLLM's prefix caching shares contexts itself: it needs no context lengths from us
 
     def __init__(
         self,
@@ -63,7 +62,11 @@ class VLLMEngine:
         self.num_labels = int(getattr(config, "num_labels", 1))
         self.show_progress = options.show_progress
         self.max_length = kwargs.get("max_model_len")
-        self.llm = start_llm(model, {**kwargs, **(engine_kwargs or {})}, self)
+        kwargs = {**kwargs, **(engine_kwargs or {})}
+        # vLLM's prefix caching shares contexts itself (it needs no context lengths from us): on unless
+        # `prefix_sharing=False` (`engine_arguments`, the one place it is decided).
+        self.prefix_sharing = bool(kwargs.get("enable_prefix_caching"))
+        self.llm = start_llm(model, kwargs, self)
 
     @property
     def device(self) -> torch.device:
