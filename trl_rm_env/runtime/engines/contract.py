@@ -7,7 +7,8 @@ kind of call does not define it. Every engine has `close`, which its users call 
 that runs two engines stops each when it is done, never leaving vLLM's processes to the exit handlers).
 
 A judge's call asks its engine through typed requests (`LabelLogprobs`, `Generate`), which the judge answers with
-the contract's methods.
+the contract's methods. An engine that runs the judge in this process writes its sampling once (`_sample`, a
+`Sampling`) and takes `generate` from `GeneratesHere`.
 """
 
 from __future__ import annotations
@@ -102,3 +103,34 @@ class Generate:
     prompts: list[Any]
     temperature: float
     seeds: list[int]
+
+
+# ---------------------------------------------------------------------------------------- engines in this process
+@dataclass(frozen=True)
+class Sampling:
+    """What an engine in this process generates (`GeneratesHere`): per prompt of token ids, up to `max_new_tokens`
+    tokens, greedy at `temperature` 0, else sampled with nucleus `top_p`, seeded by `seeds` (one per prompt)."""
+
+    prompts: Sequence[Sequence[int]]
+    max_new_tokens: int
+    temperature: float
+    seeds: Sequence[int]
+    top_p: float = 1.0
+
+
+class GeneratesHere:
+    """The contract's `generate` for an engine that runs the judge in this process (transformers, vLLM), written
+    once: such an engine has no failure by request to keep (`keep_failures` is a server client's), and samples in
+    its own `_sample(Sampling)`."""
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float, seeds: Sequence[int],
+        top_p: float = 1.0, *, keep_failures: bool = False,
+    ) -> list[str]:
+        """The judge's text for each prompt, special tokens skipped (`Sampling`; seeding as the engine's `_sample`
+        says). Nothing here fails by request, so `keep_failures` changes nothing."""
+        return self._sample(Sampling(prompts, max_new_tokens, temperature, seeds, top_p))
+
+    def _sample(self, sampling: Sampling) -> list[str]:
+        raise NotImplementedError
+

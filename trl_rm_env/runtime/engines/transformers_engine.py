@@ -32,9 +32,10 @@ import torch
 from ...sharing.layouts import Layout, Sizing, scoring_sharing
 from ...sharing.planning import linear_to_attention_cost, padded_batches, shared_prefixes_in
 from ..model_options import ModelOptions
+from .contract import GeneratesHere, Sampling
 
 
-class HFEngine:
+class HFEngine(GeneratesHere):
     """Forward passes of a model loaded with transformers: a reward model's outputs, or a judge's label
     log-probabilities and text.
 
@@ -101,10 +102,7 @@ class HFEngine:
     # ------------------------------------------------------------------ a reward model
     @torch.inference_mode()
     def outputs(
-        self,
-        sequences: Sequence[Sequence[int]],
-        context_lengths: Sequence[int] | None = None,
-        progress: bool | None = None,
+        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int] | None = None, progress: bool | None = None
     ) -> torch.Tensor:
         """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`; with `context_lengths` (how many leading
         tokens of each are its context) the items that share one may be scored against it (`prefix_sharing`);
@@ -160,23 +158,15 @@ class HFEngine:
         return out
 
     @torch.inference_mode()
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float,
-        seeds: Sequence[int],
-        top_p: float = 1.0,
-        keep_failures: bool = False,
-    ) -> list[str]:
-        """The judge's text for each prompt (greedy at temperature 0, else sampled from one random stream seeded with
-        the first of `seeds`: every prompt, a repeated one included, draws its own sample). Nothing here fails by
-        request, so `keep_failures` changes nothing."""
+    def _sample(self, sampling: Sampling) -> list[str]:
+        """`generate`'s text: greedy at temperature 0, else sampled from one random stream seeded with the first of
+        the seeds (every prompt, a repeated one included, draws its own sample)."""
+        prompts, max_new_tokens, seeds = sampling.prompts, sampling.max_new_tokens, sampling.seeds
         out = [""] * len(prompts)
-        sample = temperature > 0
+        sample = sampling.temperature > 0
         kwargs = {"do_sample": sample, "max_new_tokens": max_new_tokens, "pad_token_id": self.pad_token_id}
         kwargs |= (
-            {"temperature": temperature, "top_p": top_p, "top_k": 0}
+            {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
             if sample
             else {"temperature": None, "top_p": None, "top_k": None}
         )

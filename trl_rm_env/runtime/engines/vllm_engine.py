@@ -21,12 +21,13 @@ import torch
 
 from ..model_options import ModelOptions
 from ..vllm import engine_arguments, start_llm, stop_llm, vllm_device
+from .contract import GeneratesHere, Sampling
 
 RUNNERS = {"reward": "pooling", "judge": "generate"}
 """vLLM's runner for each kind of model (`ModelPlan.kind`)."""
 
 
-class VLLMEngine:
+class VLLMEngine(GeneratesHere):
     """Forward passes of a model in vLLM: a reward model's outputs (pooling runner, `classify`), or a judge's label
     log-probabilities and text (generate runner).
 
@@ -89,10 +90,7 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ a reward model
     def outputs(
-        self,
-        sequences: Sequence[Sequence[int]],
-        context_lengths: Sequence[int] | None = None,
-        progress: bool | None = None,
+        self, sequences: Sequence[Sequence[int]], context_lengths: Sequence[int] | None = None, progress: bool | None = None
     ) -> torch.Tensor:
         """`(N, num_labels)` fp32 outputs (CPU, input order) of `sequences`: the classification head's raw values,
         as `HFEngine` returns them. `context_lengths` is not needed: vLLM finds shared prefixes itself."""
@@ -129,27 +127,18 @@ class VLLMEngine:
             out.append([step[t].logprob if t in step else float("-inf") for t in label_ids])
         return out
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        max_new_tokens: int,
-        temperature: float,
-        seeds: Sequence[int],
-        top_p: float = 1.0,
-        keep_failures: bool = False,
-    ) -> list[str]:
-        """The judge's text for each prompt (greedy at temperature 0, else sampled with the prompt's seed). Nothing
-        here fails by request, so `keep_failures` changes nothing."""
+    def _sample(self, sampling: Sampling) -> list[str]:
+        """`generate`'s text: greedy at temperature 0, else sampled with the prompt's seed."""
         from vllm import SamplingParams
 
         params = [
             SamplingParams(
-                max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=int(seed),
-                skip_special_tokens=True,
+                max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                seed=int(seed), skip_special_tokens=True,
             )
-            for seed in seeds
+            for seed in sampling.seeds
         ]  # fmt: skip
-        return [result.outputs[0].text for result in self._generated(prompts, params)]
+        return [result.outputs[0].text for result in self._generated(sampling.prompts, params)]
 
     def close(self) -> None:
         """Stop vLLM's engine processes now (they also stop when this object is garbage collected or at exit)."""
