@@ -125,9 +125,10 @@ def test_the_tokenizer_is_checked_before_the_weights_load(tiny_dir, monkeypatch)
     """`check_tokenizer` runs with the tokenizer before any weights load, for either kind of model, and its error
     stops the loading."""
     from trl_rm_env.rewards import backend
+    from trl_rm_env.scoring import scorer
 
     monkeypatch.setattr(backend, "load_engine", lambda *a, **k: pytest.fail("the judge's weights loaded"))
-    monkeypatch.setattr(backend, "load_scorer", lambda *a, **k: pytest.fail("the reward model's weights loaded"))
+    monkeypatch.setattr(scorer, "load_engine", lambda *a, **k: pytest.fail("the reward model's weights loaded"))
 
     def refuse(tokenizer):
         assert tokenizer.chat_template  # the model's own, loaded

@@ -409,12 +409,11 @@ def test_the_local_scorer_reports_where_its_weights_are(tiny_rm, tiny_tokenizer,
     asked = []
     engine = SimpleNamespace(sharding="fsdp2", name="hf", device=torch.device("cpu"))
     held = SimpleNamespace(engine=engine, tokenizer=tiny_tokenizer, model=None, config=None, head=None)
-    monkeypatch.setattr(backend, "plan_model", lambda *args, **kwargs: "plan")
-    monkeypatch.setattr(backend, "load_tokenizer", lambda plan, tokenizer: tokenizer)
-    monkeypatch.setattr(backend, "load_scorer", lambda plan, tokenizer, **kw: asked.append(kw) or held)
+    monkeypatch.setattr(backend, "load_reward_scorer", lambda model, options, **kw: asked.append((model, kw)) or held)
     got = backend.connect("reward", "RM", "org/rm", tiny_tokenizer, options=ScoringOptions(), fsdp_shard=True)
     assert got.runs is held and got.sharding == "fsdp2" and got.engine == "hf"
-    assert asked == [{"shard": True, "fsdp_shard": True, "log": backend.logger}]
+    assert asked == [("org/rm", {"tokenizer": tiny_tokenizer, "hf_only": "fsdp_shard=True shards a transformers model",
+                                 "shard": True, "fsdp_shard": True, "check_tokenizer": None, "log": backend.logger})]
 
 
 def test_from_config_sends_the_blocks_model_and_tokenizer_to_servers(served_rm, tiny_rm, tiny_tokenizer, tiny_dir):

@@ -133,14 +133,14 @@ def test_a_local_reward_model_remembers_the_accelerator_it_was_built_on(tiny_dir
     """As for a judge: the accelerator type of the scoring engine's device (`cuda` for `cuda:0`) is what pickles."""
     from trl_rm_env.rewards import backend
 
-    real = backend.load_scorer
+    real = backend.load_reward_scorer
 
     def on_cuda(*args, **kwargs):
         scorer = real(*args, **kwargs)
         reporting_cuda(scorer.engine)
         return scorer
 
-    monkeypatch.setattr(backend, "load_scorer", on_cuda)
+    monkeypatch.setattr(backend, "load_reward_scorer", on_cuda)
     assert RewardModelEnvironment(str(tiny_dir / "reward_model")).__getstate__()["built_on"] == "cuda"
 
 

@@ -3,8 +3,9 @@
 `Backend`: what the reward function's requests go to (a reward model's `Scorer`, a judge's engine) and what the
 function reports of it (tokenizer, model, engine, sharding, servers).
 
-Loaded here, the model is planned and loaded by the model runtime (`trl_rm_env.runtime`: `plan_model`, then
-`load_scorer` or `load_engine`, sharded under ZeRO-3 or FSDP2); behind servers its client comes from
+Loaded here, the model is planned and loaded by the layers below, each call going down once: a reward model by
+`trl_rm_env.scoring.load_reward_scorer` (the runtime's `plan_model`, then `load_engine`), a judge by the runtime
+itself (`plan_model`, `load_engine`), sharded under ZeRO-3 or FSDP2; behind servers its client comes from
 `trl_rm_env.serving.client` (`RemoteScorer` for reward-model servers, `RemoteJudgeEngine` for OpenAI-compatible
 ones), with the model's tokenizer where conversations are rendered here. A reward function of a new kind calls
 `connect` with the kind of model it needs and reaches local and remote models without a split of its own.
@@ -25,7 +26,7 @@ from ..options import spelled
 from ..runtime.loading import load_engine, load_tokenizer
 from ..runtime.model_options import ModelOptions, ScoringOptions
 from ..runtime.plan import KINDS, plan_model
-from ..scoring.scorer import load_scorer
+from ..scoring.scorer import load_reward_scorer
 from ..serving.client import RemoteScorer
 from ..serving.client.judge_engine import RemoteJudgeEngine, remote_judge_tokenizer
 from ..serving.client.remote_options import RemoteOptions, local_only
@@ -127,11 +128,8 @@ def _reward_model_here(model, tokenizer, options, fsdp_shard, check_tokenizer, l
     """The reward model on the engine its plan chooses (`fsdp_shard=True` keeps it on transformers), its weights held
     as the launch says (`distributed.shard_if_requested`)."""
     hf_only = "fsdp_shard=True shards a transformers model" if fsdp_shard else None
-    plan = plan_model(model, ScoringOptions.of(options), hf_only=hf_only)
-    tokenizer = load_tokenizer(plan, tokenizer)
-    if check_tokenizer is not None:
-        check_tokenizer(tokenizer)  # before the weights load
-    scorer = load_scorer(plan, tokenizer, shard=True, fsdp_shard=fsdp_shard, log=log)
+    scorer = load_reward_scorer(model, ScoringOptions.of(options), tokenizer=tokenizer, hf_only=hf_only, shard=True,
+                                fsdp_shard=fsdp_shard, check_tokenizer=check_tokenizer, log=log)  # fmt: skip
     engine = scorer.engine
     return Backend(scorer, engine.name, scorer.tokenizer, True, scorer.model, engine.sharding, None,
                    accelerator_type(engine.device), scorer.config, scorer.head)  # fmt: skip

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -307,34 +307,54 @@ def load_scorer(
     *,
     shard: bool = False,
     fsdp_shard: bool | None = None,
+    check_tokenizer: Callable[[PreTrainedTokenizerBase], None] | None = None,
     log: logging.Logger = logger,
 ) -> RewardScorer:
     """The `RewardScorer` of `plan`, on the engine `load_engine` builds (vLLM's, or the model loaded with
     transformers; under `engine="auto"` with no vLLM option given, a vLLM that fails to start is a warning and
-    transformers scores instead; `shard`, `fsdp_shard`, `log`: `load_engine`'s)."""
+    transformers scores instead; `shard`, `fsdp_shard`, `log`: `load_engine`'s). `check_tokenizer`: called with the
+    tokenizer before any weights load."""
     tokenizer = load_tokenizer(plan, tokenizer)
+    if check_tokenizer is not None:
+        check_tokenizer(tokenizer)
     engine = load_engine(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard, log=log)
     config = plan.config if engine.model is None else None  # a loaded model's own config, else the plan's
     return RewardScorer(engine.model, tokenizer, plan.options, engine=engine, config=config, head=plan.head)
 
 
 def load_reward_scorer(
-    model: str | os.PathLike, options: ScoringOptions | None = None, *, one_reward: bool = True, **values: Any
+    model: str | os.PathLike | PreTrainedModel,
+    options: ScoringOptions | None = None,
+    *,
+    one_reward: bool = True,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+    hf_only: str | None = None,
+    shard: bool = False,
+    fsdp_shard: bool | None = None,
+    check_tokenizer: Callable[[PreTrainedTokenizerBase], None] | None = None,
+    log: logging.Logger = logger,
+    **values: Any,
 ) -> RewardScorer:
-    """Load a `*ForSequenceClassification` checkpoint (path or Hub id) and its tokenizer into a `RewardScorer`, on
-    the engine `options.engine` picks (`trl_rm_env.runtime.choose_engine`; `"auto"` by default):
-    `load_scorer(plan_model(...))`.
+    """Load a `*ForSequenceClassification` checkpoint (path or Hub id, or a loaded model) and its tokenizer into a
+    `RewardScorer`, on the engine `options.engine` picks (`trl_rm_env.runtime.choose_engine`; `"auto"` by default):
+    `load_scorer(plan_model(...))`, the one way a reward model is loaded for scoring (the reward function's factory,
+    `trl_rm_env.rewards.backend.connect`, calls it too).
 
     Args:
-        model: Local folder or Hub id of the reward model.
+        model: Local folder or Hub id of the reward model, or a loaded one.
         options, **values: The `ScoringOptions` (`batch_size`, `max_tokens_per_batch`, `precision`, `engine`, ...).
         one_reward: False to read a regression model's attributes without weights (`RewardScorer.outputs`).
+        tokenizer: The RM's tokenizer, or a path/id to load it from (default: the model's own).
+        hf_only: Why only transformers can serve this case (`choose_engine`), or None.
+        shard, fsdp_shard, log: Hold the weights as the launch says (`load_engine`).
+        check_tokenizer: Called with the tokenizer before any weights load (a bad option fails fast).
 
     Raises:
         ValueError: a bad option value.
         ImportError: `engine="vllm"` without vLLM installed.
     """
-    return load_scorer(plan_model(model, options, one_reward=one_reward, **values))
+    plan = plan_model(model, options, one_reward=one_reward, hf_only=hf_only, **values)
+    return load_scorer(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard, check_tokenizer=check_tokenizer, log=log)
 
 
 def split_conversation(conversation: Sequence[Message]) -> tuple[list[Message], list[Message]]:
