@@ -113,6 +113,7 @@ def test_a_judge_is_reached_the_same_way(tiny_dir):
     OpenAI client with no tokenizer held (nothing set on one here could change a verdict)."""
     here = connect("judge", "J", str(tiny_dir / "policy"), None, options=ModelOptions(engine="hf"))
     assert here.engine == "hf" and here.runs.name == "hf" and here.tokens and here.head is None
+    assert here.model is here.runs.model and here.model is not None and here.sharding == "none"
     assert here.config.architectures[0].endswith("ForCausalLM")
     seen = []
     served = connect("judge", "J", None, None, options=ModelOptions(), remote_url="http://127.0.0.1:9",
@@ -171,3 +172,45 @@ def test_scores_are_the_plain_models_at_group_sizes_users_run(plain):
     path, _, _, scores = plain
     got = connect("reward", "X", str(path), None, options=ScoringOptions(batch_size=3)).runs.score(PROMPTS, ANSWERS)
     assert torch.allclose(got, torch.tensor(scores), atol=1e-4)
+
+
+def test_a_tokenizer_rendered_here_for_servers_is_checked(tiny_dir):
+    """Behind servers that take token ids, the tokenizer that renders them is the one checked, for both kinds; without
+    one, the error names the reward function (`name`, default `reward`)."""
+    policy, rm = str(tiny_dir / "policy"), str(tiny_dir / "reward_model")
+    seen = []
+    judge = connect("judge", "J", None, policy, options=ModelOptions(), remote_url="http://127.0.0.1:9",
+                    remote_values={"remote_input": "tokens"}, check_tokenizer=seen.append)  # fmt: skip
+    reward = connect("reward", "R", None, rm, options=ScoringOptions(), remote_url="http://127.0.0.1:9",
+                     remote_values={"remote_input": "tokens"}, check_tokenizer=seen.append)  # fmt: skip
+    assert judge.tokens and reward.tokens and seen == [judge.tokenizer, reward.tokenizer]
+    assert all(t is not None and t.chat_template for t in seen)
+    with pytest.raises(ValueError, match=r"^reward: remote_input='tokens' needs the reward model's tokenizer"):
+        connect("reward", "R", "no-such/model", None, options=ScoringOptions(), remote_url="http://127.0.0.1:9",
+                remote_values={"remote_input": "tokens"})  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["reward", "judge"])
+def test_weights_loaded_here_are_held_as_the_launch_says(kind, tiny_dir, monkeypatch, caplog):
+    """Loaded here, either kind of model goes through the launch's sharding step with the caller's logger: a ZeRO-3
+    launch of 2 processes (simulated) whose model was loaded before its GRPOConfig is warned about, naming the kind
+    and its reward function."""
+    import logging
+
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    caller = logging.getLogger("tests.caller")
+    what, owner = {"reward": ("reward model", "RewardModelEnvironment"), "judge": ("judge", "JudgeEnvironment")}[kind]
+    options = ScoringOptions(device="cpu") if kind == "reward" else ModelOptions(engine="hf", device="cpu")
+    folder = "reward_model" if kind == "reward" else "policy"
+    with caplog.at_level(logging.WARNING, logger=caller.name):
+        backend = connect(kind, "X", str(tiny_dir / folder), None, options=options, log=caller)
+    assert backend.sharding == "none"
+    assert [r.getMessage() for r in caplog.records if r.name == caller.name] == [
+        f"The Accelerate config is DeepSpeed ZeRO-3 but the {what} is not partitioned: it was loaded before the "
+        "training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig first, "
+        f"then {owner} (as recipes/grpo_rm.py does), to partition it."
+    ]
+

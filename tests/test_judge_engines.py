@@ -86,6 +86,28 @@ def fake_vllm(monkeypatch):
     return record
 
 
+@pytest.mark.parametrize(
+    ("kind", "asked", "engine_kwargs", "caching"),
+    [
+        ("reward", "auto", None, True),  # vLLM's default: its prefix caching shares a group's prompt
+        ("judge", True, None, True),
+        ("reward", False, None, False),
+        ("judge", "false", None, False),
+        ("reward", "packed", {"enable_prefix_caching": False}, False),  # what vLLM is started with wins
+    ],
+)
+def test_vllm_engine_reports_the_prefix_caching_it_starts_with(fake_vllm, monkeypatch, kind, asked, engine_kwargs,
+                                                               caching):  # fmt: skip
+    from trl_rm_env.runtime import vllm as runtime_vllm
+
+    monkeypatch.setattr(engines, "engine_arguments", runtime_vllm.engine_arguments)  # the runtime's own arguments
+    monkeypatch.setattr(runtime_vllm, "vllm_installed", lambda: False)  # (the stub module has no import spec)
+    config = SimpleNamespace(max_position_embeddings=4096, num_labels=1)
+    engine = VLLMEngine("m", config, ModelOptions(prefix_sharing=asked), kind=kind, engine_kwargs=engine_kwargs)
+    started = fake_vllm["start_llm"][-1][1]
+    assert started["enable_prefix_caching"] is caching and engine.prefix_sharing is caching
+
+
 def test_vllm_engine_starts_from_the_runtimes_arguments_and_stops(fake_vllm):
     config = SimpleNamespace(max_position_embeddings=4096)
     options = ModelOptions(show_progress=True)
@@ -204,7 +226,7 @@ def test_load_engine_builds_the_judge_engine_its_plan_names(fake_vllm, monkeypat
     logged, loads, shards = [], [], []
     monkeypatch.setattr(loading, "log_engine_choice", logged.append)
     monkeypatch.setattr(loading, "load_weights", lambda plan: loads.append(plan) or policy)
-    monkeypatch.setattr(loading, "shard_if_requested", lambda *args: shards.append(args) or "zero3")
+    monkeypatch.setattr(loading, "shard_if_requested", lambda *args, **kw: shards.append((*args, kw)) or "zero3")
     config, options = SimpleNamespace(max_position_embeddings=64), ModelOptions(batch_size=3)
     vllm = ModelPlan("judge-dir", None, config, options, "judge", None, "vllm", "asked")
     engine = loading.load_engine(vllm, tiny_tokenizer, shard=True)
@@ -216,7 +238,7 @@ def test_load_engine_builds_the_judge_engine_its_plan_names(fake_vllm, monkeypat
     engine = loading.load_engine(loaded, tiny_tokenizer, shard=True)
     assert isinstance(engine, HFEngine) and engine.kind == "judge" and logged == [vllm, loaded] and not loads
     assert engine.model is policy and engine.tokenizer is tiny_tokenizer and engine.options is options
-    assert engine.sharding == "zero3" and shards == [(policy, None, loading.logger)]
+    assert engine.sharding == "zero3" and shards == [(policy, None, loading.logger, {"kind": "judge"})]
     named = ModelPlan("judge-dir", None, policy.config, options, "judge", None, "hf", "asked")
     assert loading.load_engine(named, tiny_tokenizer).model is policy and loads == [named]
     assert len(shards) == 1  # sharding only where asked (`shard=True`: a reward function on every process)

@@ -358,7 +358,7 @@ def test_an_unpickled_copy_is_rebuilt_with_every_argument_given(tiny_dir, tiny_t
     options = ScoringOptions(max_length=64, truncation="none", overlength_reward=-5.0)
     sharded = []
 
-    def shard_if_requested(model, fsdp_shard, log):
+    def shard_if_requested(model, fsdp_shard, log, kind):
         sharded.append(fsdp_shard)
         return "none"
 

@@ -201,13 +201,20 @@ def is_zero3_partitioned(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "ds_id") for p in model.parameters())
 
 
-def shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None, log: logging.Logger = logger) -> str:
-    """Shard the RM with FSDP2 when asked (or, for None, when the Accelerate config is FSDP v2 with several
-    processes); return how the weights are held: `zero3`, `fsdp2` or `none`. `log`: the caller's logger (the
-    environment's: its users filter on it)."""
+SHARDED_WORDS = {"reward": ("reward model", "RewardModelEnvironment"), "judge": ("judge", "JudgeEnvironment")}
+"""How `shard_if_requested`'s messages name each kind of model, and the reward function that loads it."""
+
+
+def shard_if_requested(
+    model: torch.nn.Module, fsdp_shard: bool | None, log: logging.Logger = logger, kind: str = "reward"
+) -> str:
+    """Shard a reward model or a judge (`kind`) with FSDP2 when asked (or, for None, when the Accelerate config is
+    FSDP v2 with several processes); return how the weights are held: `zero3`, `fsdp2` or `none`. `log`: the
+    caller's logger (the reward function's: its users filter on it)."""
+    what, owner = SHARDED_WORDS[kind]
     if is_zero3_partitioned(model):
         if fsdp_shard:
-            raise ValueError("fsdp_shard=True, but DeepSpeed ZeRO-3 already partitioned the reward model.")
+            raise ValueError(f"fsdp_shard=True, but DeepSpeed ZeRO-3 already partitioned the {what}.")
         return "zero3"
     dist = torch.distributed
     world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -217,19 +224,19 @@ def shard_if_requested(model: torch.nn.Module, fsdp_shard: bool | None, log: log
     )
     if zero3_requested and world_size > 1 and not fsdp_shard:
         log.warning(
-            "The Accelerate config is DeepSpeed ZeRO-3 but the reward model is not partitioned: it was loaded before "
+            f"The Accelerate config is DeepSpeed ZeRO-3 but the {what} is not partitioned: it was loaded before "
             "the training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig "
-            "first, then RewardModelEnvironment (as recipes/grpo_rm.py does), to partition it."
+            f"first, then {owner} (as recipes/grpo_rm.py does), to partition it."
         )
     if fsdp_requested() and world_size > 1:
         # With `fsdp_cpu_ram_efficient_loading`, transformers loads the weights on local rank 0 only and leaves the
         # other ranks zeros (some versions) or placeholders, expecting FSDP to broadcast them; nobody does that for a
-        # model loaded outside the trainer, so the reward model is synchronised here, whatever happens next.
+        # model loaded outside the trainer, so the model is synchronised here, whatever happens next.
         broadcast_from_rank0(model)
     if fsdp_shard is None:
         fsdp_shard = fsdp_requested() and fsdp_version() == 2 and world_size > 1
         if fsdp_requested() and fsdp_version() != 2 and world_size > 1:
-            log.info("FSDP version 1 config: the reward model is replicated on every rank (FSDP2 shards it).")
+            log.info(f"FSDP version 1 config: the {what} is replicated on every rank (FSDP2 shards it).")
     if not fsdp_shard:
         return "none"
     if world_size == 1:

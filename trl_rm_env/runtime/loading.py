@@ -99,5 +99,5 @@ def load_engine(
     weights = plan.loaded if as_given else load_weights(plan)
     engine = HFEngine(weights, tokenizer, plan.options, kind=plan.kind, prefix_sharing=plan.prefix_sharing)
     if shard:
-        engine.sharding = shard_if_requested(engine.model, fsdp_shard, log)
+        engine.sharding = shard_if_requested(engine.model, fsdp_shard, log, kind=plan.kind)
     return engine
