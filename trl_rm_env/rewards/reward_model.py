@@ -128,7 +128,7 @@ class RewardModelEnvironment(PicklesByArguments, RewardFunction):
         scorer, head = backend.runs, backend.head
         self.model, self.tokenizer, self.engine = backend.model, backend.tokenizer, backend.engine
         self.sharding, self.remote_url, self._built_on = backend.sharding, backend.remote_url, backend.built_on
-        if self.ensemble.ensemble is not None and backend.config.num_labels < 2:  # (a loaded model: see above)
+        if self.ensemble.ensemble is not None and backend.config.num_labels < 2:  # loaded here (remote_url refused)
             raise ValueError(
                 f"ensemble aggregates the heads of a multi-head model; {backend.config._name_or_path} has one output"
             )
