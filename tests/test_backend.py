@@ -14,9 +14,9 @@ from collections.abc import Generator
 
 import pytest
 import torch
+from helpers import reference_scores
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from tests.helpers import reference_scores
 from trl_rm_env.rewards.backend import Backend, connect
 from trl_rm_env.rewards.base import Reward
 from trl_rm_env.runtime.model_options import ModelOptions, ScoringOptions
@@ -213,4 +213,19 @@ def test_weights_loaded_here_are_held_as_the_launch_says(kind, tiny_dir, monkeyp
         "training arguments (GRPOConfig) existed, so every process holds a full copy. Create the GRPOConfig first, "
         f"then {owner} (as recipes/grpo_rm.py does), to partition it."
     ]
+
+
+def test_a_judges_verdict_that_is_not_one_token_fails_before_the_weights_load(tiny_dir, monkeypatch):
+    """`JudgeEnvironment` hands the factory its verdict check: `max_score=11` makes the verdict '11', two tokens in the
+    tiny tokenizer, refused with `scoring="logprobs"` before any weights load; `scoring="generate"` parses text, so
+    the same judge loads."""
+    from trl_rm_env import JudgeEnvironment
+    from trl_rm_env.rewards import backend
+
+    real = backend.load_engine
+    monkeypatch.setattr(backend, "load_engine", lambda *a, **k: pytest.fail("the judge's weights loaded"))
+    with pytest.raises(ValueError, match=r"^judge: the verdict '11' is 2 tokens in the judge's tokenizer"):
+        JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", max_score=11)
+    monkeypatch.setattr(backend, "load_engine", real)
+    assert JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", max_score=11, scoring="generate").label_ids is None
 

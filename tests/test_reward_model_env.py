@@ -21,7 +21,7 @@ import re
 
 import pytest
 import torch
-from helpers import record_full_weights, reference_ids, reference_scores
+from helpers import record_full_weights, reference_ids, reference_scores, reference_text
 
 from trl_rm_env import RemoteRewardModelEnvironment, RewardModelEnvironment
 from trl_rm_env.rewards import pickling
@@ -332,6 +332,17 @@ def test_options_that_cannot_go_together_are_refused_naming_them(tiny_rm, tiny_t
         "label_index=k reads head k alone)."
     ]
     assert (env.ensemble.ensemble, env.ensemble.ensemble_penalty) == ("mean", 1.0)
+    # K even as well as odd: two heads are an ensemble too; the reward is their mean, as one forward of the plain
+    # model gives it.
+    two = build_tiny_reward_model(tiny_tokenizer, seed=3, num_labels=2)
+    two.config.ensemble_heads, two.config._name_or_path = 2, "tiny-two-heads"
+    env = RewardModelEnvironment(two, tiny_tokenizer, device="cpu")
+    assert env.ensemble.ensemble == "mean"
+    prompts, completions = [[{"role": "user", "content": "Hi"}]] * 2, [say("Hello."), say("Go away.")]
+    with torch.no_grad():
+        want = [two(**tiny_tokenizer(reference_text(tiny_tokenizer, p, c), return_tensors="pt")).logits[0].mean().item()
+                for p, c in zip(prompts, completions)]  # fmt: skip
+    assert env(prompts, completions) == pytest.approx(want, abs=1e-4)
 
 
 def test_checkpoint_normalization_reads_the_configs_statistics(tiny_tokenizer):
