@@ -125,11 +125,9 @@ def test_a_judge_is_reached_the_same_way(tiny_dir):
 def test_the_tokenizer_is_checked_before_the_weights_load(tiny_dir, monkeypatch):
     """`check_tokenizer` runs with the tokenizer before any weights load, for either kind of model, and its error
     stops the loading."""
-    from trl_rm_env.rewards import backend
-    from trl_rm_env.scoring import scorer
+    from trl_rm_env.runtime import loading
 
-    monkeypatch.setattr(backend, "load_engine", lambda *a, **k: pytest.fail("the judge's weights loaded"))
-    monkeypatch.setattr(scorer, "load_engine", lambda *a, **k: pytest.fail("the reward model's weights loaded"))
+    monkeypatch.setattr(loading, "load_engine", lambda *a, **k: pytest.fail("the model's weights loaded"))
 
     def refuse(tokenizer):
         assert tokenizer.chat_template  # the model's own, loaded
@@ -220,12 +218,12 @@ def test_a_judges_verdict_that_is_not_one_token_fails_before_the_weights_load(ti
     tiny tokenizer, refused with `scoring="logprobs"` before any weights load; `scoring="generate"` parses text, so
     the same judge loads."""
     from trl_rm_env import JudgeEnvironment
-    from trl_rm_env.rewards import backend
+    from trl_rm_env.runtime import loading
 
-    real = backend.load_engine
-    monkeypatch.setattr(backend, "load_engine", lambda *a, **k: pytest.fail("the judge's weights loaded"))
+    real = loading.load_engine
+    monkeypatch.setattr(loading, "load_engine", lambda *a, **k: pytest.fail("the judge's weights loaded"))
     with pytest.raises(ValueError, match=r"^judge: the verdict '11' is 2 tokens in the judge's tokenizer"):
         JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", max_score=11)
-    monkeypatch.setattr(backend, "load_engine", real)
+    monkeypatch.setattr(loading, "load_engine", real)
     assert JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", max_score=11, scoring="generate").label_ids is None
 

@@ -108,12 +108,12 @@ def test_a_local_judge_remembers_the_accelerator_it_was_built_on(tiny_dir, monke
     """A judge loaded in this process pickles the accelerator type of its engine's device (`cuda` for `cuda:0`):
     unpickled where there is none, it is rebuilt on the CPU and warned once naming it; one built on the CPU is
     rebuilt as given, without a warning."""
-    from trl_rm_env.rewards import backend
+    from trl_rm_env.runtime import loading
 
-    real = backend.load_engine
-    monkeypatch.setattr(backend, "load_engine", lambda *args, **kwargs: reporting_cuda(real(*args, **kwargs)))
+    real = loading.load_engine
+    monkeypatch.setattr(loading, "load_engine", lambda *args, **kwargs: reporting_cuda(real(*args, **kwargs)))
     built_on_gpu = JudgeEnvironment(str(tiny_dir / "policy"), engine="hf", name="gpu_judge")
-    monkeypatch.setattr(backend, "load_engine", real)
+    monkeypatch.setattr(loading, "load_engine", real)
     assert built_on_gpu.__getstate__()["built_on"] == "cuda"
     monkeypatch.setattr(pickling, "_available", lambda device_type: device_type == "cpu")
     monkeypatch.setattr(pickling, "_warned", set())

@@ -5,7 +5,7 @@ function reports of it (tokenizer, model, engine, sharding, servers).
 
 Loaded here, the model is planned and loaded by the layers below, each call going down once: a reward model by
 `trl_rm_env.scoring.load_reward_scorer` (the runtime's `plan_model`, then `load_engine`), a judge by the runtime
-itself (`plan_model`, `load_engine`), sharded under ZeRO-3 or FSDP2; behind servers its client comes from
+itself (`plan_model`, `load_planned`), sharded under ZeRO-3 or FSDP2; behind servers its client comes from
 `trl_rm_env.serving.client` (`RemoteScorer` for reward-model servers, `RemoteJudgeEngine` for OpenAI-compatible
 ones), with the model's tokenizer where conversations are rendered here. A reward function of a new kind calls
 `connect` with the kind of model it needs and reaches local and remote models without a split of its own.
@@ -23,7 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..heads import RewardHead
 from ..options import spelled
-from ..runtime.loading import load_engine, load_tokenizer
+from ..runtime.loading import load_planned
 from ..runtime.model_options import ModelOptions, ScoringOptions
 from ..runtime.plan import KINDS, plan_model
 from ..scoring.scorer import load_reward_scorer
@@ -138,10 +138,7 @@ def _reward_model_here(model, tokenizer, options, fsdp_shard, check_tokenizer, l
 def _judge_here(model, tokenizer, options, fsdp_shard, check_tokenizer, log) -> Backend:
     """The judge on the engine its plan chooses, its weights held as the launch says."""
     plan = plan_model(model, options, kind="judge")
-    tokenizer = load_tokenizer(plan, tokenizer)
-    if check_tokenizer is not None:
-        check_tokenizer(tokenizer)  # before the weights load
-    engine = load_engine(plan, tokenizer, shard=True, log=log)
+    tokenizer, engine = load_planned(plan, tokenizer, shard=True, check_tokenizer=check_tokenizer, log=log)
     return Backend(engine, engine.name, tokenizer, True, engine.model, engine.sharding, None,
                    accelerator_type(engine.device), plan.config)  # fmt: skip
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 
 from transformers import (
     AutoModelForCausalLM,
@@ -53,6 +54,24 @@ def load_tokenizer(
         source = str(tokenizer or plan.source)
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=plan.options.trust_remote_code)
     return tokenizer
+
+
+def load_planned(
+    plan: ModelPlan,
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
+    *,
+    shard: bool = False,
+    fsdp_shard: bool | None = None,
+    check_tokenizer: Callable[[PreTrainedTokenizerBase], None] | None = None,
+    log: logging.Logger = logger,
+) -> tuple[PreTrainedTokenizerBase, Engine]:
+    """`(tokenizer, engine)` of a plan, a reward model's or a judge's: the tokenizer (`load_tokenizer`), checked by
+    `check_tokenizer` before any weights load (a bad option fails fast), then the engine (`load_engine`, with
+    `shard`, `fsdp_shard` and `log`)."""
+    tokenizer = load_tokenizer(plan, tokenizer)
+    if check_tokenizer is not None:
+        check_tokenizer(tokenizer)
+    return tokenizer, load_engine(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard, log=log)
 
 
 def load_engine(

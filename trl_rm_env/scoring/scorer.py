@@ -26,7 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..data.messages import strip_completion_reasoning
 from ..heads import RewardHead, check_label_index, reward_head
 from ..runtime.engines.transformers_engine import HFEngine
-from ..runtime.loading import load_engine, load_tokenizer
+from ..runtime.loading import load_planned
 from ..runtime.model_options import ScoringOptions
 from ..runtime.plan import ModelPlan, plan_model
 from ..tokenization import Message, encode_pairs, left_truncate
@@ -314,10 +314,8 @@ def load_scorer(
     transformers; under `engine="auto"` with no vLLM option given, a vLLM that fails to start is a warning and
     transformers scores instead; `shard`, `fsdp_shard`, `log`: `load_engine`'s). `check_tokenizer`: called with the
     tokenizer before any weights load."""
-    tokenizer = load_tokenizer(plan, tokenizer)
-    if check_tokenizer is not None:
-        check_tokenizer(tokenizer)
-    engine = load_engine(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard, log=log)
+    tokenizer, engine = load_planned(plan, tokenizer, shard=shard, fsdp_shard=fsdp_shard,
+                                     check_tokenizer=check_tokenizer, log=log)  # fmt: skip
     config = plan.config if engine.model is None else None  # a loaded model's own config, else the plan's
     return RewardScorer(engine.model, tokenizer, plan.options, engine=engine, config=config, head=plan.head)
 

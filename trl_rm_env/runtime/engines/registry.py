@@ -21,8 +21,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-BUILT_IN = ("vllm", "hf")
-"""The engines `load_engine` builds itself."""
+from ...options import ENGINES
+
+BUILT_IN = tuple(name for name in ENGINES if name != "auto")
+"""The engines `load_engine` builds itself (`options.ENGINES` without `auto`)."""
 
 Builder = Callable[[Any, Any], Any]
 """`build(plan, tokenizer) -> engine`."""
