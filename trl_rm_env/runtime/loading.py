@@ -57,12 +57,8 @@ def load_tokenizer(
 
 
 def load_planned(
-    plan: ModelPlan,
-    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None,
-    *,
-    shard: bool = False,
-    fsdp_shard: bool | None = None,
-    check_tokenizer: Callable[[PreTrainedTokenizerBase], None] | None = None,
+    plan: ModelPlan, tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None, *, shard: bool = False,
+    fsdp_shard: bool | None = None, check_tokenizer: Callable[[PreTrainedTokenizerBase], None] | None = None,
     log: logging.Logger = logger,
 ) -> tuple[PreTrainedTokenizerBase, Engine]:
     """`(tokenizer, engine)` of a plan, a reward model's or a judge's: the tokenizer (`load_tokenizer`), checked by
